@@ -1,0 +1,52 @@
+# rl-tproxy build, test and demo entry points. Every target that needs a tool
+# installs it first (Debian packages via apt-get when running as root, Go
+# tools through the module proxy), so a fresh Linux machine needs only Go.
+SHELL := /bin/bash
+GO ?= go
+BIN := bin/rl-tproxy
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+FUZZTIME ?= 5s
+
+.PHONY: all build generate generate-check test test-unit test-fuzz lint deps demo bench soak clean
+
+all: build
+
+build:
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/rl-tproxy
+
+# Rebuild the committed eBPF objects and Go bindings (needs clang; `make deps` installs it).
+generate: deps
+	$(GO) generate ./bpf/...
+
+# CI guard: the committed eBPF objects must match what `make generate` produces.
+generate-check: generate
+	@git diff --exit-code --stat -- bpf/ || { echo "bpf/: committed objects are stale: run 'make generate' and commit"; exit 1; }
+
+# Debian packages and tools the test suite and demo use (no-op when present).
+deps:
+	@test/deps.sh
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: $$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
+
+test-unit:
+	$(GO) test -race -count=1 -timeout 40m ./...
+
+# Short runs of every fuzz target beyond its committed seed corpus.
+test-fuzz:
+	@test/fuzz.sh $(FUZZTIME)
+
+test: deps generate-check lint test-unit test-fuzz
+
+demo: build
+	$(BIN) demo --policy examples/policy.yaml
+
+bench: deps build
+	test/bench/run.sh
+
+clean:
+	rm -rf bin

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+)
+
+// newFlagSet returns a flag set that reports errors instead of exiting and
+// prints a usage line plus the flag defaults on --help.
+func newFlagSet(name, synopsis, description string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		out := fs.Output()
+		fmt.Fprintf(out, "Usage: rl-tproxy %s\n\n%s\n", synopsis, description)
+		hasFlags := false
+		fs.VisitAll(func(*flag.Flag) { hasFlags = true })
+		if hasFlags {
+			fmt.Fprintln(out, "\nFlags:")
+			fs.PrintDefaults()
+		}
+	}
+	return fs
+}
+
+// parseFlags parses args. When it returns done, the caller returns code:
+// exitOK after --help (printed to stdout), exitInvalid after a flag error.
+func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) (done bool, code int) {
+	err := fs.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fs.SetOutput(stdout)
+		fs.Usage()
+		return true, exitOK
+	case err != nil:
+		return true, exitInvalid
+	}
+	return false, exitOK
+}
+
+// notImplemented is the answer of a subcommand whose capability has not
+// landed yet: a clear error and the runtime-failure exit code.
+func notImplemented(name string, stderr io.Writer) int {
+	fmt.Fprintf(stderr, "rl-tproxy %s: not implemented yet\n", name)
+	return exitRuntime
+}

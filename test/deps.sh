@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs the Debian packages that the tests, benchmarks and demo use, when
+# they are missing and we are root. Without root it only reports what is
+# missing; the tests that need a missing tool skip with a reason.
+set -euo pipefail
+# command -> Debian package
+declare -A need=(
+  [clang]=clang
+  [llvm-strip]=llvm
+  [nginx]=nginx
+  [wrk]=wrk
+  [dnsmasq]=dnsmasq-base
+  [haproxy]=haproxy
+  [promtool]=prometheus
+  [curl]=curl
+  [ip]=iproute2
+  [systemd-analyze]=systemd
+  [bpftool]=bpftool
+)
+missing=()
+for cmd in "${!need[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || PATH=$PATH:/usr/sbin:/sbin command -v "$cmd" >/dev/null 2>&1 || missing+=("${need[$cmd]}")
+done
+# headers for the eBPF build
+[ -e /usr/include/bpf/bpf_helpers.h ] || missing+=(libbpf-dev)
+[ -e /usr/include/linux/bpf.h ] || missing+=(linux-libc-dev)
+if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
+mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+if [ "$(id -u)" != 0 ]; then
+  echo "test/deps.sh: not root; missing Debian packages: ${missing[*]} (tests needing them will skip)" >&2
+  exit 0
+fi
+echo "test/deps.sh: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q >/dev/null
+apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+# nginx from Debian starts a default site on install in some images; the
+# tests run their own instances.
+systemctl stop nginx >/dev/null 2>&1 || true
+pkill -x nginx >/dev/null 2>&1 || true
