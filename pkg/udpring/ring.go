@@ -1,0 +1,629 @@
+// Package udpring moves datagrams for the RateLimitly client: one shard per
+// CPU, each an event loop owning an unconnected SO_REUSEPORT UDP socket on
+// an ephemeral port, with batched sendmmsg/recvmmsg through the Go
+// netpoller, delivery of every received datagram to one handler (the caller
+// demultiplexes by request id, never by socket), and transactional
+// source-port rebinds on steering feedback.
+//
+// Threading model. Each shard runs one loop goroutine that flushes the
+// shard's send queue with sendmmsg, performs rebinds and retires old
+// sockets, and one reader goroutine per open socket that receives with
+// recvmmsg. Both park in the netpoller (syscall.RawConn callbacks return
+// false on EAGAIN), so no goroutine spins or blocks a P in a syscall. A
+// reader hands at most MaxBatch datagrams to the handler per read turn and
+// yields (runtime.Gosched) after a full batch, so a flood of datagrams
+// cannot monopolise a P.
+//
+// Rebind protocol. Rebind(sock) only marks the shard pending and wakes its
+// loop; it is safe from the handler (the read path). The loop opens and
+// registers a replacement socket first, then switches the shard's current
+// socket, and closes the old one only once no holder references it and no
+// queued datagram still targets it. A failed replacement keeps the working
+// socket, leaves the rebind pending and retries with bounded exponential
+// backoff. A socket is never closed from its own read path.
+package udpring
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	// MaxBatch is the largest number of datagrams one sendmmsg/recvmmsg call
+	// moves, and the budget of one read turn.
+	MaxBatch = 64
+	// MaxPayload is the largest datagram Send accepts.
+	MaxPayload = 1500
+	// recvBufSize is the receive buffer per datagram; larger datagrams are
+	// reported truncated by the kernel and dropped.
+	recvBufSize = 2048
+)
+
+// Errors returned by Send.
+var (
+	ErrClosed    = errors.New("udpring: closed")
+	ErrQueueFull = errors.New("udpring: send queue full")
+	ErrTooLarge  = errors.New("udpring: datagram too large")
+	ErrFamily    = errors.New("udpring: destination address family not reachable from the bound socket")
+)
+
+// Handler receives one datagram. It runs on a reader goroutine; pkt is valid
+// only during the call. shard is the shard whose socket received it.
+type Handler func(shard int, pkt []byte, from netip.AddrPort)
+
+// Config configures a Ring.
+type Config struct {
+	Bind             netip.Addr    // local address; invalid = any (dual-stack when possible)
+	Shards           int           // 0 = GOMAXPROCS
+	Handler          Handler       // required
+	QueueLen         int           // per-shard send queue in datagrams; 0 = 1024
+	RebindBackoffMin time.Duration // first retry after a failed rebind; 0 = 10ms
+	RebindBackoffMax time.Duration // cap of the retry backoff; 0 = 5s
+	// OnSendError, if set, is called from the shard loop for each datagram
+	// the kernel refused, with the token given to Send.
+	OnSendError func(token uint64, err error)
+	Logger      *slog.Logger
+}
+
+// DropCounts counts datagrams dropped, by reason.
+type DropCounts struct {
+	QueueFull uint64 // send queue full
+	TooLarge  uint64 // Send payload over MaxPayload
+	Family    uint64 // destination family not reachable from the socket
+	SendError uint64 // kernel refused the datagram (sendmmsg error)
+	Closed    uint64 // queued for a socket or ring that closed first
+	Truncated uint64 // received datagram larger than the receive buffer
+	RecvError uint64 // recvmmsg error other than EAGAIN/EINTR
+}
+
+// Stats is a snapshot of the ring's counters, summed over shards.
+type Stats struct {
+	Shards         int
+	Sockets        int    // open sockets (current + awaiting retirement)
+	Sent           uint64 // datagrams accepted by the kernel
+	Received       uint64 // datagrams handed to the handler
+	SendBatches    uint64 // sendmmsg calls that sent at least one datagram
+	RecvBatches    uint64 // recvmmsg calls that returned at least one datagram
+	Rebinds        uint64 // completed source-port switches
+	RebindFailures uint64 // replacement sockets that failed to open
+	Retired        uint64 // old sockets closed after a rebind
+	Dropped        DropCounts
+}
+
+type counters struct {
+	sent, received, sendBatches, recvBatches     atomic.Uint64
+	rebinds, rebindFailures, retired             atomic.Uint64
+	queueFull, tooLarge, family, sendErr, closed atomic.Uint64
+	truncated, recvErr                           atomic.Uint64
+}
+
+// Ring is a set of per-CPU UDP shards.
+type Ring struct {
+	cfg    Config
+	log    *slog.Logger
+	shards []*shard
+	done   chan struct{}
+	wg     sync.WaitGroup
+	closed atomic.Bool
+	once   sync.Once
+	// readers counts reader goroutines (they outlive the loops until their
+	// sockets close).
+	readers sync.WaitGroup
+	// openHook, when set (tests), runs before a rebind opens its socket; an
+	// error fails that attempt.
+	openHook func(shard int) error
+}
+
+// Socket is one UDP socket of a shard. Holders obtained with Hold keep it
+// open until Release; it stays usable for sends after a rebind switched
+// the shard away from it.
+type Socket struct {
+	sh     *shard
+	file   *os.File
+	rc     syscall.RawConn
+	fam    int
+	dual   bool
+	local  netip.AddrPort
+	refs   atomic.Int64
+	closed bool // guarded by sh.mu
+}
+
+// LocalAddr is the socket's bound address and port.
+func (s *Socket) LocalAddr() netip.AddrPort { return s.local }
+
+// Shard is the index of the shard owning the socket.
+func (s *Socket) Shard() int { return s.sh.idx }
+
+// Release drops one hold taken with Hold.
+func (s *Socket) Release() {
+	if s.refs.Add(-1) == 0 {
+		s.sh.mu.Lock()
+		notCurrent := s.sh.cur != s
+		s.sh.mu.Unlock()
+		if notCurrent {
+			s.sh.kick()
+		}
+	}
+}
+
+type sendSlot struct {
+	sock  *Socket
+	to    netip.AddrPort
+	token uint64
+	n     int
+	buf   [MaxPayload]byte
+}
+
+type shard struct {
+	r   *Ring
+	idx int
+	c   counters
+
+	mu            sync.Mutex
+	cur           *Socket
+	old           []*Socket
+	q             []sendSlot // pending datagrams, len = queued
+	qn            int
+	rebindPending bool
+
+	wake chan struct{}
+
+	// loop-owned
+	spare   []sendSlot
+	msgs    [MaxBatch]unix.Mmsghdr
+	iov     [MaxBatch]unix.Iovec
+	names   [MaxBatch]unix.RawSockaddrInet6
+	slotIdx [MaxBatch]int
+	wbase   int
+	wcnt    int
+	wn      int
+	werr    syscall.Errno
+	writeFn func(fd uintptr) bool
+	backoff time.Duration
+	retry   *time.Timer
+}
+
+// New opens one socket per shard and starts the shard loops.
+func New(cfg Config) (*Ring, error) {
+	if cfg.Handler == nil {
+		return nil, errors.New("udpring: config: Handler is required")
+	}
+	if cfg.Shards <= 0 {
+		cfg.Shards = runtime.GOMAXPROCS(0)
+	}
+	if cfg.QueueLen <= 0 {
+		cfg.QueueLen = 1024
+	}
+	if cfg.RebindBackoffMin <= 0 {
+		cfg.RebindBackoffMin = 10 * time.Millisecond
+	}
+	if cfg.RebindBackoffMax < cfg.RebindBackoffMin {
+		cfg.RebindBackoffMax = 5 * time.Second
+		if cfg.RebindBackoffMax < cfg.RebindBackoffMin {
+			cfg.RebindBackoffMax = cfg.RebindBackoffMin
+		}
+	}
+	lg := cfg.Logger
+	if lg == nil {
+		lg = slog.New(slog.DiscardHandler)
+	}
+	r := &Ring{cfg: cfg, log: lg, done: make(chan struct{})}
+	for i := 0; i < cfg.Shards; i++ {
+		s := &shard{
+			r:     r,
+			idx:   i,
+			q:     make([]sendSlot, cfg.QueueLen),
+			spare: make([]sendSlot, cfg.QueueLen),
+			wake:  make(chan struct{}, 1),
+		}
+		s.writeFn = s.write
+		for j := range s.msgs {
+			s.msgs[j].Hdr.Iov = &s.iov[j]
+			s.msgs[j].Hdr.SetIovlen(1)
+			s.msgs[j].Hdr.Name = (*byte)(unsafe.Pointer(&s.names[j]))
+		}
+		sock, err := r.open(s)
+		if err != nil {
+			r.closeAll()
+			return nil, fmt.Errorf("udpring: shard %d: %w", i, err)
+		}
+		s.cur = sock
+		r.shards = append(r.shards, s)
+	}
+	for _, s := range r.shards {
+		r.wg.Add(1)
+		go s.loop()
+	}
+	return r, nil
+}
+
+// Shards is the number of shards.
+func (r *Ring) Shards() int { return len(r.shards) }
+
+// LocalAddr is the current bound address of a shard's socket.
+func (r *Ring) LocalAddr(shard int) netip.AddrPort {
+	s := r.shards[shard]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur.local
+}
+
+// Hold returns the shard's current socket with one more hold on it; the
+// caller sends a request's datagrams through it and calls Release when the
+// request is retired, so a rebind never closes a socket a request may
+// still use.
+func (r *Ring) Hold(shard int) *Socket {
+	s := r.shards[shard]
+	s.mu.Lock()
+	sock := s.cur
+	sock.refs.Add(1)
+	s.mu.Unlock()
+	return sock
+}
+
+// Send queues one datagram on sock for the shard loop's next sendmmsg
+// batch. It copies pkt and never blocks. token is handed back to
+// Config.OnSendError if the kernel refuses the datagram.
+func (r *Ring) Send(sock *Socket, to netip.AddrPort, pkt []byte, token uint64) error {
+	return sock.sh.enqueue(sock, to, pkt, token)
+}
+
+// SendCurrent queues one datagram on the shard's current socket (for
+// fire-and-forget traffic that holds no socket).
+func (r *Ring) SendCurrent(shard int, to netip.AddrPort, pkt []byte, token uint64) error {
+	return r.shards[shard].enqueue(nil, to, pkt, token)
+}
+
+// Rebind asks for a safe source-port change of sock's shard if sock is still
+// the shard's current socket (steering feedback about an already replaced
+// socket is ignored). It never blocks and is safe from the Handler.
+func (r *Ring) Rebind(sock *Socket) {
+	s := sock.sh
+	s.mu.Lock()
+	if s.cur == sock && !s.rebindPending {
+		s.rebindPending = true
+		s.mu.Unlock()
+		s.kick()
+		return
+	}
+	s.mu.Unlock()
+}
+
+// Stats sums the shard counters.
+func (r *Ring) Stats() Stats {
+	st := Stats{Shards: len(r.shards)}
+	for _, s := range r.shards {
+		c := &s.c
+		st.Sent += c.sent.Load()
+		st.Received += c.received.Load()
+		st.SendBatches += c.sendBatches.Load()
+		st.RecvBatches += c.recvBatches.Load()
+		st.Rebinds += c.rebinds.Load()
+		st.RebindFailures += c.rebindFailures.Load()
+		st.Retired += c.retired.Load()
+		st.Dropped.QueueFull += c.queueFull.Load()
+		st.Dropped.TooLarge += c.tooLarge.Load()
+		st.Dropped.Family += c.family.Load()
+		st.Dropped.SendError += c.sendErr.Load()
+		st.Dropped.Closed += c.closed.Load()
+		st.Dropped.Truncated += c.truncated.Load()
+		st.Dropped.RecvError += c.recvErr.Load()
+		s.mu.Lock()
+		if s.cur != nil && !s.cur.closed {
+			st.Sockets++
+		}
+		for _, o := range s.old {
+			if !o.closed {
+				st.Sockets++
+			}
+		}
+		s.mu.Unlock()
+	}
+	return st
+}
+
+// Close stops the shard loops, closes every socket and waits for the
+// goroutines to exit. Queued datagrams are dropped. Idempotent.
+func (r *Ring) Close() error {
+	r.once.Do(func() {
+		r.closed.Store(true)
+		close(r.done)
+		r.wg.Wait() // loops exit; readers exit when their sockets close
+		r.closeAll()
+		r.readers.Wait()
+	})
+	return nil
+}
+
+func (r *Ring) closeAll() {
+	for _, s := range r.shards {
+		s.mu.Lock()
+		if s.cur != nil {
+			s.closeSocketLocked(s.cur)
+		}
+		for _, o := range s.old {
+			s.closeSocketLocked(o)
+		}
+		s.old = nil
+		s.mu.Unlock()
+	}
+}
+
+// open opens a socket for shard s and starts its reader.
+func (r *Ring) open(s *shard) (*Socket, error) {
+	if r.openHook != nil {
+		if err := r.openHook(s.idx); err != nil {
+			return nil, err
+		}
+	}
+	f, rc, fam, dual, local, err := openSocket(r.cfg.Bind)
+	if err != nil {
+		return nil, err
+	}
+	sock := &Socket{sh: s, file: f, rc: rc, fam: fam, dual: dual, local: local}
+	rd := newReader(sock, r.cfg.Handler)
+	r.readers.Add(1)
+	go func() {
+		defer r.readers.Done()
+		rd.run()
+	}()
+	return sock, nil
+}
+
+func (s *shard) kick() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *shard) enqueue(sock *Socket, to netip.AddrPort, pkt []byte, token uint64) error {
+	if len(pkt) > MaxPayload {
+		s.c.tooLarge.Add(1)
+		return ErrTooLarge
+	}
+	s.mu.Lock()
+	if s.r.closed.Load() {
+		s.mu.Unlock()
+		s.c.closed.Add(1)
+		return ErrClosed
+	}
+	if sock == nil {
+		sock = s.cur
+	}
+	if !reachable(sock, to) {
+		s.mu.Unlock()
+		s.c.family.Add(1)
+		return ErrFamily
+	}
+	if s.qn == len(s.q) {
+		s.mu.Unlock()
+		s.c.queueFull.Add(1)
+		return ErrQueueFull
+	}
+	sl := &s.q[s.qn]
+	s.qn++
+	sl.sock = sock
+	sl.to = to
+	sl.token = token
+	sl.n = copy(sl.buf[:], pkt)
+	first := s.qn == 1
+	s.mu.Unlock()
+	if first {
+		s.kick()
+	}
+	return nil
+}
+
+func reachable(sock *Socket, to netip.AddrPort) bool {
+	a := to.Addr()
+	if !a.IsValid() || to.Port() == 0 {
+		return false
+	}
+	if sock.fam == unix.AF_INET {
+		return a.Unmap().Is4()
+	}
+	return sock.dual || !a.Unmap().Is4()
+}
+
+// loop is the shard's event loop: flush, rebind, retire.
+func (s *shard) loop() {
+	defer s.r.wg.Done()
+	s.retry = time.NewTimer(time.Hour)
+	s.retry.Stop()
+	defer s.retry.Stop()
+	for {
+		select {
+		case <-s.r.done:
+			s.dropQueued()
+			return
+		case <-s.wake:
+		case <-s.retry.C:
+		}
+		s.flush()
+		s.maybeRebind()
+		s.retire()
+	}
+}
+
+func (s *shard) dropQueued() {
+	s.mu.Lock()
+	n := s.qn
+	for i := 0; i < n; i++ {
+		s.q[i].sock = nil
+	}
+	s.qn = 0
+	s.mu.Unlock()
+	s.c.closed.Add(uint64(n))
+}
+
+// flush sends everything queued, in sendmmsg batches of consecutive
+// datagrams for the same socket.
+func (s *shard) flush() {
+	for {
+		s.mu.Lock()
+		n := s.qn
+		if n == 0 {
+			s.mu.Unlock()
+			return
+		}
+		batch := s.q
+		s.q, s.spare = s.spare, batch
+		s.qn = 0
+		s.mu.Unlock()
+		s.sendSlots(batch[:n])
+		for i := range batch[:n] {
+			batch[i].sock = nil
+		}
+	}
+}
+
+func (s *shard) sendSlots(slots []sendSlot) {
+	for i := 0; i < len(slots); {
+		sock := slots[i].sock
+		cnt := 0
+		for i < len(slots) && slots[i].sock == sock && cnt < MaxBatch {
+			sl := &slots[i]
+			nl := putSockaddr(&s.names[cnt], sock.fam, sock.dual, sl.to)
+			if nl == 0 { // checked at enqueue; defensive
+				s.c.family.Add(1)
+				i++
+				continue
+			}
+			s.msgs[cnt].Hdr.Namelen = nl
+			s.iov[cnt].Base = &sl.buf[0]
+			s.iov[cnt].SetLen(sl.n)
+			s.slotIdx[cnt] = i
+			cnt++
+			i++
+		}
+		if cnt > 0 {
+			s.sendBatch(sock, slots, cnt)
+		}
+	}
+}
+
+func (s *shard) sendBatch(sock *Socket, slots []sendSlot, cnt int) {
+	off := 0
+	for off < cnt {
+		s.wn, s.werr = 0, 0
+		s.wbase = off
+		s.wcnt = cnt
+		err := sock.rc.Write(s.writeFn)
+		if err != nil { // socket closed under us
+			s.c.closed.Add(uint64(cnt - off))
+			return
+		}
+		if s.werr != 0 {
+			s.c.sendErr.Add(1)
+			if cb := s.r.cfg.OnSendError; cb != nil {
+				cb(slots[s.slotIdx[off]].token, s.werr)
+			}
+			off++
+			continue
+		}
+		s.c.sent.Add(uint64(s.wn))
+		s.c.sendBatches.Add(1)
+		off += s.wn
+	}
+}
+
+// write is the RawConn.Write callback (allocated once per shard).
+func (s *shard) write(fd uintptr) bool {
+	for {
+		n, e := sendmmsg(fd, s.msgs[s.wbase:s.wcnt])
+		switch e {
+		case 0:
+			s.wn = n
+			return true
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false
+		default:
+			s.werr = e
+			return true
+		}
+	}
+}
+
+func (s *shard) maybeRebind() {
+	s.mu.Lock()
+	pending := s.rebindPending
+	s.mu.Unlock()
+	if !pending || s.r.closed.Load() {
+		return
+	}
+	sock, err := s.r.open(s)
+	if err != nil {
+		s.c.rebindFailures.Add(1)
+		if s.backoff == 0 {
+			s.backoff = s.r.cfg.RebindBackoffMin
+		} else if s.backoff *= 2; s.backoff > s.r.cfg.RebindBackoffMax {
+			s.backoff = s.r.cfg.RebindBackoffMax
+		}
+		s.r.log.Warn("udpring: rebind failed, keeping current socket", "shard", s.idx, "retry_in", s.backoff, "err", err)
+		s.retry.Reset(s.backoff)
+		return
+	}
+	s.backoff = 0
+	s.mu.Lock()
+	old := s.cur
+	s.cur = sock
+	s.old = append(s.old, old)
+	s.rebindPending = false
+	s.mu.Unlock()
+	s.c.rebinds.Add(1)
+	s.r.log.Debug("udpring: rebound", "shard", s.idx, "from", old.local, "to", sock.local)
+}
+
+// retire closes switched-out sockets that nobody holds and no queued
+// datagram targets. It runs only on the shard loop, never on a read path.
+func (s *shard) retire() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.old) == 0 {
+		return
+	}
+	keep := s.old[:0]
+	for _, o := range s.old {
+		if o.refs.Load() == 0 && !s.queuedForLocked(o) {
+			s.closeSocketLocked(o)
+			s.c.retired.Add(1)
+			continue
+		}
+		keep = append(keep, o)
+	}
+	for i := len(keep); i < len(s.old); i++ {
+		s.old[i] = nil
+	}
+	s.old = keep
+}
+
+func (s *shard) queuedForLocked(o *Socket) bool {
+	for i := 0; i < s.qn; i++ {
+		if s.q[i].sock == o {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *shard) closeSocketLocked(o *Socket) {
+	if o.closed {
+		return
+	}
+	o.closed = true
+	o.file.Close() // wakes the reader, which then exits
+}

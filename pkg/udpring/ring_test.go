@@ -1,0 +1,324 @@
+package udpring
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"net"
+	"net/netip"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// echoServer echoes every datagram back to its sender on loopback.
+func echoServer(t *testing.T) (netip.AddrPort, *net.UDPConn) {
+	t.Helper()
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, from, err := c.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			if _, err := c.WriteToUDPAddrPort(buf[:n], from); err != nil {
+				return
+			}
+		}
+	}()
+	return c.LocalAddr().(*net.UDPAddr).AddrPort(), c
+}
+
+// waitFor polls cond in a bounded loop (the condition is driven by other
+// goroutines doing real I/O); it fails the test after 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func recvOne(t *testing.T, ch <-chan uint64) uint64 {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatal("timed out waiting for a datagram")
+		return 0
+	}
+}
+
+func newTestRing(t *testing.T, shards int, h Handler) *Ring {
+	t.Helper()
+	r, err := New(Config{Bind: netip.MustParseAddr("127.0.0.1"), Shards: shards, Handler: h, RebindBackoffMin: time.Millisecond, RebindBackoffMax: 4 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("new ring: %v", err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+func TestSendReceiveAcrossShards(t *testing.T) {
+	srv, _ := echoServer(t)
+	got := make(chan uint64, 1024)
+	var shardsSeen [4]atomic.Uint64
+	r := newTestRing(t, 4, func(shard int, pkt []byte, from netip.AddrPort) {
+		if from != srv {
+			t.Errorf("datagram from %v, want %v", from, srv)
+		}
+		shardsSeen[shard].Add(1)
+		got <- binary.BigEndian.Uint64(pkt)
+	})
+	// Waves of 40 keep the echo server's socket buffer from overflowing.
+	const n = 400
+	seen := make(map[uint64]bool)
+	for w := 0; w < n; w += 40 {
+		for i := w; i < w+40; i++ {
+			var b [8]byte
+			binary.BigEndian.PutUint64(b[:], uint64(i))
+			if err := r.SendCurrent(i%4, srv, b[:], 0); err != nil {
+				t.Fatalf("send %d: %v", i, err)
+			}
+		}
+		for len(seen) < w+40 {
+			seen[recvOne(t, got)] = true
+		}
+	}
+	for i := range shardsSeen {
+		if shardsSeen[i].Load() == 0 {
+			t.Errorf("shard %d received nothing", i)
+		}
+	}
+	st := r.Stats()
+	if st.Sent != n || st.Received != n {
+		t.Errorf("stats sent=%d received=%d, want %d", st.Sent, st.Received, n)
+	}
+	if st.SendBatches == 0 || st.SendBatches > st.Sent || st.RecvBatches == 0 || st.RecvBatches > st.Received {
+		t.Errorf("batch counters inconsistent: %+v", st)
+	}
+	if st.Sockets != 4 {
+		t.Errorf("sockets = %d, want 4", st.Sockets)
+	}
+}
+
+func TestSendRejects(t *testing.T) {
+	r := newTestRing(t, 1, func(int, []byte, netip.AddrPort) {})
+	if err := r.SendCurrent(0, netip.MustParseAddrPort("[::1]:9"), []byte("x"), 0); !errors.Is(err, ErrFamily) {
+		t.Errorf("v6 dest from v4 socket: err = %v, want ErrFamily", err)
+	}
+	if err := r.SendCurrent(0, netip.MustParseAddrPort("127.0.0.1:9"), make([]byte, MaxPayload+1), 0); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("oversize: err = %v, want ErrTooLarge", err)
+	}
+	if err := r.SendCurrent(0, netip.AddrPort{}, []byte("x"), 0); !errors.Is(err, ErrFamily) {
+		t.Errorf("zero dest: err = %v, want ErrFamily", err)
+	}
+	st := r.Stats()
+	if st.Dropped.Family != 2 || st.Dropped.TooLarge != 1 {
+		t.Errorf("drops = %+v", st.Dropped)
+	}
+	r.Close()
+	if err := r.SendCurrent(0, netip.MustParseAddrPort("127.0.0.1:9"), []byte("x"), 0); !errors.Is(err, ErrClosed) {
+		t.Errorf("after close: err = %v, want ErrClosed", err)
+	}
+}
+
+func TestSendErrorCallback(t *testing.T) {
+	var tokens []uint64
+	errc := make(chan uint64, 4)
+	r, err := New(Config{Bind: netip.MustParseAddr("127.0.0.1"), Shards: 1, Handler: func(int, []byte, netip.AddrPort) {},
+		OnSendError: func(tok uint64, err error) { errc <- tok }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	// A socket bound to 127.0.0.1 cannot send to a non-loopback destination
+	// (no route or EINVAL): the kernel refuses it.
+	if err := r.SendCurrent(0, netip.MustParseAddrPort("192.0.2.1:9"), []byte("x"), 77); err != nil {
+		t.Fatalf("enqueue: %v", err)
+	}
+	tokens = append(tokens, recvOne(t, errc))
+	if tokens[0] != 77 {
+		t.Errorf("token = %d, want 77", tokens[0])
+	}
+	if st := r.Stats(); st.Dropped.SendError != 1 || st.Sent != 0 {
+		t.Errorf("stats = %+v", st)
+	}
+}
+
+func TestTruncatedDropped(t *testing.T) {
+	got := make(chan uint64, 4)
+	r := newTestRing(t, 1, func(_ int, pkt []byte, _ netip.AddrPort) { got <- uint64(len(pkt)) })
+	c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(r.LocalAddr(0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(make([]byte, recvBufSize+100)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("ok")); err != nil {
+		t.Fatal(err)
+	}
+	if n := recvOne(t, got); n != 2 {
+		t.Fatalf("first delivered datagram has %d bytes, want the 2-byte one", n)
+	}
+	if st := r.Stats(); st.Dropped.Truncated != 1 || st.Received != 1 {
+		t.Errorf("stats = %+v", st)
+	}
+}
+
+func TestRebindTransactional(t *testing.T) {
+	srv, _ := echoServer(t)
+	got := make(chan uint64, 16)
+	r := newTestRing(t, 1, func(_ int, pkt []byte, _ netip.AddrPort) { got <- binary.BigEndian.Uint64(pkt) })
+	held := r.Hold(0)
+	before := held.LocalAddr()
+	r.Rebind(held)
+	r.Rebind(held) // a duplicate request while pending is absorbed
+	waitFor(t, "rebind", func() bool { return r.Stats().Rebinds == 1 })
+	after := r.LocalAddr(0)
+	if after == before {
+		t.Fatalf("local address unchanged after rebind: %v", after)
+	}
+	// The held (old) socket stays open and usable for its request.
+	if st := r.Stats(); st.Sockets != 2 || st.Retired != 0 {
+		t.Fatalf("after switch: %+v", st)
+	}
+	if err := r.Send(held, srv, []byte{0, 0, 0, 0, 0, 0, 0, 1}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if v := recvOne(t, got); v != 1 {
+		t.Fatalf("echo on old socket = %d", v)
+	}
+	// Steering about the replaced socket is ignored.
+	r.Rebind(held)
+	held.Release()
+	waitFor(t, "retire", func() bool { return r.Stats().Retired == 1 })
+	st := r.Stats()
+	if st.Sockets != 1 || st.Rebinds != 1 {
+		t.Fatalf("after retire: %+v", st)
+	}
+	if err := r.SendCurrent(0, srv, []byte{0, 0, 0, 0, 0, 0, 0, 2}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if v := recvOne(t, got); v != 2 {
+		t.Fatalf("echo on new socket = %d", v)
+	}
+}
+
+func TestRebindFailureKeepsWorkingSocket(t *testing.T) {
+	srv, _ := echoServer(t)
+	got := make(chan uint64, 16)
+	r := newTestRing(t, 1, func(_ int, pkt []byte, _ netip.AddrPort) { got <- binary.BigEndian.Uint64(pkt) })
+	var fails atomic.Int32
+	fails.Store(3)
+	failed := make(chan struct{}, 8)
+	r.openHook = func(int) error {
+		if fails.Add(-1) >= 0 {
+			failed <- struct{}{}
+			return errors.New("injected open failure")
+		}
+		return nil
+	}
+	before := r.LocalAddr(0)
+	sock := r.Hold(0)
+	r.Rebind(sock)
+	sock.Release()
+	<-failed
+	// The working socket still sends and receives during the failures.
+	if err := r.SendCurrent(0, srv, []byte{0, 0, 0, 0, 0, 0, 0, 9}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if v := recvOne(t, got); v != 9 {
+		t.Fatalf("echo = %d", v)
+	}
+	waitFor(t, "rebind after retries", func() bool { return r.Stats().Rebinds == 1 })
+	st := r.Stats()
+	if st.RebindFailures != 3 {
+		t.Errorf("rebind failures = %d, want 3", st.RebindFailures)
+	}
+	if r.LocalAddr(0) == before {
+		t.Error("address unchanged after successful retry")
+	}
+	waitFor(t, "retire", func() bool { return r.Stats().Retired == 1 })
+}
+
+func TestRebindFromHandler(t *testing.T) {
+	srv, _ := echoServer(t)
+	got := make(chan uint64, 16)
+	var r *Ring
+	r = newTestRing(t, 1, func(shard int, pkt []byte, _ netip.AddrPort) {
+		if bytes.Equal(pkt, []byte("steer")) {
+			s := r.Hold(shard)
+			r.Rebind(s) // on the read path: must only schedule
+			s.Release()
+		}
+		got <- uint64(len(pkt))
+	})
+	if err := r.SendCurrent(0, srv, []byte("steer"), 0); err != nil {
+		t.Fatal(err)
+	}
+	recvOne(t, got)
+	waitFor(t, "rebind+retire", func() bool { st := r.Stats(); return st.Rebinds == 1 && st.Retired == 1 })
+	if err := r.SendCurrent(0, srv, []byte("abc"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if n := recvOne(t, got); n != 3 {
+		t.Fatalf("got %d", n)
+	}
+}
+
+func TestCloseLeavesNoGoroutines(t *testing.T) {
+	base := runtime.NumGoroutine()
+	for i := 0; i < 5; i++ {
+		r, err := New(Config{Bind: netip.MustParseAddr("127.0.0.1"), Shards: 3, Handler: func(int, []byte, netip.AddrPort) {}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := r.Hold(1)
+		r.Rebind(s)
+		r.Close()
+		r.Close()
+		s.Release()
+	}
+	waitFor(t, "goroutines to exit", func() bool { return runtime.NumGoroutine() <= base })
+}
+
+func TestSteadyStateAllocs(t *testing.T) {
+	srv, _ := echoServer(t)
+	got := make(chan uint64, 1)
+	r := newTestRing(t, 1, func(_ int, pkt []byte, _ netip.AddrPort) { got <- uint64(len(pkt)) })
+	pkt := make([]byte, 200)
+	roundTrip := func() {
+		if err := r.SendCurrent(0, srv, pkt, 0); err != nil {
+			t.Fatal(err)
+		}
+		<-got
+	}
+	for i := 0; i < 100; i++ {
+		roundTrip()
+	}
+	if a := testing.AllocsPerRun(500, roundTrip); a != 0 {
+		t.Errorf("allocs per send+receive = %v, want 0", a)
+	}
+}
+
+func TestNewRequiresHandler(t *testing.T) {
+	if _, err := New(Config{}); err == nil {
+		t.Fatal("New without handler succeeded")
+	}
+	if _, err := New(Config{Bind: netip.MustParseAddr("192.0.2.77"), Handler: func(int, []byte, netip.AddrPort) {}}); err == nil {
+		t.Fatal("bind to a non-local address succeeded")
+	}
+}
