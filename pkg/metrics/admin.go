@@ -1,0 +1,120 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Readiness is the set of named checks /readyz runs; every one must pass.
+type Readiness struct {
+	mu     sync.Mutex
+	checks map[string]func() error
+}
+
+// Set adds or replaces the check called name; nil removes it.
+func (r *Readiness) Set(name string, check func() error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.checks == nil {
+		r.checks = map[string]func() error{}
+	}
+	if check == nil {
+		delete(r.checks, name)
+		return
+	}
+	r.checks[name] = check
+}
+
+// Check runs every check and returns one line per check ("ok name" or
+// "fail name: reason") and whether all passed. With no checks it is not
+// ready: something must say the process is up.
+func (r *Readiness) Check() (lines []string, ok bool) {
+	r.mu.Lock()
+	names := make([]string, 0, len(r.checks))
+	fns := make(map[string]func() error, len(r.checks))
+	for n, f := range r.checks {
+		names = append(names, n)
+		fns[n] = f
+	}
+	r.mu.Unlock()
+	sort.Strings(names)
+	ok = len(names) > 0
+	for _, n := range names {
+		if err := fns[n](); err != nil {
+			ok = false
+			lines = append(lines, fmt.Sprintf("fail %s: %v", n, err))
+			continue
+		}
+		lines = append(lines, "ok "+n)
+	}
+	if len(names) == 0 {
+		lines = append(lines, "fail: no readiness checks registered")
+	}
+	return lines, ok
+}
+
+// Handler serves /metrics, /healthz (process alive) and /readyz (every
+// readiness check passes; the body lists them).
+func (m *Metrics) Handler(ready *Readiness) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		lines, ok := ready.Check()
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if !ok {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		_, _ = w.Write([]byte(strings.Join(lines, "\n") + "\n"))
+	})
+	return mux
+}
+
+// Admin is a running admin listener.
+type Admin struct {
+	ln  net.Listener
+	srv *http.Server
+	err chan error
+}
+
+// StartAdmin listens on addr (":0" and "127.0.0.1:0" pick a free port) and
+// serves h until Close.
+func StartAdmin(addr string, h http.Handler) (*Admin, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("admin listener %s: %w", addr, err)
+	}
+	a := &Admin{ln: ln, srv: &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}, err: make(chan error, 1)}
+	go func() {
+		err := a.srv.Serve(ln)
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		a.err <- err
+	}()
+	return a, nil
+}
+
+// Addr is the bound address.
+func (a *Admin) Addr() net.Addr { return a.ln.Addr() }
+
+// Close stops the listener, letting in-flight scrapes finish within ctx.
+func (a *Admin) Close(ctx context.Context) error {
+	err := a.srv.Shutdown(ctx)
+	if serr := <-a.err; err == nil {
+		err = serr
+	}
+	return err
+}

@@ -1,0 +1,222 @@
+package metrics
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// ClientStats is what the RateLimitly client reports at scrape time; the
+// command adapts rlclient.Stats to it so that metrics stays a leaf.
+type ClientStats struct {
+	Ready         bool
+	Endpoints     int
+	Sent          uint64
+	Received      uint64
+	Dropped       map[string]uint64 // by reason
+	Batches       uint64
+	Rebinds       uint64
+	Reports       uint64
+	Completions   uint64
+	Replays       uint64
+	ByCause       map[string]uint64 // check results by client cause
+	ResolveErrors uint64
+}
+
+// ServerStats is what an embedded RateLimitly server reports.
+type ServerStats struct {
+	Requests, Allows, Denies, Reports, Completions uint64
+	Dropped                                        map[string]uint64
+}
+
+// RedirectStats are the eBPF program's counters (steered, passed through,
+// no socket, assign errors, bypassed), summed over CPUs.
+type RedirectStats map[string]uint64
+
+// ProxyStats is what the data path reports at scrape time.
+type ProxyStats struct {
+	OpenConnections int64
+	Requests        uint64
+}
+
+// statsCollector is a collector computed from a callback at scrape time.
+type statsCollector struct {
+	mu    sync.Mutex
+	descs []*prometheus.Desc
+	fn    func(ch chan<- prometheus.Metric)
+}
+
+func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	fn := c.fn
+	c.mu.Unlock()
+	if fn != nil {
+		fn(ch)
+	}
+}
+
+func (c *statsCollector) set(fn func(ch chan<- prometheus.Metric)) {
+	c.mu.Lock()
+	c.fn = fn
+	c.mu.Unlock()
+}
+
+func desc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", name), help, labels, nil)
+}
+
+var (
+	descClientReady     = desc("ratelimitly_discovery_ready", "1 once RateLimitly SRV discovery has succeeded at least once.")
+	descClientEndpoints = desc("ratelimitly_endpoints", "RateLimitly endpoints currently discovered.")
+	descClientSent      = desc("ratelimitly_datagrams_sent_total", "Datagrams sent to RateLimitly (requests, replays, completions, reports).")
+	descClientRecv      = desc("ratelimitly_datagrams_received_total", "Datagrams received from RateLimitly.")
+	descClientDropped   = desc("ratelimitly_datagrams_dropped_total", "Received datagrams dropped by the client, by reason.", "reason")
+	descClientBatches   = desc("ratelimitly_batches_total", "Batched socket sends performed by the client.")
+	descClientRebinds   = desc("ratelimitly_rebinds_total", "Source-port rebinds performed on steering feedback.")
+	descClientReports   = desc("ratelimitly_reports_sent_total", "Latency report datagrams sent by the client.")
+	descClientCompl     = desc("ratelimitly_completions_sent_total", "Completion datagrams sent by the client.")
+	descClientReplays   = desc("ratelimitly_replays_total", "Replay rounds sent by the client.")
+	descClientCauses    = desc("ratelimitly_checks_total", "Checks finished by the client, by client cause.", "cause")
+	descClientResolve   = desc("ratelimitly_resolve_errors_total", "Failed SRV discovery attempts.")
+
+	descSrvRequests = desc("embedded_server_requests_total", "Rate requests handled by the embedded RateLimitly server.")
+	descSrvAllows   = desc("embedded_server_allows_total", "Allows answered by the embedded RateLimitly server.")
+	descSrvDenies   = desc("embedded_server_denies_total", "Denies answered by the embedded RateLimitly server.")
+	descSrvReports  = desc("embedded_server_reports_total", "Latency reports received by the embedded RateLimitly server.")
+	descSrvCompl    = desc("embedded_server_completions_total", "Completions received by the embedded RateLimitly server.")
+	descSrvDropped  = desc("embedded_server_dropped_total", "Datagrams dropped by the embedded RateLimitly server, by reason.", "reason")
+
+	descRedirect = desc("redirect_packets_total", "sk_lookup program counters summed over CPUs, by event (steered, passed, no_socket, assign_error, bypassed).", "event")
+
+	descOpenConns     = desc("open_connections", "Client connections currently open on the proxy.")
+	descProxyRequests = desc("proxy_requests_total", "HTTP requests read by the proxy (including those rejected before admission).")
+)
+
+// Sources are the scrape-time collectors; set their callbacks with the
+// SetXxx methods once the component exists. A nil callback exports nothing.
+type sources struct {
+	client, server, redirect, proxy *statsCollector
+}
+
+func (m *Metrics) sources() *sources {
+	m.srcMu.Lock()
+	defer m.srcMu.Unlock()
+	if m.src == nil {
+		m.src = &sources{
+			client: &statsCollector{descs: []*prometheus.Desc{descClientReady, descClientEndpoints, descClientSent, descClientRecv,
+				descClientDropped, descClientBatches, descClientRebinds, descClientReports, descClientCompl, descClientReplays,
+				descClientCauses, descClientResolve}},
+			server:   &statsCollector{descs: []*prometheus.Desc{descSrvRequests, descSrvAllows, descSrvDenies, descSrvReports, descSrvCompl, descSrvDropped}},
+			redirect: &statsCollector{descs: []*prometheus.Desc{descRedirect}},
+			proxy:    &statsCollector{descs: []*prometheus.Desc{descOpenConns, descProxyRequests}},
+		}
+		m.Registry.MustRegister(m.src.client, m.src.server, m.src.redirect, m.src.proxy)
+	}
+	return m.src
+}
+
+func counter(ch chan<- prometheus.Metric, d *prometheus.Desc, v uint64, lv ...string) {
+	ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), lv...)
+}
+
+func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, lv ...string) {
+	ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, lv...)
+}
+
+func sortedKeys(m map[string]uint64) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+// SetClientStats exports the RateLimitly client's counters from fn (called
+// at scrape time). fn may be swapped when the client is rebuilt.
+func (m *Metrics) SetClientStats(fn func() ClientStats) {
+	if fn == nil {
+		m.sources().client.set(nil)
+		return
+	}
+	m.sources().client.set(func(ch chan<- prometheus.Metric) {
+		s := fn()
+		ready := 0.0
+		if s.Ready {
+			ready = 1
+		}
+		gauge(ch, descClientReady, ready)
+		gauge(ch, descClientEndpoints, float64(s.Endpoints))
+		counter(ch, descClientSent, s.Sent)
+		counter(ch, descClientRecv, s.Received)
+		for _, k := range sortedKeys(s.Dropped) {
+			counter(ch, descClientDropped, s.Dropped[k], k)
+		}
+		counter(ch, descClientBatches, s.Batches)
+		counter(ch, descClientRebinds, s.Rebinds)
+		counter(ch, descClientReports, s.Reports)
+		counter(ch, descClientCompl, s.Completions)
+		counter(ch, descClientReplays, s.Replays)
+		for _, k := range sortedKeys(s.ByCause) {
+			counter(ch, descClientCauses, s.ByCause[k], k)
+		}
+		counter(ch, descClientResolve, s.ResolveErrors)
+	})
+}
+
+// SetServerStats exports an embedded RateLimitly server's counters.
+func (m *Metrics) SetServerStats(fn func() ServerStats) {
+	if fn == nil {
+		m.sources().server.set(nil)
+		return
+	}
+	m.sources().server.set(func(ch chan<- prometheus.Metric) {
+		s := fn()
+		counter(ch, descSrvRequests, s.Requests)
+		counter(ch, descSrvAllows, s.Allows)
+		counter(ch, descSrvDenies, s.Denies)
+		counter(ch, descSrvReports, s.Reports)
+		counter(ch, descSrvCompl, s.Completions)
+		for _, k := range sortedKeys(s.Dropped) {
+			counter(ch, descSrvDropped, s.Dropped[k], k)
+		}
+	})
+}
+
+// SetRedirectStats exports the eBPF redirect counters.
+func (m *Metrics) SetRedirectStats(fn func() RedirectStats) {
+	if fn == nil {
+		m.sources().redirect.set(nil)
+		return
+	}
+	m.sources().redirect.set(func(ch chan<- prometheus.Metric) {
+		s := fn()
+		for _, k := range sortedKeys(s) {
+			counter(ch, descRedirect, s[k], k)
+		}
+	})
+}
+
+// SetProxyStats exports the data path's gauges and counters.
+func (m *Metrics) SetProxyStats(fn func() ProxyStats) {
+	if fn == nil {
+		m.sources().proxy.set(nil)
+		return
+	}
+	m.sources().proxy.set(func(ch chan<- prometheus.Metric) {
+		s := fn()
+		gauge(ch, descOpenConns, float64(s.OpenConnections))
+		counter(ch, descProxyRequests, s.Requests)
+	})
+}
+
+// String names the metric set (for debugging).
+func (m *Metrics) String() string { return fmt.Sprintf("metrics(%s)", Namespace) }

@@ -1,0 +1,173 @@
+package metrics
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+func populated(t *testing.T) *Metrics {
+	t.Helper()
+	m := New("test", "abc123")
+	l := m.Location("web", "api", "checkout", 429)
+	for i := range Outcomes {
+		l.Requests[i].Inc()
+	}
+	l.Admission.Observe(0.003)
+	l.Reports.Inc()
+	l.Upstream.Inc()
+	l.Deny.Inc()
+	m.Cause("deny_resource").Inc()
+	m.Cause("timeout").Inc()
+	m.LocalFallback(true)
+	m.LocalFallback(false)
+	m.Reload("success", "signal", 0)
+	m.Reload("error", "file", 3)
+	m.PolicyLoaded(2, 1.7e9)
+	m.ClientRebuilt()
+	m.SetClientStats(func() ClientStats {
+		return ClientStats{Ready: true, Endpoints: 3, Sent: 10, Received: 9, Dropped: map[string]uint64{"auth": 1, "stale": 2},
+			ByCause: map[string]uint64{"allow": 5, "timeout": 1}}
+	})
+	m.SetServerStats(func() ServerStats { return ServerStats{Requests: 4, Allows: 3, Denies: 1, Dropped: map[string]uint64{"auth": 1}} })
+	m.SetRedirectStats(func() RedirectStats { return RedirectStats{"steered": 7, "passed": 1} })
+	m.SetProxyStats(func() ProxyStats { return ProxyStats{OpenConnections: 2, Requests: 11} })
+	return m
+}
+
+func scrape(t *testing.T, h http.Handler, path string) (int, string) {
+	t.Helper()
+	a, err := StartAdmin("127.0.0.1:0", h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := a.Close(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}()
+	resp, err := http.Get("http://" + a.Addr().String() + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+// Every documented metric family appears in a scrape, and docs/metrics.md
+// names every rl_tproxy family the registry exports.
+func TestScrapeHasEveryFamily(t *testing.T) {
+	m := populated(t)
+	code, body := scrape(t, m.Handler(&Readiness{}), "/metrics")
+	if code != 200 {
+		t.Fatalf("status %d", code)
+	}
+	fams, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := readDoc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, f := range fams {
+		name := f.GetName()
+		if !strings.HasPrefix(name, Namespace+"_") {
+			continue
+		}
+		n++
+		if !strings.Contains(body, "# TYPE "+name+" ") {
+			t.Errorf("scrape lacks %s", name)
+		}
+		if !strings.Contains(doc, "`"+name+"`") {
+			t.Errorf("docs/metrics.md does not document %s", name)
+		}
+	}
+	if n < 25 {
+		t.Errorf("only %d rl_tproxy families exported", n)
+	}
+	for _, want := range []string{
+		`rl_tproxy_requests_total{location="api",outcome="shadow_deny",service="web"} 1`,
+		`rl_tproxy_ratelimitly_endpoints 3`,
+		`rl_tproxy_ratelimitly_datagrams_dropped_total{reason="stale"} 2`,
+		`rl_tproxy_policy_reload_errors_total 3`,
+		`rl_tproxy_policy_generation 2`,
+		`rl_tproxy_open_connections 2`,
+		`rl_tproxy_redirect_packets_total{event="steered"} 7`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("scrape lacks %q", want)
+		}
+	}
+}
+
+func TestPromtoolCheckMetrics(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("needs promtool (Debian package prometheus; `make deps` installs it)")
+	}
+	m := populated(t)
+	_, body := scrape(t, m.Handler(&Readiness{}), "/metrics")
+	cmd := exec.Command(promtool, "check", "metrics")
+	cmd.Stdin = strings.NewReader(body)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("promtool check metrics: %v\n%s", err, out.String())
+	}
+}
+
+func TestReadiness(t *testing.T) {
+	r := &Readiness{}
+	m := New("t", "c")
+	h := m.Handler(r)
+	if code, _ := scrape(t, h, "/readyz"); code != 503 {
+		t.Fatalf("no checks: status %d, want 503", code)
+	}
+	if code, body := scrape(t, h, "/healthz"); code != 200 || body != "ok\n" {
+		t.Fatalf("healthz %d %q", code, body)
+	}
+	var discovery error = errors.New("no SRV answer yet")
+	r.Set("policy", func() error { return nil })
+	r.Set("discovery", func() error { return discovery })
+	code, body := scrape(t, h, "/readyz")
+	if code != 503 || !strings.Contains(body, "fail discovery: no SRV answer yet") || !strings.Contains(body, "ok policy") {
+		t.Fatalf("readyz %d %q", code, body)
+	}
+	discovery = nil
+	if code, body := scrape(t, h, "/readyz"); code != 200 {
+		t.Fatalf("readyz %d %q", code, body)
+	}
+	r.Set("discovery", nil)
+	if code, _ := scrape(t, h, "/readyz"); code != 200 {
+		t.Fatalf("after removing a check: %d", code)
+	}
+}
+
+func TestCauseCounterCached(t *testing.T) {
+	m := New("t", "c")
+	if m.Cause("timeout") != m.Cause("timeout") {
+		t.Fatal("cause counter not cached")
+	}
+	if n := testingAllocs(func() { m.Cause("timeout").Inc() }); n != 0 {
+		t.Fatalf("Cause().Inc allocates %v", n)
+	}
+}
+
+func testingAllocs(f func()) float64 { return testing.AllocsPerRun(100, f) }
+
+func readDoc() (string, error) {
+	b, err := os.ReadFile("../../docs/metrics.md")
+	return string(b), err
+}
