@@ -42,15 +42,15 @@ type Metrics struct {
 	upstreamErrors *prometheus.CounterVec   // service
 	denyAnswers    *prometheus.CounterVec   // service, status
 
-	reloads          *prometheus.CounterVec // result, trigger
-	reloadErrors     prometheus.Counter
-	generation       prometheus.Gauge
-	lastReloadOK     prometheus.Gauge
-	clientRebuilds   prometheus.Counter
-	inflight         prometheus.Gauge
-	causeCounters    sync.Map // cause string -> prometheus.Counter
-	srcMu            sync.Mutex
-	src              *sources
+	reloads        *prometheus.CounterVec // result, trigger
+	reloadErrors   prometheus.Counter
+	generation     prometheus.Gauge
+	lastReloadOK   prometheus.Gauge
+	clientRebuilds prometheus.Counter
+	inflight       prometheus.Gauge
+	causeCounters  sync.Map // cause string -> prometheus.Counter
+	srcMu          sync.Mutex
+	src            *sources
 }
 
 // New creates the registry with the Go and process collectors, build

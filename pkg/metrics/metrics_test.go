@@ -35,7 +35,9 @@ func populated(t *testing.T) *Metrics {
 		return ClientStats{Ready: true, Endpoints: 3, Sent: 10, Received: 9, Dropped: map[string]uint64{"auth": 1, "stale": 2},
 			ByCause: map[string]uint64{"allow": 5, "timeout": 1}}
 	})
-	m.SetServerStats(func() ServerStats { return ServerStats{Requests: 4, Allows: 3, Denies: 1, Dropped: map[string]uint64{"auth": 1}} })
+	m.SetServerStats(func() ServerStats {
+		return ServerStats{Requests: 4, Allows: 3, Denies: 1, Dropped: map[string]uint64{"auth": 1}}
+	})
 	m.SetRedirectStats(func() RedirectStats { return RedirectStats{"steered": 7, "passed": 1} })
 	m.SetProxyStats(func() ProxyStats { return ProxyStats{OpenConnections: 2, Requests: 11} })
 	return m
