@@ -19,7 +19,8 @@ const (
 // followed directly by CRLF or by chunk extensions; an extension is
 // ";" token [ "=" ( token / quoted-string ) ], repeated, with no whitespace
 // anywhere (RFC 9112's BWS is rejected: parsers disagree about it); the size
-// line is at most MaxChunkLine bytes; every chunk's data is followed by CRLF;
+// line is at most MaxChunkLine bytes; framing overhead beyond what the data
+// pays for is bounded (ErrChunkOverhead, the same rule net/http applies); every chunk's data is followed by CRLF;
 // trailer fields after the last chunk obey the same rules as header fields
 // and Limits.MaxHeaderBytes / MaxHeaders (they are not interpreted: framing
 // fields in trailers have no effect). The zero value is ready to use with
@@ -32,6 +33,7 @@ type ChunkedDecoder struct {
 
 	state     uint8
 	remaining int64
+	excess    int64 // framing overhead not paid for by data (see ErrChunkOverhead)
 }
 
 // Reset prepares d for a new body, keeping the Trailers backing array.
@@ -117,6 +119,21 @@ func (d *ChunkedDecoder) Decode(src []byte) (n int, data []byte, err error) {
 				return n, nil, err
 			}
 			n += lf + 1
+			// Overhead accounting as in net/http: 16 bytes of framing per
+			// chunk plus twice its data are free; beyond that at most
+			// MaxChunkOverhead bytes of non-data may accumulate.
+			d.excess += int64(lf+1) - 16 // line + CRLF after the data, as net/http counts
+			if size < 1<<61 {
+				d.excess -= 2 * size
+			} else {
+				d.excess = 0
+			}
+			if d.excess < 0 {
+				d.excess = 0
+			}
+			if d.excess > MaxChunkOverhead {
+				return n, nil, ErrChunkOverhead
+			}
 			if size == 0 {
 				d.state = stTrailer
 			} else {

@@ -78,6 +78,7 @@ var (
 	ErrBadChunkExt       = newErr(400, "chunk-extension-invalid")
 	ErrChunkLineTooLong  = newErr(400, "chunk-line-too-long")
 	ErrChunkMissingCRLF  = newErr(400, "chunk-missing-crlf") // data not followed by CRLF, or size line ended by bare LF
+	ErrChunkOverhead     = newErr(400, "chunk-overhead")     // too much framing per byte of data
 )
 
 // AllErrors lists every rule error, for tests, documentation and metrics.
@@ -89,5 +90,5 @@ var AllErrors = []*Error{
 	ErrMissingColon, ErrBadHeaderValue, ErrMissingHost, ErrRepeatedHost, ErrBadHost,
 	ErrBadContentLength, ErrContentLengthOverflow, ErrConflictingLength, ErrTEWithCL,
 	ErrTEUnsupported, ErrTERepeated, ErrTEHTTP10, ErrExpectUnsupported,
-	ErrBadChunkSize, ErrChunkSizeOverflow, ErrBadChunkExt, ErrChunkLineTooLong, ErrChunkMissingCRLF,
+	ErrBadChunkSize, ErrChunkSizeOverflow, ErrBadChunkExt, ErrChunkLineTooLong, ErrChunkMissingCRLF, ErrChunkOverhead,
 }

@@ -19,8 +19,11 @@ const (
 	DefaultMaxRequestLine = 8 << 10
 	DefaultMaxHeaderBytes = 16 << 10
 	DefaultMaxHeaders     = 100
-	// MaxChunkLine bounds a chunk-size line including extensions (excl. CRLF).
-	MaxChunkLine = 4096
+	// MaxChunkLine bounds a chunk-size line including extensions (excl.
+	// CRLF); net/http accepts at most 4095 bytes as well.
+	MaxChunkLine = 4095
+	// MaxChunkOverhead bounds accumulated chunk framing not paid for by data.
+	MaxChunkOverhead = 16 << 10
 )
 
 // Header is one field line; Name and Value (OWS-trimmed) are slices into the
