@@ -1,0 +1,198 @@
+package admission
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
+)
+
+// Answer header names (shared, never written to).
+var (
+	hdrRetryAfter      = []byte("Retry-After")
+	hdrRateLimitPolicy = []byte("RateLimit-Policy")
+	hdrRateLimit       = []byte("RateLimit")
+)
+
+// AnswerZone is one zone of a location as the RateLimit fields show it:
+// Quota units per Window (the zone's rate and period).
+type AnswerZone struct {
+	Name   string
+	Quota  uint32
+	Window time.Duration
+}
+
+// AnswerSpec configures a location's deny answer.
+type AnswerSpec struct {
+	Status int // 0 = 429
+	// RateLimitHeaders adds the IETF httpapi RateLimit-Policy and RateLimit
+	// fields (draft-ietf-httpapi-ratelimit-headers) to deny answers.
+	RateLimitHeaders bool
+	JSON             bool   // JSON body instead of text
+	Message          string // "" = "rate limit exceeded"
+	Zones            []AnswerZone
+}
+
+// DenyAnswer is a location's deny response, precomputed at policy load so
+// that answering a request only formats the numbers that vary (Retry-After,
+// remaining and reset per zone) into a caller buffer.
+type DenyAnswer struct {
+	Status      int
+	ContentType string
+	Body        []byte
+	headers     bool
+	policy      []byte   // RateLimit-Policy value
+	names       [][]byte // per zone, the sf-string `"name"`
+}
+
+// DefaultDenyStatus is the deny status when a location sets none.
+const DefaultDenyStatus = 429
+
+// NewDenyAnswer precomputes the answer of spec.
+func NewDenyAnswer(spec AnswerSpec) *DenyAnswer {
+	a := &DenyAnswer{Status: spec.Status, headers: spec.RateLimitHeaders}
+	if a.Status == 0 {
+		a.Status = DefaultDenyStatus
+	}
+	msg := spec.Message
+	if msg == "" {
+		msg = "rate limit exceeded"
+	}
+	if spec.JSON {
+		a.ContentType = "application/json"
+		b := []byte(`{"status":`)
+		b = strconv.AppendInt(b, int64(a.Status), 10)
+		b = append(b, `,"error":`...)
+		b = strconv.AppendQuote(b, msg)
+		b = append(b, "}\n"...)
+		a.Body = b
+	} else {
+		a.ContentType = "text/plain; charset=utf-8"
+		a.Body = []byte(strconv.Itoa(a.Status) + " " + statusText(a.Status) + ": " + msg + "\n")
+	}
+	for i, z := range spec.Zones {
+		name := appendSFString(nil, z.Name)
+		a.names = append(a.names, name)
+		if i > 0 {
+			a.policy = append(a.policy, ", "...)
+		}
+		a.policy = append(a.policy, name...)
+		a.policy = append(a.policy, ";q="...)
+		a.policy = strconv.AppendUint(a.policy, uint64(z.Quota), 10)
+		a.policy = append(a.policy, ";w="...)
+		w := int64((z.Window + time.Second - 1) / time.Second)
+		if w < 1 {
+			w = 1
+		}
+		a.policy = strconv.AppendInt(a.policy, w, 10)
+	}
+	return a
+}
+
+func statusText(code int) string {
+	switch code {
+	case 429:
+		return "Too Many Requests"
+	case 503:
+		return "Service Unavailable"
+	case 403:
+		return "Forbidden"
+	case 500:
+		return "Internal Server Error"
+	}
+	return "Denied"
+}
+
+// appendSFString appends s as a structured-field String (RFC 9651 §3.3.3):
+// printable ASCII in quotes, `"` and `\` escaped, other bytes replaced by '_'.
+func appendSFString(dst []byte, s string) []byte {
+	dst = append(dst, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			dst = append(dst, '\\', c)
+		case c < 0x20 || c > 0x7e:
+			dst = append(dst, '_')
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return append(dst, '"')
+}
+
+// ZoneState is what a decision says about one zone's resource.
+type ZoneState struct {
+	Remaining    uint32
+	RetryAfterMs uint32
+	Known        bool // false when no decision data exists (fail-close)
+}
+
+// RetryAfterSeconds is Retry-After in whole seconds: the largest
+// retry_after_ms rounded up, at least 1.
+func RetryAfterSeconds(zones []ZoneState) uint32 {
+	var max uint32
+	for _, z := range zones {
+		if z.RetryAfterMs > max {
+			max = z.RetryAfterMs
+		}
+	}
+	s := max / 1000
+	if max%1000 != 0 {
+		s++
+	}
+	if s < 1 {
+		s = 1
+	}
+	return s
+}
+
+// AnswerBufSize is a buffer size that holds any answer's variable values
+// for up to 32 zones without growing.
+const AnswerBufSize = 16 + 32*48
+
+// Render appends the deny headers (Retry-After, and the RateLimit fields
+// when enabled) to hdrs, formatting values into buf; zones is indexed like
+// the spec's zones (shorter when unknown). It allocates nothing when hdrs
+// and buf have the capacity (3 headers, AnswerBufSize bytes).
+func (a *DenyAnswer) Render(hdrs []httpparse.Header, buf []byte, zones []ZoneState) ([]httpparse.Header, []byte) {
+	start := len(buf)
+	buf = strconv.AppendUint(buf, uint64(RetryAfterSeconds(zones)), 10)
+	hdrs = append(hdrs, httpparse.Header{Name: hdrRetryAfter, Value: buf[start:len(buf):len(buf)]})
+	if !a.headers || len(a.names) == 0 {
+		return hdrs, buf
+	}
+	hdrs = append(hdrs, httpparse.Header{Name: hdrRateLimitPolicy, Value: a.policy})
+	start = len(buf)
+	n := 0
+	for i, z := range zones {
+		if i >= len(a.names) || !z.Known {
+			continue
+		}
+		if n > 0 {
+			buf = append(buf, ", "...)
+		}
+		n++
+		buf = append(buf, a.names[i]...)
+		buf = append(buf, ";r="...)
+		buf = strconv.AppendUint(buf, uint64(z.Remaining), 10)
+		buf = append(buf, ";t="...)
+		t := z.RetryAfterMs / 1000
+		if z.RetryAfterMs%1000 != 0 {
+			t++
+		}
+		buf = strconv.AppendUint(buf, uint64(t), 10)
+	}
+	if n > 0 {
+		hdrs = append(hdrs, httpparse.Header{Name: hdrRateLimit, Value: buf[start:len(buf):len(buf)]})
+	}
+	return hdrs, buf
+}
+
+// PolicyField is the precomputed RateLimit-Policy value ("" when off).
+func (a *DenyAnswer) PolicyField() string {
+	if !a.headers {
+		return ""
+	}
+	return string(a.policy)
+}
