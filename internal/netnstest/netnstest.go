@@ -1,0 +1,180 @@
+// Package netnstest creates throw-away network namespaces, veth pairs and
+// bpffs mounts for tests, and runs Go code or commands inside them.
+//
+// Namespaces are named (ip netns add), so `ip netns exec NAME cmd` and
+// NS.Command work for external programs (nginx, curl, wrk); Go code runs in
+// a namespace through NS.Do, on a locked OS thread that is returned to the
+// original namespace afterwards. Sockets keep the namespace they were created
+// in, so a listener made inside Do can be served from any goroutine, but
+// every dial or listen must happen inside Do.
+package netnstest
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+var seq atomic.Uint64
+
+// Skip skips t unless the process is root and can create network
+// namespaces with the ip tool.
+func Skip(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs the ip tool (iproute2): " + err.Error())
+	}
+}
+
+// NS is a named network namespace owned by a test.
+type NS struct {
+	Name string
+	fd   int
+}
+
+// New creates a network namespace with its loopback device up and removes
+// it when the test ends.
+func New(t testing.TB) *NS {
+	t.Helper()
+	Skip(t)
+	name := fmt.Sprintf("rltp-%d-%d", os.Getpid(), seq.Add(1))
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
+	}
+	fd, err := unix.Open("/run/netns/"+name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		_ = exec.Command("ip", "netns", "del", name).Run()
+		t.Fatalf("open netns %s: %v", name, err)
+	}
+	ns := &NS{Name: name, fd: fd}
+	t.Cleanup(func() {
+		unix.Close(fd)
+		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
+			t.Errorf("ip netns del %s: %v: %s", name, err, out)
+		}
+	})
+	ns.MustIP(t, "link", "set", "lo", "up")
+	return ns
+}
+
+// Path is the namespace's bind mount, usable with nsenter --net=PATH.
+func (n *NS) Path() string { return "/run/netns/" + n.Name }
+
+// Do runs f on an OS thread switched into the namespace and returns its
+// error. The thread returns to its original namespace before it is released;
+// if that fails the thread is discarded.
+func (n *NS) Do(f func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("open current netns: %w", err)
+			return
+		}
+		defer unix.Close(orig)
+		if err := unix.Setns(n.fd, unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("setns %s: %w", n.Name, err)
+			return
+		}
+		ferr := f()
+		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
+			// Leave the thread locked: it exits with this goroutine.
+			errc <- fmt.Errorf("restore netns after %s: %w", n.Name, err)
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}
+
+// Command returns a command that runs inside the namespace (ip netns exec).
+func (n *NS) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
+}
+
+// IP runs `ip -n NAME args...`.
+func (n *NS) IP(args ...string) error {
+	out, err := exec.Command("ip", append([]string{"-n", n.Name}, args...)...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip -n %s %s: %w: %s", n.Name, strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// MustIP is IP that fails the test on error.
+func (n *NS) MustIP(t testing.TB, args ...string) {
+	t.Helper()
+	if err := n.IP(args...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Pair is a "node" and a "client" namespace joined by a veth pair, with
+// IPv4 and IPv6 (ULA, no DAD) addresses on both ends.
+type Pair struct {
+	Node, Client         *NS
+	NodeIP4, ClientIP4   netip.Addr
+	NodeIP6, ClientIP6   netip.Addr
+	NodeLink, ClientLink string
+}
+
+// NewPair creates the two namespaces and the veth pair between them:
+// node 10.200.0.1/24 and fd00:200::1/64, client 10.200.0.2 and fd00:200::2.
+func NewPair(t testing.TB) *Pair {
+	t.Helper()
+	p := &Pair{
+		Node:       New(t),
+		Client:     New(t),
+		NodeIP4:    netip.MustParseAddr("10.200.0.1"),
+		ClientIP4:  netip.MustParseAddr("10.200.0.2"),
+		NodeIP6:    netip.MustParseAddr("fd00:200::1"),
+		ClientIP6:  netip.MustParseAddr("fd00:200::2"),
+		NodeLink:   "veth-node",
+		ClientLink: "veth-client",
+	}
+	p.Node.MustIP(t, "link", "add", p.NodeLink, "type", "veth", "peer", "name", p.ClientLink, "netns", p.Client.Name)
+	for _, e := range []struct {
+		ns   *NS
+		dev  string
+		a4   netip.Addr
+		a6   netip.Addr
+		peer netip.Addr
+	}{{p.Node, p.NodeLink, p.NodeIP4, p.NodeIP6, p.ClientIP4}, {p.Client, p.ClientLink, p.ClientIP4, p.ClientIP6, p.NodeIP4}} {
+		e.ns.MustIP(t, "addr", "add", e.a4.String()+"/24", "dev", e.dev)
+		e.ns.MustIP(t, "addr", "add", e.a6.String()+"/64", "dev", e.dev, "nodad")
+		e.ns.MustIP(t, "link", "set", e.dev, "up")
+	}
+	return p
+}
+
+// BPFFS mounts a private bpf filesystem in a temporary directory for the
+// test and returns its path; it is unmounted when the test ends.
+func BPFFS(t testing.TB) string {
+	t.Helper()
+	Skip(t)
+	dir := t.TempDir()
+	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+		t.Skipf("needs a mountable bpf filesystem: mount bpffs on %s: %v", dir, err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount bpffs %s: %v", dir, err)
+		}
+	})
+	return dir
+}

@@ -1,0 +1,60 @@
+// Package redirect loads, attaches, pins and updates the eBPF sk_lookup
+// program that steers a node's inbound TCP connections to the proxy's
+// listening socket, and reports or removes that pinned state.
+//
+// # Use from the proxy
+//
+//	r, err := redirect.Attach(redirect.Config{Ports: []uint16{80}})
+//	// error: pinned state of another build without Config.Upgrade, no bpffs, not root...
+//	defer r.Close() // closes descriptors only; pins stay for the next proxy
+//	ln, _ := lc.Listen(ctx, "tcp", "127.0.0.1:0") // net.ListenConfig with SetMultipathTCP(false)
+//	err = r.RegisterListener(ln) // the single sockmap update: steering (or takeover) starts here
+//	upstream, err := r.DialContext(ctx, "tcp", "127.0.0.1:80") // bypasses steering: no loop
+//	r.SetPorts([]uint16{80, 8080}) // live reload
+//	reg.MustRegister(r.Collector())
+//
+// Attach works on the network namespace of the calling OS thread. It pins the
+// program, the link and every map under PinRoot/<netns inode>/ on a bpffs
+// (see EnsureBPFFS), holding a flock on that directory while it works. When
+// the pinned program matches the embedded one it reuses everything pinned
+// (a restarted proxy finds its sockmap, ports and counters); when it differs
+// it refuses with ErrIncompatible unless Config.Upgrade is set, in which case
+// it replaces the program in place through the pinned link (link.Update),
+// keeping every compatible map. Close never unpins: the kernel keeps steering
+// while no proxy runs, and a slot whose listener closed is empty, so
+// connections then fall through to the service (SK_PASS).
+//
+// # Takeover
+//
+// A new proxy that starts while the old one still runs calls Attach (reusing
+// the pins) and RegisterListener: that one map update moves new connections
+// to the new listener. The old listener keeps its accept queue; the old
+// proxy drains it and exits. Closing the old listener afterwards does not
+// clear the slot, because the kernel only removes the socket it holds.
+//
+// # Loop avoidance (bypass map)
+//
+// sk_lookup sees no mark or cookie of the connecting socket, so the proxy's
+// own upstream connections are recognised by their source address: DialContext
+// binds the socket to the source address the route to the upstream uses and
+// an ephemeral port, inserts (family, source ip, source port) into the bypass
+// map, then connects; the program passes a SYN whose remote address is in the
+// map to the normal lookup. The entry is removed as soon as the connect
+// attempt finished: sk_lookup only runs for the SYN, so an established
+// connection needs no entry. The same key keeps working if the proxy later
+// binds to the client's address (transparent source).
+//
+// # Local clients
+//
+// A connection that arrives on the loopback device (ifindex 1: a local
+// client, whatever address it dials) or that targets 127.0.0.0/8 or ::1 is
+// steered only when Config.SteerLoopback is set. The proxy's own upstream
+// connections are always bypassed, whatever that flag says.
+//
+// # Listeners
+//
+// The sockmap has two slots: 0 for IPv4 connections, 1 for IPv6. An IPv4
+// listener fills slot 0, an IPv6-only listener slot 1, a dual-stack IPv6
+// listener both. Listeners must be plain TCP: an MPTCP socket (Go's default
+// for listeners since 1.24) cannot enter a sockmap.
+package redirect

@@ -1,0 +1,121 @@
+package redirect
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/netnstest"
+)
+
+// attachIn attaches the redirect inside ns with a private bpffs and closes it
+// when the test ends. It skips when the kernel refuses BPF.
+func attachIn(t *testing.T, ns *netnstest.NS, cfg Config) *Redirect {
+	t.Helper()
+	if cfg.PinRoot == "" {
+		cfg.PinRoot = netnstest.BPFFS(t) + "/rl-tproxy"
+	}
+	var r *Redirect
+	err := ns.Do(func() (err error) {
+		r, err = Attach(cfg)
+		return err
+	})
+	if errors.Is(err, unix.EPERM) {
+		t.Skipf("needs BPF (CAP_BPF/CAP_NET_ADMIN): %v", err)
+	}
+	if err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// listenTCP opens a plain TCP (MPTCP off) listener inside ns.
+func listenTCP(t *testing.T, ns *netnstest.NS, network, addr string) net.Listener {
+	t.Helper()
+	var ln net.Listener
+	err := ns.Do(func() (err error) {
+		var lc net.ListenConfig
+		lc.SetMultipathTCP(false)
+		ln, err = lc.Listen(context.Background(), network, addr)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("listen %s %s: %v", network, addr, err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// serve answers every connection on ln with "name local-addr\n" and closes
+// it. It stops when ln closes; the test waits for it.
+func serve(t *testing.T, ln net.Listener, name string) {
+	t.Helper()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintf(c, "%s %s\n", name, c.LocalAddr())
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+}
+
+// ask connects to addr from inside ns (with dial, or a plain dialer when nil)
+// and returns the one line the server wrote.
+func ask(ns *netnstest.NS, addr string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) (string, error) {
+	var line string
+	err := ns.Do(func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if dial == nil {
+			var d net.Dialer
+			dial = d.DialContext
+		}
+		c, err := dial(ctx, "tcp", addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		line, err = bufio.NewReader(c).ReadString('\n')
+		if err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		line = strings.TrimSpace(line)
+		return nil
+	})
+	return line, err
+}
+
+func mustAsk(t *testing.T, ns *netnstest.NS, addr string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) string {
+	t.Helper()
+	line, err := ask(ns, addr, dial)
+	if err != nil {
+		t.Fatalf("connect to %s from %s: %v", addr, ns.Name, err)
+	}
+	return line
+}
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loads eBPF in a network namespace")
+	}
+}

@@ -1,0 +1,125 @@
+package redirect
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"syscall"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// RegisterListener writes ln's socket into the sockmap: from the next SYN
+// on, steered connections of its family land in ln's accept queue. This one
+// update is the takeover when another proxy's listener held the slot. ln
+// must be a plain TCP listener (MPTCP off). The kernel drops the entry when
+// the listener's last descriptor closes, and steering falls back to the
+// service.
+func (r *Redirect) RegisterListener(ln net.Listener) error {
+	sc, ok := ln.(syscall.Conn)
+	if !ok {
+		return fmt.Errorf("register listener %v: %T exposes no socket", ln.Addr(), ln)
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("register listener %v: %w", ln.Addr(), err)
+	}
+	var opErr error
+	err = rc.Control(func(fd uintptr) {
+		opErr = r.registerFD(int(fd))
+	})
+	if err == nil {
+		err = opErr
+	}
+	if err != nil {
+		return fmt.Errorf("register listener %v: %w", ln.Addr(), err)
+	}
+	return nil
+}
+
+// listenerSlots returns the sockmap slots a listening socket serves.
+func listenerSlots(fd int) ([]uint32, error) {
+	proto, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL)
+	if err != nil {
+		return nil, fmt.Errorf("socket protocol: %w", err)
+	}
+	if proto == unix.IPPROTO_MPTCP {
+		return nil, errors.New("MPTCP socket cannot enter a sockmap: create the listener with net.ListenConfig.SetMultipathTCP(false)")
+	}
+	if proto != unix.IPPROTO_TCP {
+		return nil, fmt.Errorf("socket protocol %d is not TCP", proto)
+	}
+	domain, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+	if err != nil {
+		return nil, fmt.Errorf("socket domain: %w", err)
+	}
+	switch domain {
+	case unix.AF_INET:
+		return []uint32{SlotIPv4}, nil
+	case unix.AF_INET6:
+		v6only, err := unix.GetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY)
+		if err != nil {
+			return nil, fmt.Errorf("socket IPV6_V6ONLY: %w", err)
+		}
+		if v6only == 1 {
+			return []uint32{SlotIPv6}, nil
+		}
+		return []uint32{SlotIPv4, SlotIPv6}, nil
+	}
+	return nil, fmt.Errorf("socket family %d is not IPv4 or IPv6", domain)
+}
+
+func (r *Redirect) registerFD(fd int) error {
+	slots, err := listenerSlots(fd)
+	if err != nil {
+		return err
+	}
+	for _, s := range slots {
+		if err := r.maps.Sockets.Update(s, uint64(fd), ebpf.UpdateAny); err != nil {
+			if errors.Is(err, unix.EOPNOTSUPP) {
+				return fmt.Errorf("sockmap slot %d: %w (is the socket listening, plain TCP?)", s, err)
+			}
+			return fmt.Errorf("sockmap slot %d: %w", s, err)
+		}
+	}
+	return nil
+}
+
+// UnregisterListener empties the sockmap slots that still hold ln's socket
+// (a slot another proxy took over is left alone), so new connections fall
+// through to the service while ln drains.
+func (r *Redirect) UnregisterListener(ln net.Listener) error {
+	sc, ok := ln.(syscall.Conn)
+	if !ok {
+		return fmt.Errorf("unregister listener %v: %T exposes no socket", ln.Addr(), ln)
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("unregister listener %v: %w", ln.Addr(), err)
+	}
+	var cookie uint64
+	var opErr error
+	err = rc.Control(func(fd uintptr) {
+		cookie, opErr = unix.GetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_COOKIE)
+	})
+	if err == nil {
+		err = opErr
+	}
+	if err != nil {
+		return fmt.Errorf("unregister listener %v: socket cookie: %w", ln.Addr(), err)
+	}
+	for _, s := range []uint32{SlotIPv4, SlotIPv6} {
+		var have uint64
+		if err := r.maps.Sockets.Lookup(s, &have); err != nil {
+			continue // empty slot
+		}
+		if have != cookie {
+			continue
+		}
+		if err := r.maps.Sockets.Delete(s); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("unregister listener %v: slot %d: %w", ln.Addr(), s, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,236 @@
+package redirect
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/rl-tproxy/rl-tproxy/bpf"
+)
+
+// State is the pinned redirect of one network namespace, as Status reads it.
+type State struct {
+	Pinned        bool   // a link is pinned for this namespace
+	Reason        string // why Pinned is false
+	Dir           string // PinRoot/<netns inode>
+	NetnsInode    uint64
+	LinkID        uint32
+	ProgramID     uint32
+	ProgramTag    string
+	MatchesBinary bool // the attached program is the one embedded in this binary
+	Ports         []uint16
+	Prefixes      []netip.Prefix // empty: every destination
+	SteerLoopback bool
+	Sockets       []Socket // one per sockmap slot
+	BypassEntries int      // upstream connects in flight
+	Counters      Counters
+}
+
+// Socket is one sockmap slot.
+type Socket struct {
+	Slot    uint32
+	Family  string // "ipv4" or "ipv6"
+	Present bool
+	Cookie  uint64 // socket cookie when present
+}
+
+// Status reads the pinned state of the calling thread's network namespace
+// under pinRoot ("" = DefaultPinRoot) without changing anything. Nothing
+// pinned is not an error: State.Pinned is false and Reason says why.
+func Status(pinRoot string) (*State, error) {
+	if pinRoot == "" {
+		pinRoot = DefaultPinRoot
+	}
+	dir, ino, err := stateDir(pinRoot)
+	if err != nil {
+		return nil, err
+	}
+	st := &State{Dir: dir, NetnsInode: ino}
+	if err := checkBPFFS(pinRoot); err != nil {
+		st.Reason = err.Error()
+		return st, nil
+	}
+	linkPin := filepath.Join(dir, pinLink)
+	if !exists(linkPin) {
+		st.Reason = "nothing pinned at " + linkPin
+		return st, nil
+	}
+	l, err := link.LoadPinnedLink(linkPin, nil)
+	if err != nil {
+		return nil, fmt.Errorf("load pinned link %s: %w", linkPin, err)
+	}
+	defer l.Close()
+	st.Pinned = true
+	info, err := l.Info()
+	if err != nil {
+		return nil, fmt.Errorf("pinned link info: %w", err)
+	}
+	st.LinkID = uint32(info.ID)
+	st.ProgramID = uint32(info.Program)
+	if prog, err := ebpf.NewProgramFromID(info.Program); err == nil {
+		if pinfo, err := prog.Info(); err == nil {
+			st.ProgramTag = pinfo.Tag
+			if spec, err := bpf.LoadSkLookup(); err == nil {
+				st.MatchesBinary = spec.Programs[bpf.SkLookupProgSteer].Compatible(pinfo) == nil
+			}
+		}
+		prog.Close()
+	}
+
+	ro := &ebpf.LoadPinOptions{ReadOnly: true}
+	open := func(name string) (*ebpf.Map, error) {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, pinMapPfx+name), ro)
+		if err != nil {
+			return nil, fmt.Errorf("load pinned map %s: %w", name, err)
+		}
+		return m, nil
+	}
+	var errs []error
+	if m, err := open(bpf.SkLookupMapSteerPorts); err == nil {
+		st.Ports, err = listPorts(m)
+		errs = append(errs, err)
+		m.Close()
+	} else {
+		errs = append(errs, err)
+	}
+	if m, err := open(bpf.SkLookupMapDstPrefixes4); err == nil {
+		var k bpf.SkLookupLpmKey4
+		var v uint8
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			var b [4]byte
+			binary.NativeEndian.PutUint32(b[:], k.Addr)
+			st.Prefixes = append(st.Prefixes, netip.PrefixFrom(netip.AddrFrom4(b), int(k.Prefixlen)))
+		}
+		errs = append(errs, it.Err())
+		m.Close()
+	} else {
+		errs = append(errs, err)
+	}
+	if m, err := open(bpf.SkLookupMapDstPrefixes6); err == nil {
+		var k bpf.SkLookupLpmKey6
+		var v uint8
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			var b [16]byte
+			for i, w := range k.Addr {
+				binary.NativeEndian.PutUint32(b[4*i:], w)
+			}
+			st.Prefixes = append(st.Prefixes, netip.PrefixFrom(netip.AddrFrom16(b), int(k.Prefixlen)))
+		}
+		errs = append(errs, it.Err())
+		m.Close()
+	} else {
+		errs = append(errs, err)
+	}
+	slices.SortFunc(st.Prefixes, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	if m, err := open(bpf.SkLookupMapSettings); err == nil {
+		var c bpf.SkLookupConfig
+		if err := m.Lookup(uint32(0), &c); err == nil {
+			st.SteerLoopback = c.Flags&flagSteerLoopback != 0
+		} else {
+			errs = append(errs, err)
+		}
+		m.Close()
+	} else {
+		errs = append(errs, err)
+	}
+	if m, err := open(bpf.SkLookupMapSockets); err == nil {
+		for _, s := range []uint32{SlotIPv4, SlotIPv6} {
+			sock := Socket{Slot: s, Family: map[uint32]string{SlotIPv4: "ipv4", SlotIPv6: "ipv6"}[s]}
+			var cookie uint64
+			if err := m.Lookup(s, &cookie); err == nil {
+				sock.Present, sock.Cookie = true, cookie
+			} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("sockmap slot %d: %w", s, err))
+			}
+			st.Sockets = append(st.Sockets, sock)
+		}
+		m.Close()
+	} else {
+		errs = append(errs, err)
+	}
+	if m, err := open(bpf.SkLookupMapBypass); err == nil {
+		var k bpf.SkLookupBypassKey
+		var v uint8
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			st.BypassEntries++
+		}
+		errs = append(errs, it.Err())
+		m.Close()
+	} else {
+		errs = append(errs, err)
+	}
+	if m, err := open(bpf.SkLookupMapCounters); err == nil {
+		st.Counters, err = readCounters(m)
+		errs = append(errs, err)
+		m.Close()
+	} else {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return st, fmt.Errorf("read pinned redirect state in %s: %w", dir, err)
+	}
+	return st, nil
+}
+
+// Detach removes the redirect of the calling thread's network namespace:
+// it detaches the pinned link from the namespace (even if a running proxy
+// still holds descriptors) and removes every pin and the directory. It
+// returns ErrNotAttached when nothing is pinned.
+func Detach(pinRoot string) error {
+	if pinRoot == "" {
+		pinRoot = DefaultPinRoot
+	}
+	if err := checkBPFFS(pinRoot); err != nil {
+		return err
+	}
+	dir, _, err := stateDir(pinRoot)
+	if err != nil {
+		return err
+	}
+	if !exists(dir) {
+		return fmt.Errorf("%w: %s does not exist", ErrNotAttached, dir)
+	}
+	unlock, err := lockDir(dir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	linkPin := filepath.Join(dir, pinLink)
+	attached := exists(linkPin)
+	if attached {
+		l, err := link.LoadPinnedLink(linkPin, nil)
+		if err != nil {
+			return fmt.Errorf("load pinned link %s: %w", linkPin, err)
+		}
+		err = l.Detach()
+		l.Close()
+		if err != nil {
+			return fmt.Errorf("detach %s: %w", linkPin, err)
+		}
+	}
+	if err := removePins(dir); err != nil {
+		return fmt.Errorf("remove pins in %s: %w", dir, err)
+	}
+	if err := os.Remove(dir); err != nil {
+		return fmt.Errorf("remove %s: %w", dir, err)
+	}
+	if !attached {
+		return fmt.Errorf("%w: no link was pinned in %s (removed leftover pins)", ErrNotAttached, dir)
+	}
+	return nil
+}
