@@ -1,0 +1,126 @@
+package dnstest
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// Dnsmasq is a dnsmasq process serving one SRV name for a test.
+type Dnsmasq struct {
+	Addr string // "127.0.0.1:port"
+	cmd  *exec.Cmd
+	out  *bytes.Buffer
+}
+
+// StartDnsmasq starts dnsmasq on a free loopback port answering srvName
+// with targets (SRV plus A/AAAA host records) with the given TTL. The test
+// is skipped when dnsmasq is not installed. The process is stopped when the
+// test ends.
+func StartDnsmasq(t testing.TB, srvName string, ttl uint32, targets ...Target) *Dnsmasq {
+	t.Helper()
+	bin, err := exec.LookPath("dnsmasq")
+	if err != nil {
+		for _, p := range []string{"/usr/sbin/dnsmasq", "/sbin/dnsmasq"} {
+			if _, e := os.Stat(p); e == nil {
+				bin, err = p, nil
+				break
+			}
+		}
+	}
+	if err != nil {
+		t.Skip("needs dnsmasq: not installed (apt-get install dnsmasq; make deps installs it)")
+	}
+	var lastErr error
+	for attempt := 0; attempt < 5; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			t.Fatalf("dnsmasq: free port: %v", err)
+		}
+		args := []string{
+			"--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv", "--no-hosts",
+			"--no-poll", "--pid-file=", "--bind-interfaces", "--listen-address=127.0.0.1",
+			"--port=" + strconv.Itoa(port), "--log-facility=-",
+			"--local-ttl=" + strconv.Itoa(int(ttl)), "--auth-ttl=" + strconv.Itoa(int(ttl)),
+		}
+		if os.Geteuid() == 0 {
+			args = append(args, "--user=root")
+		}
+		for _, tg := range targets {
+			args = append(args, fmt.Sprintf("--srv-host=%s,%s,%d,%d,%d",
+				trimDot(srvName), trimDot(tg.Name), tg.Port, tg.Priority, tg.Weight))
+			for _, a := range tg.Addrs {
+				args = append(args, fmt.Sprintf("--host-record=%s,%s,%d", trimDot(tg.Name), a, ttl))
+			}
+		}
+		d := &Dnsmasq{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), out: new(bytes.Buffer)}
+		d.cmd = exec.Command(bin, args...)
+		d.cmd.Stdout, d.cmd.Stderr = d.out, d.out
+		if err := d.cmd.Start(); err != nil {
+			t.Fatalf("dnsmasq: start: %v", err)
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- d.cmd.Wait() }()
+		if err := d.waitReady(srvName, exited); err != nil {
+			lastErr = fmt.Errorf("%w; output: %s", err, d.out.String())
+			d.cmd.Process.Kill()
+			continue
+		}
+		t.Cleanup(func() {
+			d.cmd.Process.Kill()
+			<-exited
+		})
+		return d
+	}
+	t.Fatalf("dnsmasq: did not come up: %v", lastErr)
+	return nil
+}
+
+// waitReady queries the SRV name until dnsmasq answers (bounded: 50 tries
+// of one 100 ms query timeout each) or the process exits.
+func (d *Dnsmasq) waitReady(name string, exited <-chan error) error {
+	c := &dns.Client{Net: "udp", Timeout: 100 * time.Millisecond}
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(name), dns.TypeSRV)
+	for i := 0; i < 50; i++ {
+		select {
+		case err := <-exited:
+			return fmt.Errorf("dnsmasq exited: %v", err)
+		default:
+		}
+		r, _, err := c.Exchange(m, d.Addr)
+		if err == nil && r.Rcode == dns.RcodeSuccess && len(r.Answer) > 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("no SRV answer from %s", d.Addr)
+}
+
+func freePort() (int, error) {
+	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer pc.Close()
+	port := pc.LocalAddr().(*net.UDPAddr).Port
+	ln, err := net.Listen("tcp4", pc.LocalAddr().String())
+	if err != nil {
+		return 0, err
+	}
+	ln.Close()
+	return port, nil
+}
+
+func trimDot(s string) string {
+	if len(s) > 0 && s[len(s)-1] == '.' {
+		return s[:len(s)-1]
+	}
+	return s
+}
