@@ -1,0 +1,173 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
+)
+
+// Defaults applied when a Service or Config field is zero.
+const (
+	DefaultHeaderTimeout       = 10 * time.Second
+	DefaultIdleTimeout         = 60 * time.Second
+	DefaultUpstreamTimeout     = 60 * time.Second
+	DefaultMaxIdlePerUpstream  = 256
+	DefaultUpstreamIdleTimeout = 30 * time.Second
+)
+
+// Hook is the admission decision point. The proxy calls Admit once per
+// request after the head has been parsed, before any byte goes upstream and
+// before any 100 Continue. Done runs exactly once for every request that
+// reached Admit, after the response ended or failed.
+//
+// The *Request, *Decision and *Result values are owned by the proxy and are
+// reused for the next request on the same connection: a Hook must not keep
+// them (or slices into them) after Done returns.
+type Hook interface {
+	// Admit decides. ctx is cancelled if the client goes away while Admit
+	// is waiting.
+	Admit(ctx context.Context, r *Request) Decision
+	// Done reports the outcome of a request that reached Admit.
+	Done(r *Request, d *Decision, res *Result)
+}
+
+// Request is what the Hook sees of one request.
+type Request struct {
+	Remote, Local netip.AddrPort // Local is the original destination (getsockname)
+	Service       *Service       // the service that owns the listener or port
+	Head          *httpparse.Request
+	Path, Query   []byte    // the target split at the first '?'
+	Start         time.Time // arrival of the first byte of the request head
+}
+
+// HeaderValue returns the first value of the named request header
+// (case-insensitive). It does not allocate.
+func (r *Request) HeaderValue(name string) ([]byte, bool) { return r.Head.Header(name) }
+
+// Decision is the Hook's answer.
+type Decision struct {
+	Allow bool
+	// Status is the deny status (429 when zero).
+	Status int
+	// Header holds extra response headers: the deny answer's headers, or
+	// headers appended to the upstream response on allow.
+	Header      []httpparse.Header
+	Body        []byte
+	ContentType string
+	// State is opaque to the proxy and handed back in Done.
+	State any
+}
+
+// Result is the outcome of one request.
+type Result struct {
+	// Status is the status sent to the client (0 if nothing was sent).
+	Status int
+	// ClientAborted is true when the client went away before the response
+	// completed (during admission, while sending its body, or while the
+	// response was relayed).
+	ClientAborted bool
+	// UpstreamErr is set when the upstream failed (dial, write, read,
+	// malformed response).
+	UpstreamErr error
+	// End is when the last byte of the response was written (or the
+	// request failed).
+	End time.Time
+	// BytesIn counts request body bytes read from the client; BytesOut
+	// counts response bytes written to the client (head and body).
+	BytesIn, BytesOut int64
+}
+
+// Service is one protected service: where its clients arrive and where its
+// unchanged upstream listens.
+type Service struct {
+	Name string
+	// Listen holds the listener-mode addresses (host:port) served by
+	// ListenAndServe.
+	Listen []string
+	// Port is the steered destination port (ServeSteered picks the service
+	// by the original destination port of the connection).
+	Port uint16
+	// Upstream is the service's own address (host:port).
+	Upstream string
+
+	// Forwarding headers added to the upstream request.
+	XForwardedFor, XForwardedProto, Forwarded, XRealIP bool
+
+	HeaderTimeout      time.Duration // first byte to end of head (408); default 10s
+	IdleTimeout        time.Duration // keep-alive idle wait and body progress; default 60s
+	UpstreamTimeout    time.Duration // dial, send and response head wait; default 60s
+	MaxRequestsPerConn int           // 0 = unlimited
+	MaxBodyBytes       int64         // 0 = unlimited; larger bodies get 413
+	Limits             httpparse.Limits
+}
+
+func (s *Service) headerTimeout() time.Duration { return durOr(s.HeaderTimeout, DefaultHeaderTimeout) }
+func (s *Service) idleTimeout() time.Duration   { return durOr(s.IdleTimeout, DefaultIdleTimeout) }
+func (s *Service) upstreamTimeout() time.Duration {
+	return durOr(s.UpstreamTimeout, DefaultUpstreamTimeout)
+}
+
+func durOr(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}
+
+// Config is the proxy's whole configuration. Update swaps it atomically.
+type Config struct {
+	Services []*Service
+	// Hook decides admission; nil admits everything without calling a hook.
+	Hook Hook
+	// Dial opens upstream connections; nil uses a net.Dialer. The eBPF
+	// redirect supplies a dialer whose connections bypass the steering.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Logger receives protocol errors (the rule that rejected a request)
+	// at debug level and upstream failures at warn; nil discards.
+	Logger *slog.Logger
+	// MaxIdlePerUpstream bounds the idle pooled connections per upstream
+	// address (default 256; negative disables pooling).
+	MaxIdlePerUpstream int
+	// UpstreamIdleTimeout closes pooled connections idle this long
+	// (default 30s).
+	UpstreamIdleTimeout time.Duration
+	// Now is the clock for timing points; nil = time.Now.
+	Now func() time.Time
+}
+
+func (c *Config) validate() error {
+	names := map[string]bool{}
+	for i, s := range c.Services {
+		if s == nil {
+			return fmt.Errorf("service %d: nil", i)
+		}
+		if s.Name == "" {
+			return fmt.Errorf("service %d: empty name", i)
+		}
+		if names[s.Name] {
+			return fmt.Errorf("service %q: duplicate name", s.Name)
+		}
+		names[s.Name] = true
+		if _, _, err := net.SplitHostPort(s.Upstream); err != nil {
+			return fmt.Errorf("service %q: upstream %q: %w", s.Name, s.Upstream, err)
+		}
+		for _, l := range s.Listen {
+			if _, _, err := net.SplitHostPort(l); err != nil {
+				return fmt.Errorf("service %q: listen %q: %w", s.Name, l, err)
+			}
+		}
+		if s.MaxBodyBytes < 0 || s.MaxRequestsPerConn < 0 {
+			return fmt.Errorf("service %q: negative limit", s.Name)
+		}
+	}
+	return nil
+}
+
+// ErrClosed is returned by Serve after Shutdown.
+var ErrClosed = errors.New("proxy: shut down")

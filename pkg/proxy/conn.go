@@ -1,0 +1,515 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
+)
+
+const (
+	stateIdle int32 = iota // waiting for the first byte of a request
+	stateActive
+	stateClosed
+)
+
+var aLongTimeAgo = time.Unix(1, 0)
+
+// conn is one client connection. It is pooled: everything in it is reused
+// by the next connection.
+type conn struct {
+	p      *Proxy
+	nc     net.Conn
+	raw    syscall.RawConn
+	pick   func(*Config, netip.AddrPort) *Service
+	remote netip.AddrPort
+	local  netip.AddrPort
+	state  atomic.Int32
+
+	buf       buffer
+	rawReadFn func(uintptr) bool
+	rn        int
+	rerr      error
+
+	// admission watcher
+	peekFn    func(uintptr) bool
+	peek      [1]byte
+	gone      bool
+	cancel    context.CancelFunc
+	watchDone chan struct{}
+
+	wb    []byte // write buffer (pooled array while in use)
+	warr  *bufArr
+	sarr  *bufArr // scratch for body copies
+	lr    io.LimitedReader
+	chunk httpparse.ChunkedDecoder
+
+	head    httpparse.Request
+	req     Request
+	dec     Decision
+	res     Result
+	nreq    int
+	linger  bool // unread client bytes may remain: close gracefully
+	sent100 bool
+}
+
+var connPool = sync.Pool{New: func() any {
+	c := &conn{watchDone: make(chan struct{}, 1)}
+	c.rawReadFn = c.rawRead
+	c.peekFn = c.peekReady
+	return c
+}}
+
+func newConn(p *Proxy, nc net.Conn, pick func(*Config, netip.AddrPort) *Service) *conn {
+	c := connPool.Get().(*conn)
+	c.p, c.nc, c.pick = p, nc, pick
+	c.state.Store(stateActive)
+	if sc, ok := nc.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			c.raw = raw
+		}
+	}
+	if a, ok := nc.RemoteAddr().(*net.TCPAddr); ok {
+		c.remote = a.AddrPort()
+		c.remote = netip.AddrPortFrom(c.remote.Addr().Unmap(), c.remote.Port())
+	}
+	if a, ok := nc.LocalAddr().(*net.TCPAddr); ok {
+		c.local = a.AddrPort()
+		c.local = netip.AddrPortFrom(c.local.Addr().Unmap(), c.local.Port())
+	}
+	return c
+}
+
+func (c *conn) release() {
+	c.buf.put()
+	c.putWB()
+	c.putScratch()
+	c.p, c.nc, c.raw, c.pick = nil, nil, nil, nil
+	c.remote, c.local = netip.AddrPort{}, netip.AddrPort{}
+	c.req, c.dec, c.res = Request{}, Decision{}, Result{}
+	c.head.Reset()
+	c.nreq, c.linger, c.sent100, c.gone, c.cancel = 0, false, false, false, nil
+	c.lr = io.LimitedReader{}
+	connPool.Put(c)
+}
+
+func (c *conn) getWB() []byte {
+	if c.warr == nil {
+		c.warr = bufPool.Get().(*bufArr)
+	}
+	c.wb = c.warr[:0]
+	return c.wb
+}
+
+func (c *conn) putWB() {
+	if c.warr != nil {
+		bufPool.Put(c.warr)
+	}
+	c.warr, c.wb = nil, nil
+}
+
+func (c *conn) scratch() []byte {
+	if c.sarr == nil {
+		c.sarr = bufPool.Get().(*bufArr)
+	}
+	return c.sarr[:]
+}
+
+func (c *conn) putScratch() {
+	if c.sarr != nil {
+		bufPool.Put(c.sarr)
+	}
+	c.sarr = nil
+}
+
+// rawRead reads into the buffer inside the runtime's poller loop. When
+// nothing is there yet and the buffer is empty, the buffer goes back to the
+// pool while the connection waits: idle keep-alive connections hold none.
+func (c *conn) rawRead(fd uintptr) bool {
+	if c.buf.b == nil {
+		c.buf.get(bufSize)
+	}
+	for {
+		n, err := unix.Read(int(fd), c.buf.b[c.buf.w:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			if c.buf.w == 0 {
+				c.buf.put()
+			}
+			return false
+		}
+		c.rn, c.rerr = n, err
+		if err != nil {
+			c.rn = 0
+			c.rerr = os.NewSyscallError("read", err)
+		}
+		return true
+	}
+}
+
+// fill reads more client bytes into buf.b[w:] (need: minimum buffer size).
+func (c *conn) fill(need int) (int, error) {
+	if c.raw != nil && need <= bufSize {
+		c.rn, c.rerr = 0, nil
+		if err := c.raw.Read(c.rawReadFn); err != nil {
+			return 0, err
+		}
+		if c.rerr != nil {
+			return 0, c.rerr
+		}
+		if c.rn == 0 {
+			return 0, io.EOF
+		}
+		c.buf.w += c.rn
+		return c.rn, nil
+	}
+	c.buf.get(need)
+	n, err := c.nc.Read(c.buf.b[c.buf.w:])
+	c.buf.w += n
+	if n > 0 {
+		err = nil
+	}
+	return n, err
+}
+
+func headNeed(lim httpparse.Limits) int {
+	l, h := lim.MaxRequestLine, lim.MaxHeaderBytes
+	if l <= 0 {
+		l = httpparse.DefaultMaxRequestLine
+	}
+	if h <= 0 {
+		h = httpparse.DefaultMaxHeaderBytes
+	}
+	return max(l, h) + 4
+}
+
+func (c *conn) serve() {
+	defer c.finish()
+	for c.serveOne() {
+	}
+}
+
+func (c *conn) finish() {
+	c.state.Store(stateClosed)
+	if c.linger {
+		lingerClose(c.nc)
+	} else {
+		c.nc.Close()
+	}
+	p := c.p
+	p.untrack(c)
+	c.release()
+}
+
+// lingerClose half-closes, then drains what the client still sends for a
+// bounded time, so the answer is not destroyed by a reset.
+func lingerClose(nc net.Conn) {
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.CloseWrite()
+		tc.SetReadDeadline(time.Now().Add(time.Second))
+		var b [512]byte
+		for i := 0; i < 512; i++ { // at most 256 KiB
+			if _, err := tc.Read(b[:]); err != nil {
+				break
+			}
+		}
+	}
+	nc.Close()
+}
+
+// serveOne handles one request; it reports whether the connection stays.
+func (c *conn) serveOne() bool {
+	p := c.p
+	cfg := p.cfg.Load()
+	svc := c.pick(cfg, c.local)
+	if svc == nil {
+		cfg.logger().Debug("no service for destination", "local", c.local, "remote", c.remote)
+		return false
+	}
+	lim := svc.Limits
+	need := headNeed(lim)
+
+	if c.buf.r == c.buf.w {
+		c.buf.r, c.buf.w = 0, 0
+		c.state.Store(stateIdle)
+		if p.shutdown.Load() {
+			return false
+		}
+		c.nc.SetReadDeadline(time.Now().Add(svc.idleTimeout()))
+		_, err := c.fill(need)
+		if !c.state.CompareAndSwap(stateIdle, stateActive) || err != nil {
+			return false // idle timeout, close, reset or drain
+		}
+	} else if c.buf.r > 0 && len(c.buf.b)-c.buf.r < need {
+		c.buf.compact()
+	}
+	start := cfg.now()
+	c.nc.SetReadDeadline(start.Add(svc.headerTimeout()))
+	h := &c.head
+	for {
+		err := h.Parse(c.buf.unread(), lim)
+		if err == nil {
+			break
+		}
+		if err != httpparse.ErrNeedMore {
+			return c.reject(cfg, err)
+		}
+		if c.buf.w == len(c.buf.b) {
+			if c.buf.r == 0 {
+				return c.reject(cfg, httpparse.ErrHeaderTooBig)
+			}
+			c.buf.compact()
+		}
+		if _, err := c.fill(need); err != nil {
+			if isTimeout(err) {
+				c.answer(408, "Connection: close\r\n")
+				c.linger = true
+			}
+			return false
+		}
+	}
+	headStart := c.buf.r
+	c.buf.r += h.HeadLen
+	c.nreq++
+	c.sent100 = false
+
+	c.req = Request{Remote: c.remote, Local: c.local, Service: svc, Head: h, Start: start}
+	c.req.Path, c.req.Query = splitTarget(h.Target)
+	c.res = Result{}
+	c.dec = Decision{Allow: true}
+
+	mode := h.BodyMode()
+	if svc.MaxBodyBytes > 0 && mode == httpparse.BodyLength && h.ContentLength > svc.MaxBodyBytes {
+		cfg.logger().Debug("request rejected", "rule", "body-too-large", "remote", c.remote)
+		c.answer(413, "Connection: close\r\n")
+		c.linger = true
+		return false
+	}
+
+	hook := cfg.Hook
+	if hook != nil {
+		c.dec = c.admit(hook)
+		if c.gone {
+			c.res.ClientAborted = true
+			c.res.End = cfg.now()
+			hook.Done(&c.req, &c.dec, &c.res)
+			return false
+		}
+		if !c.dec.Allow {
+			keep := c.deny(cfg, svc)
+			c.res.End = cfg.now()
+			hook.Done(&c.req, &c.dec, &c.res)
+			return keep
+		}
+	}
+	keep := c.forward(cfg, svc, headStart+h.HeadLen)
+	c.res.End = cfg.now()
+	if hook != nil {
+		hook.Done(&c.req, &c.dec, &c.res)
+	}
+	return keep
+}
+
+// splitTarget splits an origin- or absolute-form target into path and
+// query.
+func splitTarget(t []byte) (path, query []byte) {
+	if len(t) > 0 && t[0] != '/' {
+		// absolute-form: skip scheme://authority
+		for i := 0; i+2 < len(t); i++ {
+			if t[i] == ':' && t[i+1] == '/' && t[i+2] == '/' {
+				rest := t[i+3:]
+				j := 0
+				for j < len(rest) && rest[j] != '/' && rest[j] != '?' {
+					j++
+				}
+				t = rest[j:]
+				break
+			}
+		}
+	}
+	for i, b := range t {
+		if b == '?' {
+			return t[:i], t[i+1:]
+		}
+	}
+	return t, nil
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// reject answers a parse error with its status and closes.
+func (c *conn) reject(cfg *Config, err error) bool {
+	status := 400
+	rule := "malformed"
+	var pe *httpparse.Error
+	if errors.As(err, &pe) {
+		status, rule = pe.Status, pe.Rule
+	}
+	cfg.logger().Debug("request rejected", "rule", rule, "status", status, "remote", c.remote)
+	c.answer(status, "Connection: close\r\n")
+	c.linger = true
+	return false
+}
+
+// answer writes a short plain-text answer from the proxy itself.
+func (c *conn) answer(status int, extra string) {
+	b := c.getWB()
+	b = appendStatusLine(b, status, nil)
+	text := statusBody(status)
+	b = append(b, "Content-Type: text/plain; charset=utf-8\r\nContent-Length: "...)
+	b = strconv.AppendInt(b, int64(len(text)), 10)
+	b = append(b, "\r\n"...)
+	b = append(b, extra...)
+	b = append(b, "\r\n"...)
+	b = append(b, text...)
+	c.nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	n, _ := c.nc.Write(b)
+	c.res.Status = status
+	c.res.BytesOut += int64(n)
+}
+
+func statusBody(status int) string {
+	switch status {
+	case 400:
+		return "400 Bad Request\n"
+	case 408:
+		return "408 Request Timeout\n"
+	case 413:
+		return "413 Content Too Large\n"
+	case 414:
+		return "414 URI Too Long\n"
+	case 417:
+		return "417 Expectation Failed\n"
+	case 431:
+		return "431 Request Header Fields Too Large\n"
+	case 501:
+		return "501 Not Implemented\n"
+	case 502:
+		return "502 Bad Gateway\n"
+	case 504:
+		return "504 Gateway Timeout\n"
+	case 505:
+		return "505 HTTP Version Not Supported\n"
+	}
+	return strconv.Itoa(status) + "\n"
+}
+
+// admit calls the hook while a watcher notices a client that goes away.
+func (c *conn) admit(hook Hook) Decision {
+	c.gone = false
+	if c.raw == nil {
+		return hook.Admit(context.Background(), &c.req)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	go c.watch()
+	d := hook.Admit(ctx, &c.req)
+	c.nc.SetReadDeadline(aLongTimeAgo) // wake the watcher
+	<-c.watchDone
+	cancel()
+	c.cancel = nil
+	c.nc.SetReadDeadline(time.Time{})
+	return d
+}
+
+func (c *conn) watch() {
+	c.raw.Read(c.peekFn)
+	if c.gone {
+		c.cancel()
+	}
+	c.watchDone <- struct{}{}
+}
+
+// peekReady waits for the client socket to become readable without
+// consuming: EOF or an error means the client went away; data (a pipelined
+// request or body) ends the watch without a verdict.
+func (c *conn) peekReady(fd uintptr) bool {
+	n, err := recvPeek(fd, c.peek[:])
+	if err == unix.EAGAIN {
+		return false
+	}
+	c.gone = n == 0 || err != nil
+	return true
+}
+
+// deny answers the Decision's status, fields and body.
+func (c *conn) deny(cfg *Config, svc *Service) bool {
+	h := &c.head
+	d := &c.dec
+	status := d.Status
+	if status == 0 {
+		status = 429
+	}
+	keep := c.keepClient(svc)
+	switch h.BodyMode() {
+	case httpparse.BodyLength:
+		if int64(c.buf.w-c.buf.r) >= h.ContentLength {
+			c.buf.r += int(h.ContentLength)
+			c.res.BytesIn = h.ContentLength
+		} else {
+			keep = false
+		}
+	case httpparse.BodyChunked:
+		keep = false
+	}
+	b := c.getWB()
+	b = appendStatusLine(b, status, nil)
+	for i := range d.Header {
+		b = appendHeaderBytes(b, d.Header[i].Name, d.Header[i].Value)
+	}
+	if d.ContentType != "" {
+		b = append(b, "Content-Type: "...)
+		b = append(b, d.ContentType...)
+		b = append(b, "\r\n"...)
+	}
+	b = append(b, "Content-Length: "...)
+	b = strconv.AppendInt(b, int64(len(d.Body)), 10)
+	b = append(b, "\r\n"...)
+	if !keep {
+		b = append(b, "Connection: close\r\n"...)
+	}
+	b = append(b, "\r\n"...)
+	if !httpparse.EqualFold(h.Method, "HEAD") {
+		b = append(b, d.Body...)
+	}
+	c.nc.SetWriteDeadline(time.Now().Add(svc.idleTimeout()))
+	n, err := c.nc.Write(b)
+	c.res.Status = status
+	c.res.BytesOut = int64(n)
+	if err != nil {
+		c.res.ClientAborted = true
+		return false
+	}
+	if !keep {
+		c.linger = true
+	}
+	return keep
+}
+
+// keepClient reports whether the client connection may carry another
+// request after this one.
+func (c *conn) keepClient(svc *Service) bool {
+	if c.head.Close || c.head.Minor == 0 || c.p.shutdown.Load() {
+		return false
+	}
+	if svc.MaxRequestsPerConn > 0 && c.nreq >= svc.MaxRequestsPerConn {
+		return false
+	}
+	return true
+}

@@ -1,0 +1,220 @@
+package proxy
+
+import (
+	"net/http"
+	"net/netip"
+	"strconv"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
+)
+
+// isHopByHop reports the fields RFC 9110 7.6.1 defines as connection
+// specific, which a proxy never forwards.
+func isHopByHop(name []byte) bool {
+	switch len(name) {
+	case 2:
+		return httpparse.EqualFold(name, "te")
+	case 7:
+		return httpparse.EqualFold(name, "trailer") || httpparse.EqualFold(name, "upgrade")
+	case 10:
+		return httpparse.EqualFold(name, "connection") || httpparse.EqualFold(name, "keep-alive")
+	case 16:
+		return httpparse.EqualFold(name, "proxy-connection")
+	case 17:
+		return httpparse.EqualFold(name, "transfer-encoding")
+	}
+	return false
+}
+
+func hasConnectionField(hs []httpparse.Header) bool {
+	for i := range hs {
+		if len(hs[i].Name) == 10 && httpparse.EqualFold(hs[i].Name, "connection") {
+			return true
+		}
+	}
+	return false
+}
+
+func appendHeader(b []byte, name string, value []byte) []byte {
+	b = append(b, name...)
+	b = append(b, ':', ' ')
+	b = append(b, value...)
+	return append(b, '\r', '\n')
+}
+
+func appendHeaderBytes(b, name, value []byte) []byte {
+	b = append(b, name...)
+	b = append(b, ':', ' ')
+	b = append(b, value...)
+	return append(b, '\r', '\n')
+}
+
+// appendRequestHead serialises the head sent upstream: the request line in
+// HTTP/1.1, the client's end-to-end fields, the forwarding fields the
+// service asks for, and exactly one framing field chosen by the proxy.
+// Dropped: hop-by-hop fields and every field named in Connection,
+// Content-Length/Transfer-Encoding (re-emitted), Expect (the proxy answers
+// 100 Continue itself after admission), and the forwarding fields the
+// proxy rewrites. On an upgrade, Upgrade and "Connection: upgrade" pass.
+func appendRequestHead(b []byte, h *httpparse.Request, svc *Service, remote netip.AddrPort) []byte {
+	b = append(b, h.Method...)
+	b = append(b, ' ')
+	b = append(b, h.Target...)
+	b = append(b, " HTTP/1.1\r\n"...)
+	conn := hasConnectionField(h.Headers)
+	var xff, fwd bool
+	if h.HostHeader == nil {
+		// HTTP/1.0 without Host: upstream HTTP/1.1 needs one.
+		host := h.Host
+		if len(host) == 0 {
+			host = []byte(svc.Upstream)
+		}
+		b = appendHeader(b, "Host", host)
+	}
+	for i := range h.Headers {
+		f := &h.Headers[i]
+		n := f.Name
+		if isHopByHop(n) || conn && httpparse.ConnectionHas(h.Headers, n) {
+			continue
+		}
+		switch len(n) {
+		case 6:
+			if httpparse.EqualFold(n, "expect") {
+				continue
+			}
+		case 9:
+			if svc.XRealIP && httpparse.EqualFold(n, "x-real-ip") {
+				continue
+			}
+			if svc.Forwarded && httpparse.EqualFold(n, "forwarded") {
+				fwd = true
+				continue
+			}
+		case 14:
+			if httpparse.EqualFold(n, "content-length") {
+				continue
+			}
+		case 15:
+			if svc.XForwardedFor && httpparse.EqualFold(n, "x-forwarded-for") {
+				xff = true
+				continue
+			}
+		case 17:
+			if svc.XForwardedProto && httpparse.EqualFold(n, "x-forwarded-proto") {
+				continue
+			}
+		}
+		b = appendHeaderBytes(b, n, f.Value)
+	}
+	if h.Upgrade {
+		if v, ok := h.Header("upgrade"); ok {
+			b = appendHeader(b, "Upgrade", v)
+			b = append(b, "Connection: upgrade\r\n"...)
+		}
+	}
+	ip := remote.Addr().Unmap()
+	if svc.XForwardedFor {
+		b = append(b, "X-Forwarded-For: "...)
+		if xff {
+			b = appendJoined(b, h.Headers, "x-forwarded-for")
+			b = append(b, ", "...)
+		}
+		b = ip.AppendTo(b)
+		b = append(b, '\r', '\n')
+	}
+	if svc.XForwardedProto {
+		b = append(b, "X-Forwarded-Proto: http\r\n"...)
+	}
+	if svc.Forwarded {
+		b = append(b, "Forwarded: "...)
+		if fwd {
+			b = appendJoined(b, h.Headers, "forwarded")
+			b = append(b, ", "...)
+		}
+		b = append(b, "for="...)
+		if ip.Is6() {
+			b = append(b, `"[`...)
+			b = ip.AppendTo(b)
+			b = append(b, `]"`...)
+		} else {
+			b = ip.AppendTo(b)
+		}
+		b = append(b, ";proto=http\r\n"...)
+	}
+	if svc.XRealIP {
+		b = append(b, "X-Real-IP: "...)
+		b = ip.AppendTo(b)
+		b = append(b, '\r', '\n')
+	}
+	switch h.BodyMode() {
+	case httpparse.BodyChunked:
+		b = append(b, "Transfer-Encoding: chunked\r\n"...)
+	case httpparse.BodyLength:
+		b = append(b, "Content-Length: "...)
+		b = strconv.AppendInt(b, h.ContentLength, 10)
+		b = append(b, '\r', '\n')
+	}
+	return append(b, '\r', '\n')
+}
+
+// appendJoined appends the values of every field named name, joined by ", ".
+func appendJoined(b []byte, hs []httpparse.Header, name string) []byte {
+	first := true
+	for i := range hs {
+		if !httpparse.EqualFold(hs[i].Name, name) || len(hs[i].Value) == 0 {
+			continue
+		}
+		if !first {
+			b = append(b, ", "...)
+		}
+		first = false
+		b = append(b, hs[i].Value...)
+	}
+	return b
+}
+
+// appendStatusLine appends "HTTP/1.1 CODE REASON\r\n".
+func appendStatusLine(b []byte, status int, reason []byte) []byte {
+	b = append(b, "HTTP/1.1 "...)
+	b = strconv.AppendInt(b, int64(status), 10)
+	b = append(b, ' ')
+	if reason != nil {
+		b = append(b, reason...)
+	} else {
+		b = append(b, http.StatusText(status)...)
+	}
+	return append(b, '\r', '\n')
+}
+
+// appendResponseHead serialises the head sent to the client: status line
+// in HTTP/1.1, the upstream's end-to-end fields (hop-by-hop and
+// Connection-named ones dropped), the Decision's extra fields, the framing
+// the proxy chose and Connection: close when the client connection ends.
+func appendResponseHead(b []byte, r *httpparse.Response, extra []httpparse.Header, chunkedOut, upgrade, closeClient bool) []byte {
+	b = appendStatusLine(b, r.Status, r.Reason)
+	conn := hasConnectionField(r.Headers)
+	for i := range r.Headers {
+		f := &r.Headers[i]
+		n := f.Name
+		if isHopByHop(n) || conn && httpparse.ConnectionHas(r.Headers, n) {
+			continue
+		}
+		b = appendHeaderBytes(b, n, f.Value)
+	}
+	for i := range extra {
+		b = appendHeaderBytes(b, extra[i].Name, extra[i].Value)
+	}
+	switch {
+	case upgrade:
+		if v, ok := r.Header("upgrade"); ok {
+			b = appendHeader(b, "Upgrade", v)
+		}
+		b = append(b, "Connection: upgrade\r\n"...)
+	case chunkedOut:
+		b = append(b, "Transfer-Encoding: chunked\r\n"...)
+	}
+	if closeClient && !upgrade {
+		b = append(b, "Connection: close\r\n"...)
+	}
+	return append(b, '\r', '\n')
+}

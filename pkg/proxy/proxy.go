@@ -1,0 +1,288 @@
+// Package proxy is the HTTP/1.1 data path: it accepts client connections,
+// reads and strictly parses request heads, asks an admission Hook, answers
+// denies, forwards admitted requests to a pooled upstream connection and
+// relays the responses, with timeouts, keep-alive, pipelining, upgrades and
+// graceful drain.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Proxy serves HTTP/1.1 clients on any number of listeners.
+type Proxy struct {
+	cfg   atomic.Pointer[Config]
+	pools upstreams
+
+	mu        sync.Mutex
+	listeners map[net.Listener]struct{}
+	conns     map[*conn]struct{}
+	shutdown  atomic.Bool
+	wg        sync.WaitGroup // accept loops and connection goroutines
+}
+
+// New validates cfg and returns a Proxy. Nothing listens until Serve,
+// ServeSteered or ListenAndServe.
+func New(cfg Config) (*Proxy, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("proxy config: %w", err)
+	}
+	p := &Proxy{
+		listeners: map[net.Listener]struct{}{},
+		conns:     map[*conn]struct{}{},
+	}
+	p.pools.init()
+	c := cfg
+	p.cfg.Store(&c)
+	return p, nil
+}
+
+// Update swaps the configuration for new requests. Requests already past
+// their head keep the configuration (service, hook, timeouts) they started
+// with. Listener addresses are not reopened: a changed Listen list needs
+// new Serve calls by the caller.
+func (p *Proxy) Update(cfg Config) error {
+	if err := cfg.validate(); err != nil {
+		return fmt.Errorf("proxy config: %w", err)
+	}
+	c := cfg
+	p.cfg.Store(&c)
+	return nil
+}
+
+// Config returns the current configuration.
+func (p *Proxy) Config() *Config { return p.cfg.Load() }
+
+func (c *Config) logger() *slog.Logger {
+	if c.Logger != nil {
+		return c.Logger
+	}
+	return discardLogger
+}
+
+var discardLogger = slog.New(slog.DiscardHandler)
+
+func (c *Config) now() time.Time {
+	if c.Now != nil {
+		return c.Now()
+	}
+	return time.Now()
+}
+
+func (c *Config) service(name string) *Service {
+	for _, s := range c.Services {
+		if s.Name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+// Serve accepts connections on ln for svc until ln fails or Shutdown. After
+// Update, requests use the service of the same name in the new
+// configuration (or svc if that name is gone).
+func (p *Proxy) Serve(ln net.Listener, svc *Service) error {
+	if svc == nil {
+		return errors.New("proxy: Serve with nil service")
+	}
+	name := svc.Name
+	return p.serve(ln, func(cfg *Config, _ netip.AddrPort) *Service {
+		if s := cfg.service(name); s != nil {
+			return s
+		}
+		return svc
+	})
+}
+
+// ServeSteered accepts connections on a listener that receives steered
+// connections for many ports; pick maps the original destination to its
+// service (nil pick: the current configuration's service whose Port equals
+// the destination port). Connections whose destination has no service are
+// closed.
+func (p *Proxy) ServeSteered(ln net.Listener, pick func(cfg *Config, local netip.AddrPort) *Service) error {
+	if pick == nil {
+		pick = func(cfg *Config, local netip.AddrPort) *Service {
+			for _, s := range cfg.Services {
+				if s.Port != 0 && s.Port == local.Port() {
+					return s
+				}
+			}
+			return nil
+		}
+	}
+	return p.serve(ln, pick)
+}
+
+// ListenAndServe opens every Services[].Listen address (MPTCP off) and
+// serves them until Shutdown. It returns the first listen error (closing
+// what it opened) or the first serve error.
+func (p *Proxy) ListenAndServe() error {
+	cfg := p.cfg.Load()
+	type pair struct {
+		ln  net.Listener
+		svc *Service
+	}
+	var pairs []pair
+	for _, s := range cfg.Services {
+		for _, a := range s.Listen {
+			ln, err := Listen(context.Background(), a)
+			if err != nil {
+				for _, pr := range pairs {
+					pr.ln.Close()
+				}
+				return fmt.Errorf("service %s: %w", s.Name, err)
+			}
+			pairs = append(pairs, pair{ln, s})
+		}
+	}
+	if len(pairs) == 0 {
+		return errors.New("proxy: no service has a listen address")
+	}
+	errc := make(chan error, len(pairs))
+	for _, pr := range pairs {
+		go func() { errc <- p.Serve(pr.ln, pr.svc) }()
+	}
+	var first error
+	for range pairs {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+			for _, pr := range pairs {
+				pr.ln.Close()
+			}
+		}
+	}
+	return first
+}
+
+func (p *Proxy) serve(ln net.Listener, pick func(*Config, netip.AddrPort) *Service) error {
+	p.mu.Lock()
+	if p.shutdown.Load() {
+		p.mu.Unlock()
+		ln.Close()
+		return ErrClosed
+	}
+	p.listeners[ln] = struct{}{}
+	p.wg.Add(1)
+	p.mu.Unlock()
+	defer p.wg.Done()
+	defer func() {
+		p.mu.Lock()
+		delete(p.listeners, ln)
+		p.mu.Unlock()
+	}()
+	var backoff time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if p.shutdown.Load() {
+				return ErrClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || transientAcceptErr(err) {
+				// Transient (EMFILE and friends): back off and retry.
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				p.cfg.Load().logger().Warn("accept", "err", err, "retry_in", backoff)
+				time.Sleep(backoff)
+				continue
+			}
+			return fmt.Errorf("accept on %s: %w", ln.Addr(), err)
+		}
+		backoff = 0
+		c := newConn(p, nc, pick)
+		if !p.track(c) {
+			nc.Close()
+			c.release()
+			continue
+		}
+		go c.serve()
+	}
+}
+
+func (p *Proxy) track(c *conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.shutdown.Load() {
+		return false
+	}
+	p.conns[c] = struct{}{}
+	p.wg.Add(1)
+	return true
+}
+
+func (p *Proxy) untrack(c *conn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+	p.wg.Done()
+}
+
+// Shutdown stops accepting, closes idle client connections, lets in-flight
+// requests finish (their connections close after the current response),
+// then closes pooled upstream connections. If ctx ends first, remaining
+// connections are closed forcibly and ctx's error is returned.
+func (p *Proxy) Shutdown(ctx context.Context) error {
+	p.mu.Lock()
+	p.shutdown.Store(true)
+	for ln := range p.listeners {
+		ln.Close()
+	}
+	p.mu.Unlock()
+
+	done := make(chan struct{})
+	go func() { p.wg.Wait(); close(done) }()
+	poll := time.Millisecond
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		p.closeIdle()
+		select {
+		case <-done:
+			p.pools.closeAll()
+			return nil
+		case <-ctx.Done():
+			p.mu.Lock()
+			for c := range p.conns {
+				c.nc.Close()
+			}
+			p.mu.Unlock()
+			<-done
+			p.pools.closeAll()
+			return ctx.Err()
+		case <-timer.C:
+			poll = min(2*poll, 100*time.Millisecond)
+			timer.Reset(poll)
+		}
+	}
+}
+
+func (p *Proxy) closeIdle() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		if c.state.CompareAndSwap(stateIdle, stateClosed) {
+			c.nc.Close()
+		}
+	}
+}
+
+// Stats are point-in-time counts.
+type Stats struct {
+	Conns        int // open client connections
+	UpstreamIdle int // idle pooled upstream connections
+}
+
+// Stats returns current counts.
+func (p *Proxy) Stats() Stats {
+	p.mu.Lock()
+	n := len(p.conns)
+	p.mu.Unlock()
+	return Stats{Conns: n, UpstreamIdle: p.pools.idleCount()}
+}
