@@ -13,7 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/netnstest"
 )
@@ -22,6 +23,7 @@ import (
 // when the test ends. It skips when the kernel refuses BPF.
 func attachIn(t *testing.T, ns *netnstest.NS, cfg Config) *Redirect {
 	t.Helper()
+	requireBPF(t)
 	if cfg.PinRoot == "" {
 		cfg.PinRoot = netnstest.BPFFS(t) + "/rl-tproxy"
 	}
@@ -30,9 +32,6 @@ func attachIn(t *testing.T, ns *netnstest.NS, cfg Config) *Redirect {
 		r, err = Attach(cfg)
 		return err
 	})
-	if errors.Is(err, unix.EPERM) {
-		t.Skipf("needs BPF (CAP_BPF/CAP_NET_ADMIN): %v", err)
-	}
 	if err != nil {
 		t.Fatalf("Attach: %v", err)
 	}
@@ -111,6 +110,22 @@ func mustAsk(t *testing.T, ns *netnstest.NS, addr string, dial func(ctx context.
 		t.Fatalf("connect to %s from %s: %v", addr, ns.Name, err)
 	}
 	return line
+}
+
+// requireBPF skips unless this process may load an sk_lookup program.
+func requireBPF(t *testing.T) {
+	t.Helper()
+	requireRoot(t)
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         ebpf.SkLookup,
+		AttachType:   ebpf.AttachSkLookup,
+		License:      "Dual BSD/GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()},
+	})
+	if err != nil {
+		t.Skipf("needs BPF (sk_lookup programs, CAP_BPF/CAP_NET_ADMIN): %v", err)
+	}
+	prog.Close()
 }
 
 func requireRoot(t *testing.T) {

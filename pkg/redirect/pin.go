@@ -141,7 +141,7 @@ func removePins(dir string) error {
 // under a temporary name and renames over the old pin, so there is always a
 // pin at path.
 func replacePin(path string, pin func(string) error) error {
-	tmp := path + ".new"
+	tmp := path + "_new" // bpffs refuses names with dots
 	_ = os.Remove(tmp)
 	if err := pin(tmp); err != nil {
 		return fmt.Errorf("pin %s: %w", tmp, err)
