@@ -13,7 +13,7 @@
 //   2. prefix filter on and local_ip not in it   -> SK_PASS, not_matched
 //   3. (family, remote ip, remote port) in bypass -> SK_PASS, bypassed
 //      (the proxy's own upstream connections: no loop)
-//   4. loopback arrival and steer_loopback off   -> SK_PASS, loopback
+//   4. local client and steer_loopback off       -> SK_PASS, loopback
 //   5. no socket in the sockmap slot             -> SK_PASS, no_socket
 //   6. bpf_sk_assign fails                       -> SK_PASS, assign_error
 //   7. otherwise                                 -> SK_PASS with the
@@ -147,15 +147,29 @@ static __always_inline int dst_allowed(struct bpf_sk_lookup *ctx)
 	return bpf_map_lookup_elem(&dst_prefixes6, &k) != NULL;
 }
 
-// from_loopback reports a connection made by a local client: it arrived on
-// the loopback device, or it targets a loopback address (PROG_TEST_RUN has
-// no ingress interface, so the address check also makes this testable).
-static __always_inline int from_loopback(struct bpf_sk_lookup *ctx)
+// from_local_client reports a connection made by a client on this node.
+// The kernel reports the device that owns the destination address as the
+// ingress interface even for traffic that crossed loopback, so ingress_ifindex
+// is 1 only for loopback destinations. A local client that connects to one
+// of the node's own addresses without binding gets that same address as its
+// source, so "remote address == local address" marks it. Loopback source or
+// destination addresses (127.0.0.0/8, ::1) count too; they also make the
+// check testable with PROG_TEST_RUN, which has no ingress interface.
+static __always_inline int from_local_client(struct bpf_sk_lookup *ctx)
 {
 	if (ctx->ingress_ifindex == LOOPBACK_IFINDEX)
 		return 1;
-	if (ctx->family == AF_INET)
-		return (bpf_ntohl(ctx->local_ip4) >> 24) == 127;
+	if (ctx->family == AF_INET) {
+		if (ctx->remote_ip4 == ctx->local_ip4)
+			return 1;
+		return (bpf_ntohl(ctx->local_ip4) >> 24) == 127 ||
+		       (bpf_ntohl(ctx->remote_ip4) >> 24) == 127;
+	}
+	if (ctx->remote_ip6[0] == ctx->local_ip6[0] &&
+	    ctx->remote_ip6[1] == ctx->local_ip6[1] &&
+	    ctx->remote_ip6[2] == ctx->local_ip6[2] &&
+	    ctx->remote_ip6[3] == ctx->local_ip6[3])
+		return 1;
 	return ctx->local_ip6[0] == 0 && ctx->local_ip6[1] == 0 &&
 	       ctx->local_ip6[2] == 0 && ctx->local_ip6[3] == bpf_htonl(1);
 }
@@ -197,7 +211,7 @@ int steer(struct bpf_sk_lookup *ctx)
 	if (bpf_map_lookup_elem(&bypass, &bk))
 		return count_pass(COUNTER_BYPASSED);
 
-	if (!(flags & CONFIG_STEER_LOOPBACK) && from_loopback(ctx))
+	if (!(flags & CONFIG_STEER_LOOPBACK) && from_local_client(ctx))
 		return count_pass(COUNTER_LOOPBACK);
 
 	struct bpf_sock *sk = bpf_map_lookup_elem(&sockets, &sock_key);

@@ -46,10 +46,16 @@
 //
 // # Local clients
 //
-// A connection that arrives on the loopback device (ifindex 1: a local
-// client, whatever address it dials) or that targets 127.0.0.0/8 or ::1 is
-// steered only when Config.SteerLoopback is set. The proxy's own upstream
-// connections are always bypassed, whatever that flag says.
+// A connection from a client on the node is steered only when
+// Config.SteerLoopback is set. The program recognises one when its source
+// and destination address are equal (an unbound local client dialing one of
+// the node's addresses gets that address as its source), when either address
+// is a loopback address (127.0.0.0/8, ::1), or when it arrived on the
+// loopback device. (The kernel reports the device owning the destination
+// address as the ingress interface of a local connection to a node address,
+// so the interface alone cannot tell.) A local client that binds another of
+// the node's addresses before connecting is treated as remote. The proxy's
+// own upstream connections are always bypassed, whatever that flag says.
 //
 // # Listeners
 //

@@ -1,0 +1,185 @@
+package redirect
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/netnstest"
+)
+
+// TestSteeringBetweenNamespaces drives real TCP connections from a client
+// namespace through a veth pair to a node namespace where an unchanged
+// service listens on port 80 and the proxy's listener sits on loopback.
+func TestSteeringBetweenNamespaces(t *testing.T) {
+	requireBPF(t)
+	p := netnstest.NewPair(t)
+	node4 := netip.AddrPortFrom(p.NodeIP4, 80).String()
+	node6 := netip.AddrPortFrom(p.NodeIP6, 80).String()
+
+	service := listenTCP(t, p.Node, "tcp", ":80") // dual stack, like most services
+	serve(t, service, "service")
+
+	// Before anything is attached the service answers.
+	if got := mustAsk(t, p.Client, node4, nil); got != "service "+node4 {
+		t.Fatalf("before attach: %q", got)
+	}
+
+	r := attachIn(t, p.Node, Config{Ports: []uint16{80}})
+
+	// Attached but no listener registered: falls through to the service.
+	if got := mustAsk(t, p.Client, node4, nil); got != "service "+node4 {
+		t.Fatalf("attached, no listener: %q", got)
+	}
+
+	proxy4 := listenTCP(t, p.Node, "tcp4", "127.0.0.1:0")
+	serve(t, proxy4, "proxy")
+	if err := r.RegisterListener(proxy4); err != nil {
+		t.Fatal(err)
+	}
+	// Steered: the proxy accepts, and the connection's local address is the
+	// original destination, not the listener's 127.0.0.1 address.
+	if got := mustAsk(t, p.Client, node4, nil); got != "proxy "+node4 {
+		t.Fatalf("steered: %q, want proxy %s", got, node4)
+	}
+	// Other ports are untouched.
+	other := listenTCP(t, p.Node, "tcp4", ":81")
+	serve(t, other, "other")
+	if got := mustAsk(t, p.Client, netip.AddrPortFrom(p.NodeIP4, 81).String(), nil); !strings.HasPrefix(got, "other ") {
+		t.Fatalf("port 81: %q", got)
+	}
+
+	// The proxy's own upstream connection through the bypass dialer reaches
+	// the real service from inside the node, even with local clients steered.
+	if err := r.SetSteerLoopback(true); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustAsk(t, p.Node, node4, nil); got != "proxy "+node4 {
+		t.Fatalf("local client, steer_loopback on: %q", got)
+	}
+	for _, addr := range []string{node4, "127.0.0.1:80"} {
+		if got := mustAsk(t, p.Node, addr, r.DialContext); got != "service "+addr {
+			t.Fatalf("bypass dial %s: %q, want the service (no loop)", addr, got)
+		}
+	}
+	if st := statusIn(t, p.Node, r.Dir()[:strings.LastIndex(r.Dir(), "/")]); st.BypassEntries != 0 {
+		t.Errorf("bypass entries left after dials: %d", st.BypassEntries)
+	}
+	if err := r.SetSteerLoopback(false); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustAsk(t, p.Node, node4, nil); got != "service "+node4 {
+		t.Fatalf("local client, steer_loopback off: %q", got)
+	}
+
+	// The proxy goes away: connections fall through to the service, none refused.
+	proxy4.Close()
+	for range 3 {
+		if got := mustAsk(t, p.Client, node4, nil); got != "service "+node4 {
+			t.Fatalf("after proxy listener closed: %q", got)
+		}
+	}
+	// A new proxy registers its listener: steering resumes.
+	proxy4b := listenTCP(t, p.Node, "tcp4", "127.0.0.1:0")
+	serve(t, proxy4b, "proxy2")
+	if err := r.RegisterListener(proxy4b); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustAsk(t, p.Client, node4, nil); got != "proxy2 "+node4 {
+		t.Fatalf("after re-register: %q", got)
+	}
+	// Takeover: a third listener replaces the second while it still runs;
+	// closing the old one later leaves the new one in place.
+	proxy4c := listenTCP(t, p.Node, "tcp4", "127.0.0.1:0")
+	serve(t, proxy4c, "proxy3")
+	if err := r.RegisterListener(proxy4c); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustAsk(t, p.Client, node4, nil); got != "proxy3 "+node4 {
+		t.Fatalf("after takeover: %q", got)
+	}
+	proxy4b.Close()
+	if got := mustAsk(t, p.Client, node4, nil); got != "proxy3 "+node4 {
+		t.Fatalf("after the old listener closed: %q", got)
+	}
+
+	// IPv6: an IPv6-only proxy listener on ::1 takes IPv6 connections.
+	if got := mustAsk(t, p.Client, node6, nil); got != "service "+node6 {
+		t.Fatalf("IPv6 before a v6 listener: %q", got)
+	}
+	proxy6 := listenTCP(t, p.Node, "tcp6", "[::1]:0")
+	serve(t, proxy6, "proxy6")
+	if err := r.RegisterListener(proxy6); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustAsk(t, p.Client, node6, nil); got != "proxy6 "+node6 {
+		t.Fatalf("IPv6 steered: %q, want proxy6 %s", got, node6)
+	}
+	if got := mustAsk(t, p.Node, node6, r.DialContext); got != "service "+node6 {
+		t.Fatalf("IPv6 bypass dial: %q", got)
+	}
+	if got := mustAsk(t, p.Client, node4, nil); got != "proxy3 "+node4 {
+		t.Fatalf("IPv4 after IPv6 registration: %q", got)
+	}
+
+	c, err := r.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Steered < 6 || c.NoSocket < 4 || c.Bypassed < 3 || c.Loopback < 1 || c.AssignError != 0 {
+		t.Errorf("counters after the scenario: %+v", c)
+	}
+
+	// Unsteering the port hands it back to the service.
+	if err := r.SetPorts(nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustAsk(t, p.Client, node4, nil); got != "service "+node4 {
+		t.Fatalf("after SetPorts(nil): %q", got)
+	}
+}
+
+// TestDualStackListenerAndDetach registers one dual-stack listener for both
+// families, then detaches: traffic goes back to the service.
+func TestDualStackListenerAndDetach(t *testing.T) {
+	requireBPF(t)
+	p := netnstest.NewPair(t)
+	node4 := netip.AddrPortFrom(p.NodeIP4, 80).String()
+	node6 := netip.AddrPortFrom(p.NodeIP6, 80).String()
+	service := listenTCP(t, p.Node, "tcp", ":80")
+	serve(t, service, "service")
+
+	root := netnstest.BPFFS(t) + "/rl-tproxy"
+	r := attachIn(t, p.Node, Config{PinRoot: root, Ports: []uint16{80}})
+	proxy := listenTCP(t, p.Node, "tcp", "[::]:0") // dual stack
+	serve(t, proxy, "proxy")
+	if err := r.RegisterListener(proxy); err != nil {
+		t.Fatal(err)
+	}
+	want4 := "proxy " + node4 // Go shows the v4-mapped address as IPv4
+	if got := mustAsk(t, p.Client, node4, nil); got != want4 {
+		t.Fatalf("IPv4 via dual-stack listener: %q, want %q", got, want4)
+	}
+	if got := mustAsk(t, p.Client, node6, nil); got != "proxy "+node6 {
+		t.Fatalf("IPv6 via dual-stack listener: %q", got)
+	}
+	// Unregister empties both slots: traffic falls through while it drains.
+	if err := r.UnregisterListener(proxy); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustAsk(t, p.Client, node4, nil); got != "service "+node4 {
+		t.Fatalf("after unregister: %q", got)
+	}
+	if err := r.RegisterListener(proxy); err != nil {
+		t.Fatal(err)
+	}
+	// Detach removes the program even though this Redirect still holds descriptors.
+	if err := p.Node.Do(func() error { return Detach(root) }); err != nil {
+		t.Fatalf("Detach: %v", err)
+	}
+	for _, a := range []string{node4, node6} {
+		if got := mustAsk(t, p.Client, a, nil); got != "service "+a {
+			t.Fatalf("after Detach %s: %q", a, got)
+		}
+	}
+}
