@@ -1,0 +1,164 @@
+package httpparse
+
+import (
+	"bufio"
+	"bytes"
+	"net/http"
+	"testing"
+)
+
+const (
+	benchSmallGET = "GET /healthz HTTP/1.1\r\nHost: svc.local\r\n\r\n"
+
+	benchBrowserGET = "GET /api/v1/items?page=2&sort=desc HTTP/1.1\r\n" +
+		"Host: www.example.com\r\n" +
+		"User-Agent: Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0\r\n" +
+		"Accept: text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8\r\n" +
+		"Accept-Language: en-US,en;q=0.5\r\n" +
+		"Accept-Encoding: gzip, deflate, br, zstd\r\n" +
+		"Referer: https://www.example.com/items\r\n" +
+		"Connection: keep-alive\r\n" +
+		"Cookie: session=4f9a2c1e8b7d6a5f; theme=dark; _ga=GA1.2.123456789.1700000000\r\n" +
+		"Upgrade-Insecure-Requests: 1\r\n" +
+		"Sec-Fetch-Dest: document\r\n" +
+		"Sec-Fetch-Mode: navigate\r\n" +
+		"Sec-Fetch-Site: same-origin\r\n" +
+		"\r\n"
+
+	benchPOST = "POST /api/v1/orders HTTP/1.1\r\n" +
+		"Host: api.example.com\r\n" +
+		"Content-Type: application/json\r\n" +
+		"Content-Length: 27\r\n" +
+		"Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.e30.abc\r\n" +
+		"Accept: */*\r\n" +
+		"\r\n" +
+		`{"item":"book","count":1}` + "\r\n"
+)
+
+var benchRequests = []struct{ name, in string }{
+	{"SmallGET", benchSmallGET},
+	{"BrowserGET", benchBrowserGET},
+	{"POSTWithCL", benchPOST},
+}
+
+func BenchmarkParseRequest(b *testing.B) {
+	for _, bc := range benchRequests {
+		b.Run(bc.name, func(b *testing.B) {
+			buf := []byte(bc.in)
+			var r Request
+			b.SetBytes(int64(len(buf)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := r.Parse(buf, Limits{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkNetHTTPReadRequest parses the same bytes with http.ReadRequest
+// (a reused bufio.Reader over a reset bytes.Reader, as a server would).
+func BenchmarkNetHTTPReadRequest(b *testing.B) {
+	for _, bc := range benchRequests {
+		b.Run(bc.name, func(b *testing.B) {
+			buf := []byte(bc.in)
+			rd := bytes.NewReader(buf)
+			br := bufio.NewReader(rd)
+			b.SetBytes(int64(len(buf)))
+			b.ReportAllocs()
+			for b.Loop() {
+				rd.Reset(buf)
+				br.Reset(rd)
+				if _, err := http.ReadRequest(br); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkParseResponse(b *testing.B) {
+	buf := []byte("HTTP/1.1 200 OK\r\nServer: nginx\r\nDate: Mon, 30 Nov 2026 08:00:00 GMT\r\nContent-Type: text/html\r\nContent-Length: 615\r\nConnection: keep-alive\r\nETag: \"5f3c-267\"\r\n\r\n")
+	var r Response
+	method := []byte("GET")
+	b.SetBytes(int64(len(buf)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := r.Parse(buf, Limits{}, method); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkChunkedDecode(b *testing.B) {
+	var enc []byte
+	chunk := bytes.Repeat([]byte("x"), 4096)
+	for i := 0; i < 16; i++ {
+		enc = AppendChunkHeader(enc, len(chunk))
+		enc = append(enc, chunk...)
+		enc = append(enc, "\r\n"...)
+	}
+	enc = append(enc, LastChunk...)
+	var d ChunkedDecoder
+	b.SetBytes(int64(len(enc)))
+	b.ReportAllocs()
+	for b.Loop() {
+		d.Reset(Limits{})
+		src := enc
+		for !d.Done() {
+			n, _, err := d.Decode(src)
+			if err != nil {
+				b.Fatal(err)
+			}
+			src = src[n:]
+		}
+	}
+}
+
+func TestZeroAllocs(t *testing.T) {
+	for _, bc := range benchRequests {
+		buf := []byte(bc.in)
+		var r Request
+		if n := testing.AllocsPerRun(100, func() {
+			if err := r.Parse(buf, Limits{}); err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := r.Header("cookie"); !ok && bc.name == "BrowserGET" {
+				t.Fatal("cookie missing")
+			}
+		}); n != 0 {
+			t.Errorf("Request.Parse %s: %v allocs/op", bc.name, n)
+		}
+	}
+	// Rejections do not allocate either.
+	bad := []byte(req("POST / HTTP/1.1", "Host: a", "Transfer-Encoding: chunked", "Content-Length: 1"))
+	var r Request
+	if n := testing.AllocsPerRun(100, func() { _ = r.Parse(bad, Limits{}) }); n != 0 {
+		t.Errorf("rejecting Parse: %v allocs/op", n)
+	}
+	respBuf := []byte(resp("HTTP/1.1 200 OK", "Content-Length: 3", "X: y"))
+	var rs Response
+	if n := testing.AllocsPerRun(100, func() {
+		if err := rs.Parse(respBuf, Limits{}, []byte("GET")); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Errorf("Response.Parse: %v allocs/op", n)
+	}
+	enc := []byte("5;x=y\r\nhello\r\n3\r\nabc\r\n0\r\nX-T: 1\r\n\r\n")
+	var d ChunkedDecoder
+	if n := testing.AllocsPerRun(100, func() {
+		d.Reset(Limits{})
+		src := enc
+		for !d.Done() {
+			k, _, err := d.Decode(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			src = src[k:]
+		}
+	}); n != 0 {
+		t.Errorf("ChunkedDecoder: %v allocs/op", n)
+	}
+}
