@@ -212,6 +212,16 @@ func (c *conn) exchange(cfg *Config, svc *Service, u *upConn, base int, retryabl
 			u.close()
 			return c.upstreamFail(cfg, svc, errors.New("101 Switching Protocols without an upgrade request")), nil
 		}
+		var extra []httpparse.Header
+		if cfg.Hook != nil {
+			extra = c.dec.Header
+		}
+		c.res.Status = 101
+		if err := c.writeClient(appendResponseHead(c.getWB(), r, extra, false, true, false), idle); err != nil {
+			u.close()
+			c.res.ClientAborted = true
+			return false, nil
+		}
 		c.tunnel(u, idle)
 		return false, nil
 	}
@@ -235,8 +245,12 @@ func (c *conn) exchange(cfg *Config, svc *Service, u *upConn, base int, retryabl
 	upKeep := !r.Close && r.Minor == 1
 
 	var err error
+	released := false
 	switch bm {
 	case httpparse.BodyNone:
+		// The upstream exchange is over: pool it before the client can
+		// send its next request.
+		released = c.releaseUpstream(cfg, u, upKeep)
 		err = c.writeClient(b, idle)
 	case httpparse.BodyLength:
 		left := r.ContentLength
@@ -244,6 +258,11 @@ func (c *conn) exchange(cfg *Config, svc *Service, u *upConn, base int, retryabl
 		b = append(b, u.buf.b[u.buf.r:u.buf.r+int(k)]...)
 		u.buf.r += int(k)
 		left -= k
+		if left == 0 {
+			released = c.releaseUpstream(cfg, u, upKeep)
+			err = c.writeClient(b, idle)
+			break
+		}
 		if err = c.writeClient(b, idle); err != nil {
 			break
 		}
@@ -298,15 +317,23 @@ func (c *conn) exchange(cfg *Config, svc *Service, u *upConn, base int, retryabl
 	}
 	if err != nil {
 		c.res.ClientAborted = true
-		u.close()
-		return false, nil
+		upKeep = false
+		keep = false
 	}
-	if upKeep {
+	if !released {
+		c.releaseUpstream(cfg, u, upKeep)
+	}
+	return keep, nil
+}
+
+// releaseUpstream pools u when its exchange ended cleanly, else closes it.
+func (c *conn) releaseUpstream(cfg *Config, u *upConn, keep bool) bool {
+	if keep {
 		c.p.pools.put(cfg, u)
 	} else {
 		u.close()
 	}
-	return keep, nil
+	return true
 }
 
 // writeClient writes b to the client with a write deadline.

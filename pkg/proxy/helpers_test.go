@@ -23,13 +23,13 @@ type testHook struct {
 }
 
 type doneRec struct {
-	target        string
-	allow         bool
-	status        int
-	clientAborted bool
-	upstreamErr   error
-	bytesIn       int64
-	bytesOut      int64
+	target         string
+	allow          bool
+	status         int
+	clientAborted  bool
+	upstreamErr    error
+	bytesIn        int64
+	bytesOut       int64
 	startBeforeEnd bool
 }
 
