@@ -1,17 +1,47 @@
 package main
 
-import "io"
+import (
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+)
 
 func init() {
 	register("check", "validate a policy file (like nginx -t)", runCheck)
 }
 
-// runCheck is replaced when its capability lands.
+// runCheck validates a policy file and its credentials the way `nginx -t`
+// does: a one-line summary and exit 0 when valid; every error as
+// FILE:LINE: message on stderr and exit 1 when not.
 func runCheck(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("check", "check --policy FILE", "Validates a policy file and its credentials; exit 0 when valid, 1 with FILE:LINE errors when not.", stderr)
-	fs.String("policy", "", "policy file (YAML)")
+	policy := fs.String("policy", "", "policy file (YAML)")
 	if done, code := parseFlags(fs, args, stdout); done {
 		return code
 	}
-	return notImplemented("check", stderr)
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "rl-tproxy check: unexpected argument %q\n", fs.Arg(0))
+		return exitInvalid
+	}
+	if *policy == "" {
+		fmt.Fprintln(stderr, "rl-tproxy check: --policy FILE is required")
+		return exitInvalid
+	}
+	p, err := admission.Load(*policy)
+	if err != nil {
+		var le *admission.LoadError
+		if errors.As(err, &le) {
+			for _, e := range le.Errs {
+				fmt.Fprintln(stderr, e.Error())
+			}
+			fmt.Fprintf(stderr, "rl-tproxy check: %s: %d error(s)\n", *policy, len(le.Errs))
+		} else {
+			fmt.Fprintf(stderr, "rl-tproxy check: %v\n", err)
+		}
+		return exitInvalid
+	}
+	fmt.Fprintf(stdout, "%s: ok: %s\n", *policy, p.Summary())
+	return exitOK
 }

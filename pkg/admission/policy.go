@@ -1,0 +1,269 @@
+// Package admission turns a policy file into the compiled rules the proxy
+// applies to each request: services, locations, zones, trackers, templates
+// and matching, plus the admission decision built on them.
+package admission
+
+import (
+	"net/netip"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
+)
+
+// Policy is a validated, compiled policy file. It is immutable after Load:
+// a reload builds a new Policy and swaps it atomically.
+type Policy struct {
+	File        string // path as given to Load
+	RateLimitly RateLimitly
+	Zones       []*Zone    // in file order
+	Trackers    []*Tracker // in file order
+	Services    []*Service // in file order
+
+	zoneByName    map[string]*Zone
+	trackerByName map[string]*Tracker
+	listeners     []listenerRoute
+	steered       []*Service
+}
+
+type listenerRoute struct {
+	addr netip.AddrPort
+	svc  *Service
+}
+
+// FailPolicy says what to do when no valid decision can be obtained.
+type FailPolicy uint8
+
+const (
+	FailOpen  FailPolicy = iota // admit without a decision
+	FailClose                   // answer the deny status
+	FailLocal                   // decide with the in-process LocalLimiter (this node only)
+)
+
+func (f FailPolicy) String() string {
+	switch f {
+	case FailClose:
+		return "close"
+	case FailLocal:
+		return "local"
+	}
+	return "open"
+}
+
+// Mode is a location's enforcement mode.
+type Mode uint8
+
+const (
+	ModeEnforce Mode = iota // a deny is answered
+	ModeShadow              // a deny is logged and counted as "would deny"; the request is admitted
+)
+
+func (m Mode) String() string {
+	if m == ModeShadow {
+		return "shadow"
+	}
+	return "enforce"
+}
+
+// DenyFormat is the body format of a deny answer.
+type DenyFormat uint8
+
+const (
+	DenyJSON DenyFormat = iota
+	DenyText
+)
+
+func (f DenyFormat) String() string {
+	if f == DenyText {
+		return "text"
+	}
+	return "json"
+}
+
+// Request-policy names.
+const (
+	PolicyStandard    = "standard"
+	PolicySingleRound = "single_round"
+	PolicyCustom      = "custom"
+)
+
+// WireMaxTTL is the largest request horizon the wire's 16-bit ttl_ms carries.
+const WireMaxTTL = 65535 * time.Millisecond
+
+// RateLimitly is the `ratelimitly` block: how to reach RateLimitly.
+type RateLimitly struct {
+	SRV             string // SRV name; "" when Embedded
+	Embedded        bool   // run an in-process server on loopback instead of discovery
+	Resolver        string // host:port; "" = /etc/resolv.conf
+	ResolverTimeout time.Duration
+	CredentialsFile string // resolved path ("" when embedded without a file)
+	// Credentials are every key of the credentials file (an embedded server
+	// accepts all of them); Credential is the one the client uses (the
+	// first). With embedded and no file, a random key is generated.
+	Credentials         []credentials.Credential
+	Credential          credentials.Credential
+	GeneratedCredential bool
+	RequestPolicy       RequestPolicy
+	Horizon             time.Duration // RequestPolicy.Horizon(), validated
+	Fail                FailPolicy
+	Bind                netip.Addr // source address for UDP; invalid = unspecified
+	Debug               bool
+}
+
+// Zone is a named resource: a bucket template and its token-bucket limits.
+type Zone struct {
+	Name     string
+	Bucket   *Template
+	Rate     uint32 // tokens per period
+	PeriodMs uint32 // 1000, 60000 or 3600000
+	Burst    uint32 // capacity; 0 = Rate
+	Cost     uint32 // tokens per request, default 1
+	Line     int
+}
+
+// Tracker is a named latency tracker: a service template.
+type Tracker struct {
+	Name    string
+	Service *Template
+	Line    int
+}
+
+// Guard is a latency guard: the tracker's estimate must be at or under
+// Threshold for the request to pass.
+type Guard struct {
+	Tracker     *Tracker
+	Threshold   time.Duration
+	ThresholdMs uint32
+}
+
+// ForwardHeaders says which client-address headers the proxy adds upstream.
+type ForwardHeaders struct {
+	XForwardedFor, XForwardedProto, Forwarded, XRealIP bool
+}
+
+// Timeouts of a service's connections.
+type Timeouts struct {
+	Header   time.Duration // whole request head must arrive within this
+	Idle     time.Duration // keep-alive idle between requests
+	Upstream time.Duration // connect + response head from the upstream
+}
+
+// Limits bound what a client may send.
+type Limits struct {
+	MaxRequestLine     int
+	MaxHeaderBytes     int
+	MaxHeaders         int
+	MaxBodyBytes       int64 // 0 = unlimited
+	MaxRequestsPerConn int   // 0 = unlimited
+}
+
+// Deny configures a deny answer.
+type Deny struct {
+	Status int
+	Format DenyFormat
+}
+
+// Service is one proxied service: where its traffic arrives (a steered
+// port or listen addresses), where it goes, and its locations.
+type Service struct {
+	Name     string
+	Port     uint16         // steered port (0 in listener mode)
+	Prefixes []netip.Prefix // steered destination prefixes; empty = any
+	Listen   []netip.AddrPort
+	Upstream string // host:port
+
+	Forward          ForwardHeaders
+	Timeouts         Timeouts
+	Limits           Limits
+	RateLimitHeaders bool
+	SteerLoopback    bool // steered mode: connections from the node itself are steered too
+	Deny             Deny
+
+	// Locations in file order; the first that matches wins. A service
+	// written without locations has one implicit catch-all location.
+	Locations []*Location
+	Line      int
+}
+
+// Steered reports whether the service is reached through sk_lookup.
+func (s *Service) Steered() bool { return s.Port != 0 }
+
+// Location is a matched part of a service with its effective (inherited)
+// admission settings.
+type Location struct {
+	Service *Service
+	Name    string // `name`, or the index in the service's list
+	Index   int
+	Match   Match
+	Limits  []*Zone   // effective zones (resources)
+	Guards  []Guard   // effective guards
+	Label   *Template // nil = no label
+	Report  *Tracker  // nil = no report
+	Mode    Mode
+	Deny    Deny
+	Line    int
+}
+
+// Protected reports whether requests at this location need an admission
+// decision (at least one resource or guard). Unprotected locations may
+// still report latency.
+func (l *Location) Protected() bool { return len(l.Limits) > 0 || len(l.Guards) > 0 }
+
+// Zone returns the named zone, or nil.
+func (p *Policy) Zone(name string) *Zone { return p.zoneByName[name] }
+
+// Tracker returns the named tracker, or nil.
+func (p *Policy) Tracker(name string) *Tracker { return p.trackerByName[name] }
+
+// ServiceFor returns the service that owns a connection accepted with
+// local address local (the original destination), or nil. Listener-mode
+// services match their listen address (an unspecified listen address
+// matches any local address with its port); steered services match their
+// port and, when set, a destination prefix.
+func (p *Policy) ServiceFor(local netip.AddrPort) *Service {
+	addr := local.Addr().Unmap()
+	port := local.Port()
+	for _, l := range p.listeners {
+		if l.addr.Port() != port {
+			continue
+		}
+		if l.addr.Addr() == addr || l.addr.Addr().IsUnspecified() {
+			return l.svc
+		}
+	}
+	for _, s := range p.steered {
+		if s.Port != port {
+			continue
+		}
+		if len(s.Prefixes) == 0 {
+			return s
+		}
+		for _, pf := range s.Prefixes {
+			if pf.Contains(addr) {
+				return s
+			}
+		}
+	}
+	return nil
+}
+
+// Summary is a one-line description for `rl-tproxy check`.
+func (p *Policy) Summary() string {
+	locs, protected := 0, 0
+	for _, s := range p.Services {
+		for _, l := range s.Locations {
+			locs++
+			if l.Protected() {
+				protected++
+			}
+		}
+	}
+	mode := "srv " + p.RateLimitly.SRV
+	if p.RateLimitly.Embedded {
+		mode = "embedded"
+	}
+	return plural(len(p.Services), "service") + ", " + plural(locs, "location") +
+		" (" + itoa(protected) + " protected), " + plural(len(p.Zones), "zone") + ", " +
+		plural(len(p.Trackers), "tracker") + "; ratelimitly " + mode + ", request policy " +
+		p.RateLimitly.RequestPolicy.Name + " (horizon " + p.RateLimitly.Horizon.String() + "), fail " +
+		p.RateLimitly.Fail.String()
+}
