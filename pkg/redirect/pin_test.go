@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -184,5 +185,32 @@ func TestConfigValidation(t *testing.T) {
 	}
 	if err := validate(Config{Ports: []uint16{80}}); err != nil {
 		t.Errorf("validate: %v", err)
+	}
+}
+
+// Pins left by a namespace that no longer exists (its inode number reused
+// by a new namespace) are recognised as stale: Status says not attached and
+// Attach starts over instead of trusting a link that steers nothing.
+func TestStalePinsFromAnotherNamespace(t *testing.T) {
+	requireRoot(t)
+	a, b := netnstest.New(t), netnstest.New(t)
+	root := netnstest.BPFFS(t) + "/rl-tproxy"
+	ra := attachIn(t, a, Config{PinRoot: root, Ports: []uint16{80}})
+	ra.Close()
+	var dirB string
+	if err := b.Do(func() (err error) { dirB, _, err = stateDir(root); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(ra.Dir(), dirB); err != nil {
+		t.Fatal(err)
+	}
+	st := statusIn(t, b, root)
+	if st.Pinned || !strings.Contains(st.Reason, "stale") {
+		t.Fatalf("status of stale pins: %+v", st)
+	}
+	rb := attachIn(t, b, Config{PinRoot: root, Ports: []uint16{80}})
+	stb := statusIn(t, b, root)
+	if !stb.Pinned || stb.Dir != rb.Dir() {
+		t.Fatalf("attach over stale pins: %+v", stb)
 	}
 }

@@ -26,6 +26,8 @@ var (
 	ErrNoBPFFS = errors.New("not a bpf filesystem")
 	// ErrNotAttached: nothing is pinned for this network namespace.
 	ErrNotAttached = errors.New("redirect not attached")
+
+	errStaleLink = errors.New("pinned link is not attached to this network namespace")
 )
 
 // Sockmap slots, as the program reads them.
@@ -107,6 +109,11 @@ func Attach(cfg Config) (*Redirect, error) {
 	r := &Redirect{dir: dir, ino: ino}
 	if exists(filepath.Join(dir, pinLink)) {
 		err = r.reuse(spec, cfg.Upgrade)
+		if errors.Is(err, errStaleLink) {
+			// The namespace that inode named is gone (inodes are reused):
+			// its pins steer nothing, start over.
+			err = r.fresh(spec)
+		}
 	} else {
 		err = r.fresh(spec)
 	}
@@ -190,6 +197,9 @@ func (r *Redirect) reuse(spec *ebpf.CollectionSpec, upgrade bool) error {
 	linfo, err := l.Info()
 	if err != nil {
 		return fmt.Errorf("pinned link info: %w", err)
+	}
+	if ns := linfo.NetNs(); ns == nil || uint64(ns.NetnsInode) != r.ino&0xffffffff {
+		return errStaleLink
 	}
 	prog, err := ebpf.NewProgramFromID(linfo.Program)
 	if err != nil {

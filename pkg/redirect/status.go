@@ -72,6 +72,11 @@ func Status(pinRoot string) (*State, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pinned link info: %w", err)
 	}
+	if ns := info.NetNs(); ns == nil || uint64(ns.NetnsInode) != ino&0xffffffff {
+		st.Pinned = false
+		st.Reason = fmt.Sprintf("stale pins in %s: the pinned link is no longer attached to this network namespace (rl-tproxy redirect detach removes them)", dir)
+		return st, nil
+	}
 	st.LinkID = uint32(info.ID)
 	st.ProgramID = uint32(info.Program)
 	if prog, err := ebpf.NewProgramFromID(info.Program); err == nil {
