@@ -196,3 +196,17 @@ func (a *DenyAnswer) PolicyField() string {
 	}
 	return string(a.policy)
 }
+
+// LocationAnswer precomputes the deny answer of an (effective) location:
+// its deny status and body format, its service's RateLimit-headers switch,
+// and its zones as the RateLimit-Policy items.
+func LocationAnswer(loc *Location) *DenyAnswer {
+	spec := AnswerSpec{Status: loc.Deny.Status, JSON: loc.Deny.Format == DenyJSON}
+	if loc.Service != nil {
+		spec.RateLimitHeaders = loc.Service.RateLimitHeaders
+	}
+	for _, z := range loc.Limits {
+		spec.Zones = append(spec.Zones, AnswerZone{Name: z.Name, Quota: z.Rate, Window: time.Duration(z.PeriodMs) * time.Millisecond})
+	}
+	return NewDenyAnswer(spec)
+}

@@ -1,0 +1,201 @@
+package admission
+
+import "time"
+
+// Verdict is the decision provenance signal: allow only after a valid
+// response satisfied the whole allow contract, deny only after a valid
+// response failed it, none otherwise (unprotected, bypassed, every failure,
+// client abort).
+type Verdict uint8
+
+const (
+	VerdictNone Verdict = iota
+	VerdictAllow
+	VerdictDeny
+)
+
+// String is "allow", "deny" or "-" (as an access log shows a missing value).
+func (v Verdict) String() string {
+	switch v {
+	case VerdictAllow:
+		return "allow"
+	case VerdictDeny:
+		return "deny"
+	}
+	return "-"
+}
+
+// Outcome is what happened to the request at admission. The order matches
+// metrics.Outcomes.
+type Outcome uint8
+
+const (
+	OutcomeAllow         Outcome = iota // valid allow: admitted
+	OutcomeDeny                         // valid deny: deny status
+	OutcomeFailOpen                     // no valid decision, fail: open: admitted
+	OutcomeFailClose                    // no valid decision, fail: close: deny status
+	OutcomeFailLocal                    // no valid decision, fail: local: the local bucket decided
+	OutcomeBypass                       // unprotected or unmatched: no RateLimitly request
+	OutcomeShadowDeny                   // shadow mode, would have denied: admitted
+	OutcomeInternalError                // internal failure: 500
+	OutcomeClientAbort                  // the client went away
+	numOutcomes
+)
+
+var outcomeNames = [numOutcomes]string{
+	"allow", "deny", "fail_open", "fail_close", "fail_local", "bypass", "shadow_deny", "internal_error", "client_abort",
+}
+
+func (o Outcome) String() string {
+	if o < numOutcomes {
+		return outcomeNames[o]
+	}
+	return "unknown"
+}
+
+// OutcomeNames lists every outcome name in index order.
+func OutcomeNames() []string { return outcomeNames[:] }
+
+// Cause says why an outcome happened.
+type Cause uint8
+
+const (
+	CauseAllow        Cause = iota // valid allow
+	CauseDenyResource              // valid deny: a resource had tokens_deficit > 0
+	CauseDenyGuard                 // valid deny: a guard did not pass
+	CauseDenyStatus                // valid response whose status was not OK
+	CauseDenyRefused               // valid response, success false, no resource short and every guard passed
+	CauseNoEndpoints               // no usable discovery target
+	CauseSendFailure               // UDP send failure
+	CauseTimeout                   // no valid response before the horizon
+	CauseProtocol                  // authentication or protocol failure
+	CauseCardinality               // result arrays did not match the request
+	CauseInvalidValue              // a rendered bucket/service/label broke a limit
+	CauseConstruction              // the request could not be built (too many items, datagram too large)
+	CauseCancelled                 // the client went away during the check
+	CauseUnprotected               // matched a location without limit or guard
+	CauseUnmatched                 // no service or location matched
+	CauseInternal                  // internal failure
+	numCauses
+)
+
+var causeNames = [numCauses]string{
+	"allow", "deny_resource", "deny_guard", "deny_status", "deny_refused", "no_endpoints", "send_failure",
+	"timeout", "protocol", "cardinality", "invalid_value", "construction", "cancelled", "unprotected",
+	"unmatched", "internal",
+}
+
+func (c Cause) String() string {
+	if c < numCauses {
+		return causeNames[c]
+	}
+	return "unknown"
+}
+
+// CauseNames lists every cause name in index order.
+func CauseNames() []string { return causeNames[:] }
+
+// IsFailure reports whether c means "no valid decision" (the failure policy
+// applies).
+func (c Cause) IsFailure() bool {
+	switch c {
+	case CauseNoEndpoints, CauseSendFailure, CauseTimeout, CauseProtocol, CauseCardinality,
+		CauseInvalidValue, CauseConstruction:
+		return true
+	}
+	return false
+}
+
+// Action is what the proxy does with the request.
+type Action uint8
+
+const (
+	ActionAdmit    Action = iota // forward upstream
+	ActionDeny                   // answer the deny status
+	ActionLocal                  // ask the local fallback, then admit or deny
+	ActionInternal               // answer 500
+	ActionDrop                   // the client is gone: nothing to answer
+)
+
+func (a Action) String() string {
+	return [...]string{"admit", "deny", "local", "internal", "drop"}[a]
+}
+
+// Resolve is the failure table of the contract (seed 000): from the verdict
+// and cause of a check, the failure policy and shadow mode, it gives the
+// outcome and the action. For ActionLocal the outcome is OutcomeFailLocal
+// and the local limiter's answer decides admit or deny (LocalOutcome). A
+// shadow location never rejects: whatever enforcement would have denied is
+// OutcomeShadowDeny and admitted.
+func Resolve(v Verdict, c Cause, fail FailPolicy, shadow bool) (Outcome, Action) {
+	switch {
+	case v == VerdictAllow:
+		return OutcomeAllow, ActionAdmit
+	case v == VerdictDeny:
+		if shadow {
+			return OutcomeShadowDeny, ActionAdmit
+		}
+		return OutcomeDeny, ActionDeny
+	case c == CauseCancelled:
+		return OutcomeClientAbort, ActionDrop
+	case c == CauseUnprotected || c == CauseUnmatched:
+		return OutcomeBypass, ActionAdmit
+	case c.IsFailure():
+		switch fail {
+		case FailClose:
+			if shadow {
+				// Shadow never rejects: enforcement would have denied.
+				return OutcomeShadowDeny, ActionAdmit
+			}
+			return OutcomeFailClose, ActionDeny
+		case FailLocal:
+			return OutcomeFailLocal, ActionLocal
+		}
+		return OutcomeFailOpen, ActionAdmit
+	}
+	return OutcomeInternalError, ActionInternal
+}
+
+// LocalOutcome is the outcome and action once the local fallback answered.
+func LocalOutcome(allowed, shadow bool) (Outcome, Action) {
+	switch {
+	case allowed:
+		return OutcomeFailLocal, ActionAdmit
+	case shadow:
+		return OutcomeShadowDeny, ActionAdmit
+	}
+	return OutcomeFailLocal, ActionDeny
+}
+
+// ShouldReport is the report rule: a location with `report` reports after a
+// valid allow, after fail-open (or a local-fallback admit, or a shadow
+// admit: the work was performed), and for unprotected work; never after a
+// deny, fail-close, internal error or a client that went away. admitted is
+// whether the request was forwarded; aborted whether the client went away
+// before its response ended.
+func ShouldReport(hasReport bool, o Outcome, admitted, aborted bool) bool {
+	if !hasReport || !admitted || aborted {
+		return false
+	}
+	switch o {
+	case OutcomeAllow, OutcomeFailOpen, OutcomeBypass, OutcomeShadowDeny, OutcomeFailLocal:
+		return true
+	}
+	return false
+}
+
+// ReportDuration clamps a request duration (first byte of the head to the
+// end of the response) to the report's 1..4294967295 ms.
+func ReportDuration(d time.Duration) time.Duration {
+	const max = 4294967295 * time.Millisecond
+	switch {
+	case d < time.Millisecond:
+		return time.Millisecond
+	case d > max:
+		return max
+	}
+	return d.Truncate(time.Millisecond)
+}
+
+// ReportMs is ReportDuration in whole milliseconds.
+func ReportMs(d time.Duration) uint32 { return uint32(ReportDuration(d) / time.Millisecond) }

@@ -1,0 +1,223 @@
+package admission
+
+import (
+	"context"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+)
+
+// CheckResult is what a Checker reports for one combined check.
+type CheckResult struct {
+	// Valid is true when a valid, authenticated response was chosen; Resp
+	// then holds it. Otherwise Fail says why there is no valid decision
+	// (CauseNoEndpoints, CauseSendFailure, CauseTimeout, CauseProtocol,
+	// CauseCardinality, CauseConstruction or CauseCancelled).
+	Valid bool
+	Fail  Cause
+	Resp  wire.RateResponse
+}
+
+// Checker sends the combined check to RateLimitly and sends latency
+// reports. Check must not retain req after it returns; Report must copy
+// service before returning and never block.
+type Checker interface {
+	Check(ctx context.Context, req *wire.RateRequest, out *CheckResult)
+	Report(service []byte, d time.Duration)
+}
+
+// Classify applies the allow contract to a valid response for a request of
+// nGuards guards and nResources resources: allow only when the status is
+// OK, success is true, every guard passed, every tokens_deficit is 0 and
+// the result arrays have exactly the cardinality sent. A cardinality
+// mismatch is a protocol failure (no verdict), never a decision.
+func Classify(resp *wire.RateResponse, nGuards, nResources int) (Verdict, Cause) {
+	if len(resp.Guards) != nGuards || len(resp.Resources) != nResources {
+		return VerdictNone, CauseCardinality
+	}
+	if resp.Status != wire.StatusOK {
+		return VerdictDeny, CauseDenyStatus
+	}
+	for i := range resp.Resources {
+		if resp.Resources[i].TokensDeficit != 0 {
+			return VerdictDeny, CauseDenyResource
+		}
+	}
+	for i := range resp.Guards {
+		if !resp.Guards[i].Passed {
+			return VerdictDeny, CauseDenyGuard
+		}
+	}
+	if !resp.Success {
+		return VerdictDeny, CauseDenyRefused
+	}
+	return VerdictAllow, CauseAllow
+}
+
+// Decision is the admission state of one request. Callers pool and reuse
+// it (Reset) so that deciding does not allocate in steady state.
+type Decision struct {
+	Location *Location // nil when unmatched
+	Verdict  Verdict
+	Outcome  Outcome
+	Cause    Cause
+	Action   Action
+	Shadow   bool
+	// Local is set when the local fallback decided (fail: local) and
+	// LocalAllowed is its answer.
+	Local, LocalAllowed bool
+	// Admission is the time spent deciding (render, check, local fallback).
+	Admission time.Duration
+	// Zones is what the decision says about each resource (deny answers).
+	Zones  []ZoneState
+	Req    wire.RateRequest
+	Result CheckResult
+
+	local []LocalZone
+	buf   []byte
+}
+
+// Reset empties d keeping its buffers.
+func (d *Decision) Reset() {
+	d.Location = nil
+	d.Verdict, d.Outcome, d.Cause, d.Action, d.Shadow = VerdictNone, OutcomeBypass, CauseUnmatched, ActionAdmit, false
+	d.Local, d.LocalAllowed = false, false
+	d.Admission = 0
+	d.Zones = d.Zones[:0]
+	d.Req.Reset()
+	d.Result.Valid, d.Result.Fail = false, 0
+	d.Result.Resp.Reset()
+	d.local = d.local[:0]
+	d.buf = d.buf[:0]
+}
+
+// renderBufSize holds every rendered value of a request that can fit a
+// datagram, so rendering does not grow the buffer in practice.
+const renderBufSize = 2048
+
+// Build renders every zone, guard and label template of loc for r into
+// d.Req (one combined check). It returns CauseInvalidValue when a rendered
+// value is empty or too long, CauseConstruction when the request cannot
+// be encoded into one datagram, and CauseAllow (meaning "built") otherwise.
+// It allocates nothing once d's buffers have grown.
+func Build(loc *Location, r *Request, d *Decision) Cause {
+	if cap(d.buf) < renderBufSize {
+		d.buf = make([]byte, 0, renderBufSize)
+	}
+	var err error
+	if loc.Label != nil {
+		start := len(d.buf)
+		d.buf, err = loc.Label.Render(d.buf, r)
+		if err != nil || len(d.buf)-start > MaxLabelLen {
+			return CauseInvalidValue
+		}
+		if len(d.buf) > start {
+			d.Req.Label = d.buf[start:len(d.buf):len(d.buf)]
+		}
+	}
+	for i := range loc.Guards {
+		g := &loc.Guards[i]
+		start := len(d.buf)
+		d.buf, err = g.Tracker.Service.Render(d.buf, r)
+		n := len(d.buf) - start
+		if err != nil || n == 0 || n > MaxBucketLen {
+			return CauseInvalidValue
+		}
+		d.Req.Guards = append(d.Req.Guards, wire.Guard{Service: d.buf[start:len(d.buf):len(d.buf)], ThresholdMs: g.ThresholdMs})
+	}
+	for _, z := range loc.Limits {
+		start := len(d.buf)
+		d.buf, err = z.Bucket.Render(d.buf, r)
+		n := len(d.buf) - start
+		if err != nil || n == 0 || n > MaxBucketLen {
+			return CauseInvalidValue
+		}
+		b := d.buf[start:len(d.buf):len(d.buf)]
+		d.Req.Resources = append(d.Req.Resources, wire.Resource{Bucket: b, Rate: z.Rate, PeriodMs: z.PeriodMs, Burst: z.Burst, Cost: z.Cost})
+		d.local = append(d.local, LocalZone{Zone: z.Name, Bucket: b, Rate: z.Rate, PeriodMs: z.PeriodMs, Burst: z.Burst, Cost: z.Cost})
+	}
+	if len(d.Req.Guards) == 0 && len(d.Req.Resources) == 0 {
+		return CauseConstruction
+	}
+	if d.Req.Validate() != nil || d.Req.EncodedLen() > wire.MaxBody {
+		return CauseConstruction
+	}
+	return CauseAllow
+}
+
+// Engine decides requests: match, build, check, classify, failure policy,
+// local fallback.
+type Engine struct {
+	Checker Checker
+	Local   *LocalLimiter // used by fail: local
+	Now     func() time.Time
+}
+
+// Decide fills d for r under policy p with service svc (nil = none). It
+// never blocks other requests; ctx cancels the check (client gone).
+func (e *Engine) Decide(ctx context.Context, p *Policy, svc *Service, r *Request, d *Decision) {
+	d.Reset()
+	if svc == nil {
+		return // unmatched: bypass
+	}
+	loc := svc.Match(r)
+	d.Location = loc
+	if loc == nil {
+		return
+	}
+	if !loc.Protected() {
+		d.Cause = CauseUnprotected
+		return
+	}
+	d.Shadow = loc.Mode == ModeShadow
+	now := e.Now
+	if now == nil {
+		now = time.Now
+	}
+	start := now()
+	fail := p.RateLimitly.Fail
+	if c := Build(loc, r, d); c != CauseAllow {
+		d.Cause = c
+	} else {
+		e.Checker.Check(ctx, &d.Req, &d.Result)
+		switch {
+		case d.Result.Valid:
+			d.Verdict, d.Cause = Classify(&d.Result.Resp, len(d.Req.Guards), len(d.Req.Resources))
+		case d.Result.Fail == CauseAllow:
+			d.Cause = CauseInternal // a checker must say why it has no decision
+		default:
+			d.Cause = d.Result.Fail
+		}
+		if ctx.Err() != nil && d.Verdict == VerdictNone {
+			d.Cause = CauseCancelled
+		}
+	}
+	d.Outcome, d.Action = Resolve(d.Verdict, d.Cause, fail, d.Shadow)
+	switch {
+	case d.Action == ActionLocal:
+		d.Zones = grow(d.Zones, len(d.local))
+		allowed := true
+		if len(d.local) > 0 && e.Local != nil {
+			allowed = e.Local.Take(d.local, d.Zones)
+		}
+		d.Local, d.LocalAllowed = true, allowed
+		d.Outcome, d.Action = LocalOutcome(allowed, d.Shadow)
+	case d.Verdict == VerdictDeny && d.Result.Valid:
+		d.Zones = grow(d.Zones, len(d.Result.Resp.Resources))
+		for i, rr := range d.Result.Resp.Resources {
+			d.Zones[i] = ZoneState{Remaining: rr.Remaining, RetryAfterMs: rr.RetryAfterMs, Known: true}
+		}
+	default:
+		d.Zones = grow(d.Zones, len(loc.Limits))
+	}
+	d.Admission = now().Sub(start)
+}
+
+func grow(z []ZoneState, n int) []ZoneState {
+	if cap(z) < n {
+		z = make([]ZoneState, n)
+	}
+	z = z[:n]
+	clear(z)
+	return z
+}
