@@ -2,8 +2,11 @@ package redirect
 
 import (
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/netnstest"
 )
@@ -62,7 +65,7 @@ func TestSteeringBetweenNamespaces(t *testing.T) {
 			t.Fatalf("bypass dial %s: %q, want the service (no loop)", addr, got)
 		}
 	}
-	if st := statusIn(t, p.Node, r.Dir()[:strings.LastIndex(r.Dir(), "/")]); st.BypassEntries != 0 {
+	if st := statusIn(t, p.Node, filepath.Dir(r.Dir())); st.BypassEntries != 0 {
 		t.Errorf("bypass entries left after dials: %d", st.BypassEntries)
 	}
 	if err := r.SetSteerLoopback(false); err != nil {
@@ -122,9 +125,50 @@ func TestSteeringBetweenNamespaces(t *testing.T) {
 		t.Fatalf("IPv4 after IPv6 registration: %q", got)
 	}
 
+	// A failed upstream dial leaves no bypass entry behind.
+	if _, err := ask(p.Node, netip.AddrPortFrom(p.NodeIP4, 9).String(), r.DialContext); err == nil {
+		t.Fatal("bypass dial to a closed port succeeded")
+	}
+	if st := statusIn(t, p.Node, filepath.Dir(r.Dir())); st.BypassEntries != 0 {
+		t.Errorf("bypass entries left after a failed dial: %d", st.BypassEntries)
+	}
+
 	c, err := r.Counters()
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The metrics collector reports the same counters and both listener slots.
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(r.Collector())
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			key := mf.GetName()
+			for _, l := range m.GetLabel() {
+				key += "," + l.GetName() + "=" + l.GetValue()
+			}
+			got[key] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	wantMetrics := map[string]float64{
+		"rl_tproxy_redirect_lookups_total,result=steered":      float64(c.Steered),
+		"rl_tproxy_redirect_lookups_total,result=no_socket":    float64(c.NoSocket),
+		"rl_tproxy_redirect_lookups_total,result=assign_error": 0,
+		"rl_tproxy_redirect_lookups_total,result=bypassed":     float64(c.Bypassed),
+		"rl_tproxy_redirect_lookups_total,result=not_matched":  float64(c.NotMatched),
+		"rl_tproxy_redirect_lookups_total,result=loopback":     float64(c.Loopback),
+		"rl_tproxy_redirect_listener_slots,family=ipv4":        1,
+		"rl_tproxy_redirect_listener_slots,family=ipv6":        1,
+		"rl_tproxy_redirect_scrape_errors":                     0,
+	}
+	for k, v := range wantMetrics {
+		if g, ok := got[k]; !ok || g != v {
+			t.Errorf("metric %s = %v (present %v), want %v", k, g, ok, v)
+		}
 	}
 	if c.Steered < 6 || c.NoSocket < 4 || c.Bypassed < 3 || c.Loopback < 1 || c.AssignError != 0 {
 		t.Errorf("counters after the scenario: %+v", c)
