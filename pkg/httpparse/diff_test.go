@@ -210,7 +210,8 @@ func diffChunked(in []byte) string {
 var (
 	genMethods = []string{"GET", "POST", "HEAD", "PUT", "DELETE", "PROPFIND", "get", "OPTIONS", "CONNECT", "G T", "GE(T", ""}
 	genTargets = []string{"/", "/a/b?c=d", "/%41", "//x", "/a|b", "http://h.example/x", "https://h:443", "http://[::1]:80/",
-		"*", "h.example:443", "/%zz", "/?q=%zz", "/a#f", "/\xc3\xa9", "ftp://x/", "http://u@h/", "a", "/\x7f", "/a\tb", "http://h:x/"}
+		"/<>", "/[x]", "/a?%41%42", "http://h:/", "http://a!b/", "HTTP://H.EXAMPLE",
+		"*", "h.example:443", "/%zz", "http://h:123456/", "http://[fe80::1%25eth0]/", "/?q=%zz", "/a#f", "/\xc3\xa9", "ftp://x/", "http://u@h/", "a", "/\x7f", "/a\tb", "http://h:x/"}
 	genVersions = []string{"HTTP/1.1", "HTTP/1.0", "HTTP/1.1", "HTTP/1.2", "HTTP/2.0", "HTTP/0.9", "http/1.1", "HTTP/1.1 ", "HTTP/11", "HTTP/1.1\r", ""}
 	genFields   = []string{
 		"Content-Length: 5", "Content-Length: 5", "Content-Length: 0", "Content-Length: 6", "Content-Length: 5 ", "Content-Length:  5",
@@ -237,7 +238,7 @@ func biased(rng *rand.Rand, s []string, nValid int) string {
 
 func genRequest(rng *rand.Rand) []byte {
 	var b bytes.Buffer
-	b.WriteString(biased(rng, genMethods, 6) + " " + biased(rng, genTargets, 8) + " " + biased(rng, genVersions, 3) + "\r\n")
+	b.WriteString(biased(rng, genMethods, 6) + " " + biased(rng, genTargets, 14) + " " + biased(rng, genVersions, 3) + "\r\n")
 	if rng.IntN(10) != 0 {
 		b.WriteString("Host: h.example\r\n")
 	}
