@@ -1,0 +1,210 @@
+package admission
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func reloadPolicy(rate string) string {
+	return fmt.Sprintf(`ratelimitly:
+  embedded: true
+zones:
+  z: {bucket: "all", rate: %s}
+services:
+  - name: web
+    listen: 127.0.0.1:18080
+    upstream: 127.0.0.1:18081
+    locations:
+      - name: all
+        limit: [z]
+`, rate)
+}
+
+type applied struct {
+	mu    sync.Mutex
+	rates []uint32
+	ch    chan uint32
+}
+
+func newApplied() *applied { return &applied{ch: make(chan uint32, 16)} }
+
+func (a *applied) apply(p *Policy) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r := p.Zones[0].Rate
+	a.rates = append(a.rates, r)
+	a.ch <- r
+	return nil
+}
+
+// wait returns the next applied rate, failing after a bounded wait.
+func (a *applied) wait(t *testing.T) uint32 {
+	t.Helper()
+	select {
+	case r := <-a.ch:
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("no reload applied within 10s")
+		return 0
+	}
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestReloadSignalValidInvalidUnchanged(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(path, []byte(reloadPolicy("10/s")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newApplied()
+	var logs syncBuf
+	var results []string
+	r := &Reloader{Path: path, Apply: a.apply, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Observe: func(res, trig string, n int) { results = append(results, fmt.Sprintf("%s/%s/%d", res, trig, n)) }}
+	r.Mark(p)
+	if err := r.Reload(TriggerSignal); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(reloadPolicy("20/s")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Reload(TriggerSignal); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.wait(t); got != 20 {
+		t.Fatalf("applied rate %d", got)
+	}
+	bad := strings.Replace(reloadPolicy("20/s"), "limit: [z]", "limit: [nope]\n        bogus_key: 1", 1)
+	if err := os.WriteFile(path, []byte(bad), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Reload(TriggerSignal); err == nil {
+		t.Fatal("invalid policy accepted")
+	}
+	want := []string{"unchanged/signal/0", "success/signal/0"}
+	if len(results) != 3 || results[0] != want[0] || results[1] != want[1] || !strings.HasPrefix(results[2], "error/signal/") || results[2] == "error/signal/1" {
+		t.Fatalf("results %v (want unchanged, success, error with >1 errors)", results)
+	}
+	out := logs.String()
+	if !strings.Contains(out, path+":11:") || !strings.Contains(out, path+":12:") {
+		t.Fatalf("errors not logged with FILE:LINE:\n%s", out)
+	}
+	if len(a.rates) != 1 {
+		t.Fatalf("apply called %d times", len(a.rates))
+	}
+}
+
+func TestReloadApplyErrorKeepsOld(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(path, []byte(reloadPolicy("10/s")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	r := &Reloader{Path: path, Apply: func(*Policy) error { return fmt.Errorf("client rebuild failed") },
+		Observe: func(res, _ string, _ int) { got = res }}
+	if err := r.Reload(TriggerSignal); err == nil || got != ReloadError {
+		t.Fatalf("err %v result %q", err, got)
+	}
+}
+
+// The watcher sees an in-place rewrite, an editor-style rename and a
+// Kubernetes ConfigMap update (the ..data symlink swapped atomically).
+func TestWatchFileAndConfigMapSwap(t *testing.T) {
+	dir := t.TempDir()
+	// ConfigMap layout: policy.yaml -> ..data/policy.yaml, ..data -> ..v1
+	v1 := filepath.Join(dir, "..v1")
+	if err := os.Mkdir(v1, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(v1, "policy.yaml"), []byte(reloadPolicy("10/s")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("..v1", filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "policy.yaml")
+	if err := os.Symlink("..data/policy.yaml", path); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newApplied()
+	r := &Reloader{Path: path, Apply: a.apply}
+	r.Mark(p)
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- r.Watch(ctx, "", ready) }()
+	<-ready
+
+	// ConfigMap update: write ..v2, point ..data_tmp at it, rename over ..data.
+	v2 := filepath.Join(dir, "..v2")
+	if err := os.Mkdir(v2, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(v2, "policy.yaml"), []byte(reloadPolicy("30/s")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("..v2", filepath.Join(dir, "..data_tmp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.wait(t); got != 30 {
+		t.Fatalf("after ConfigMap swap: rate %d, want 30", got)
+	}
+
+	// Plain file: replace the symlink by a file (rename), then rewrite it.
+	tmp := filepath.Join(dir, "policy.yaml.tmp")
+	if err := os.WriteFile(tmp, []byte(reloadPolicy("40/s")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.wait(t); got != 40 {
+		t.Fatalf("after rename: rate %d, want 40", got)
+	}
+	if err := os.WriteFile(path, []byte(reloadPolicy("50/s")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.wait(t); got != 50 {
+		t.Fatalf("after rewrite: rate %d, want 50", got)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
