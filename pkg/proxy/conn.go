@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -46,7 +45,7 @@ type conn struct {
 	peekFn    func(uintptr) bool
 	peek      [1]byte
 	gone      bool
-	cancel    context.CancelFunc
+	actx      admitCtx
 	watchDone chan struct{}
 
 	wb    []byte // write buffer (pooled array while in use)
@@ -99,7 +98,7 @@ func (c *conn) release() {
 	c.remote, c.local = netip.AddrPort{}, netip.AddrPort{}
 	c.req, c.dec, c.res = Request{}, Decision{}, Result{}
 	c.head.Reset()
-	c.nreq, c.linger, c.sent100, c.gone, c.cancel = 0, false, false, false, nil
+	c.nreq, c.linger, c.sent100, c.gone = 0, false, false, false
 	c.lr = io.LimitedReader{}
 	connPool.Put(c)
 }
@@ -413,25 +412,23 @@ func statusBody(status int) string {
 // admit calls the hook while a watcher notices a client that goes away.
 func (c *conn) admit(hook Hook) Decision {
 	c.gone = false
+	c.actx.reset()
 	if c.raw == nil {
-		return hook.Admit(context.Background(), &c.req)
+		return hook.Admit(&c.actx, &c.req)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	c.cancel = cancel
-	go c.watch()
-	d := hook.Admit(ctx, &c.req)
+	c.p.watchers.start(c)
+	d := hook.Admit(&c.actx, &c.req)
 	c.nc.SetReadDeadline(aLongTimeAgo) // wake the watcher
 	<-c.watchDone
-	cancel()
-	c.cancel = nil
 	c.nc.SetReadDeadline(time.Time{})
 	return d
 }
 
+// watch runs on a watcher goroutine during admission.
 func (c *conn) watch() {
 	c.raw.Read(c.peekFn)
 	if c.gone {
-		c.cancel()
+		c.actx.cancel()
 	}
 	c.watchDone <- struct{}{}
 }

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -60,9 +59,7 @@ func (c *conn) forward(cfg *Config, svc *Service, base int) bool {
 }
 
 func (c *conn) getUpstream(cfg *Config, svc *Service, fresh bool) (*upConn, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), svc.upstreamTimeout())
-	defer cancel()
-	return c.p.pools.get(ctx, cfg, svc.Upstream, fresh)
+	return c.p.pools.get(cfg, svc.Upstream, svc.upstreamTimeout(), fresh)
 }
 
 // upstreamFail answers 502 (504 on a timeout) when nothing was sent to the

@@ -80,7 +80,7 @@ func (h *testHook) admitted() []string {
 
 // startProxy serves svc (Upstream filled by the caller) on a loopback
 // listener and returns the proxy and its address.
-func startProxy(t *testing.T, hook Hook, svc *Service, mod func(*Config)) (*Proxy, string) {
+func startProxy(t testing.TB, hook Hook, svc *Service, mod func(*Config)) (*Proxy, string) {
 	t.Helper()
 	if svc.Name == "" {
 		svc.Name = "web"

@@ -19,8 +19,9 @@ import (
 
 // Proxy serves HTTP/1.1 clients on any number of listeners.
 type Proxy struct {
-	cfg   atomic.Pointer[Config]
-	pools upstreams
+	cfg      atomic.Pointer[Config]
+	pools    upstreams
+	watchers watchers
 
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
@@ -246,6 +247,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		select {
 		case <-done:
 			p.pools.closeAll()
+			p.watchers.close()
 			return nil
 		case <-ctx.Done():
 			p.mu.Lock()
@@ -255,6 +257,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 			p.mu.Unlock()
 			<-done
 			p.pools.closeAll()
+			p.watchers.close()
 			return ctx.Err()
 		case <-timer.C:
 			poll = min(2*poll, 100*time.Millisecond)

@@ -148,7 +148,7 @@ func (us *upstreams) pool(addr string) *upPool {
 }
 
 // get returns a healthy idle connection to addr, or dials a new one.
-func (us *upstreams) get(ctx context.Context, cfg *Config, addr string, fresh bool) (*upConn, error) {
+func (us *upstreams) get(cfg *Config, addr string, timeout time.Duration, fresh bool) (*upConn, error) {
 	p := us.pool(addr)
 	if !fresh {
 		idleTimeout := durOr(cfg.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout)
@@ -175,7 +175,9 @@ func (us *upstreams) get(ctx context.Context, cfg *Config, addr string, fresh bo
 	if dial == nil {
 		dial = defaultDialer.DialContext
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	nc, err := dial(ctx, "tcp", addr)
+	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("dial upstream %s: %w", addr, err)
 	}
