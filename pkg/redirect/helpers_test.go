@@ -113,7 +113,7 @@ func mustAsk(t *testing.T, ns *netnstest.NS, addr string, dial func(ctx context.
 }
 
 // requireBPF skips unless this process may load an sk_lookup program.
-func requireBPF(t *testing.T) {
+func requireBPF(t testing.TB) {
 	t.Helper()
 	requireRoot(t)
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
@@ -128,7 +128,7 @@ func requireBPF(t *testing.T) {
 	prog.Close()
 }
 
-func requireRoot(t *testing.T) {
+func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loads eBPF in a network namespace")
