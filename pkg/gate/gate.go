@@ -1,0 +1,294 @@
+// Package gate decides each proxied request: it implements proxy.Hook on
+// top of the admission engine and a RateLimitly checker, writes the deny
+// answers, sends the latency reports the contract allows, and records
+// every request's verdict, outcome and cause in the access log and metrics.
+package gate
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
+	"github.com/rl-tproxy/rl-tproxy/pkg/metrics"
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+)
+
+// Config configures a Gate.
+type Config struct {
+	Metrics *metrics.Metrics // nil = a private registry
+	// AccessLog receives one line per request at info level; nil discards.
+	AccessLog *slog.Logger
+	// Logger receives operational messages (client swaps); nil discards.
+	Logger *slog.Logger
+	Now    func() time.Time // nil = time.Now
+}
+
+// Gate is the admission hook of the proxy. Policies and checkers are
+// swapped atomically; a request keeps the policy generation and checker it
+// started with until Done.
+type Gate struct {
+	cur     atomic.Pointer[generation]
+	checker atomic.Pointer[checkerRef]
+	local   *admission.LocalLimiter
+	m       *metrics.Metrics
+	access  *slog.Logger
+	log     *slog.Logger
+	now     func() time.Time
+	pool    sync.Pool
+	causes  []counter
+	genSeq  atomic.Uint64
+	mu      sync.Mutex // serialises Swap/SetChecker
+}
+
+type counter interface{ Inc() }
+
+// generation is one policy with everything precomputed for it.
+type generation struct {
+	pol       *admission.Policy
+	gen       uint64
+	locs      map[*admission.Location]*locInfo
+	unmatched map[string]*locInfo // by service name ("-" = no service)
+	byName    map[string]*admission.Service
+}
+
+type locInfo struct {
+	name   string
+	answer *admission.DenyAnswer
+	m      *metrics.Location
+}
+
+// internalBody is the answer to an internal failure.
+var internalBody = []byte("500 Internal Server Error\n")
+
+// New returns a Gate with no policy (Admit admits everything as unmatched
+// until Swap) and no checker (protected requests fail as no_endpoints
+// until SetChecker).
+func New(cfg Config) *Gate {
+	g := &Gate{m: cfg.Metrics, access: cfg.AccessLog, log: cfg.Logger, now: cfg.Now}
+	if g.m == nil {
+		g.m = metrics.New("dev", "unknown")
+	}
+	if g.access == nil {
+		g.access = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if g.log == nil {
+		g.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if g.now == nil {
+		g.now = time.Now
+	}
+	g.local = admission.NewLocalLimiter(g.now, 0)
+	for _, c := range admission.CauseNames() {
+		g.causes = append(g.causes, g.m.Cause(c))
+	}
+	g.pool.New = func() any { return &state{buf: make([]byte, 0, admission.AnswerBufSize)} }
+	g.checker.Store(&checkerRef{c: noChecker{}})
+	return g
+}
+
+// Metrics returns the gate's metrics.
+func (g *Gate) Metrics() *metrics.Metrics { return g.m }
+
+// Swap installs a new policy for requests that start from now on and
+// returns its generation number (1 for the first).
+func (g *Gate) Swap(p *admission.Policy) uint64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	gen := &generation{pol: p, gen: g.genSeq.Add(1), locs: map[*admission.Location]*locInfo{},
+		unmatched: map[string]*locInfo{}, byName: map[string]*admission.Service{}}
+	noLoc := func(svc string) *locInfo {
+		return &locInfo{name: "-", answer: admission.NewDenyAnswer(admission.AnswerSpec{}),
+			m: g.m.Location(svc, "-", "", admission.DefaultDenyStatus)}
+	}
+	gen.unmatched["-"] = noLoc("-")
+	for _, s := range p.Services {
+		gen.byName[s.Name] = s
+		gen.unmatched[s.Name] = noLoc(s.Name)
+		for _, l := range s.Locations {
+			a := admission.LocationAnswer(l)
+			report := ""
+			if l.Report != nil {
+				report = l.Report.Name
+			}
+			gen.locs[l] = &locInfo{name: l.Name, answer: a, m: g.m.Location(s.Name, l.Name, report, a.Status)}
+		}
+	}
+	g.cur.Store(gen)
+	g.m.PolicyLoaded(gen.gen, float64(g.now().UnixNano())/1e9)
+	return gen.gen
+}
+
+// Policy returns the policy in force (nil before the first Swap) and its
+// generation.
+func (g *Gate) Policy() (*admission.Policy, uint64) {
+	gen := g.cur.Load()
+	if gen == nil {
+		return nil, 0
+	}
+	return gen.pol, gen.gen
+}
+
+// state is the per-request admission state, pooled.
+type state struct {
+	gen    *generation
+	info   *locInfo
+	ref    *checkerRef
+	svc    string
+	areq   admission.Request
+	dec    admission.Decision
+	hdrs   [3]httpparse.Header
+	buf    []byte
+	report []byte
+}
+
+// Admit implements proxy.Hook.
+func (g *Gate) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
+	st := g.pool.Get().(*state)
+	st.gen = g.cur.Load()
+	st.ref = g.acquire()
+	st.areq = admission.Request{Remote: r.Remote, Local: r.Local, Path: r.Path, Query: r.Query, Headers: r}
+	if r.Head != nil {
+		st.areq.Method, st.areq.Host = r.Head.Method, r.Head.Host
+	}
+	var svc *admission.Service
+	if st.gen != nil {
+		svc = st.gen.pol.ServiceFor(r.Local)
+		if svc == nil && r.Service != nil {
+			svc = st.gen.byName[r.Service.Name]
+		}
+	}
+	switch {
+	case svc != nil:
+		st.svc = svc.Name
+	case r.Service != nil:
+		st.svc = r.Service.Name
+	default:
+		st.svc = "-"
+	}
+	if st.gen == nil {
+		st.dec.Reset()
+		st.info = nil
+		return proxy.Decision{Allow: true, State: st}
+	}
+	eng := admission.Engine{Checker: st.ref.c, Local: g.local, Now: g.now}
+	var pol *admission.Policy = st.gen.pol
+	eng.Decide(ctx, pol, svc, &st.areq, &st.dec)
+	if st.dec.Location != nil {
+		st.info = st.gen.locs[st.dec.Location]
+	} else if st.info = st.gen.unmatched[st.svc]; st.info == nil {
+		st.info = st.gen.unmatched["-"]
+	}
+	switch st.dec.Action {
+	case admission.ActionAdmit:
+		return proxy.Decision{Allow: true, State: st}
+	case admission.ActionDeny:
+		a := st.info.answer
+		hs, buf := a.Render(st.hdrs[:0], st.buf[:0], st.dec.Zones)
+		st.buf = buf
+		return proxy.Decision{Status: a.Status, Header: hs, Body: a.Body, ContentType: a.ContentType, State: st}
+	case admission.ActionDrop:
+		// The client is gone; whatever is written is never read.
+		return proxy.Decision{Status: 499, State: st}
+	}
+	return proxy.Decision{Status: 500, Body: internalBody, ContentType: "text/plain; charset=utf-8", State: st}
+}
+
+// Done implements proxy.Hook: report, count, log, release.
+func (g *Gate) Done(r *proxy.Request, d *proxy.Decision, res *proxy.Result) {
+	st, _ := d.State.(*state)
+	if st == nil {
+		return
+	}
+	dec := &st.dec
+	outcome := dec.Outcome
+	if res.ClientAborted {
+		outcome = admission.OutcomeClientAbort
+	}
+	loc := dec.Location
+	reported := false
+	if loc != nil && loc.Report != nil && admission.ShouldReport(true, dec.Outcome, d.Allow, res.ClientAborted) {
+		end := res.End
+		if end.IsZero() {
+			end = g.now()
+		}
+		var err error
+		st.report, err = loc.Report.Service.Render(st.report[:0], &st.areq)
+		if err == nil && len(st.report) > 0 && len(st.report) <= admission.MaxBucketLen {
+			st.ref.c.Report(st.report, admission.ReportDuration(end.Sub(r.Start)))
+			reported = true
+		}
+	}
+	if info := st.info; info != nil {
+		info.m.Requests[outcome].Inc()
+		if loc != nil && loc.Protected() {
+			info.m.Admission.Observe(dec.Admission.Seconds())
+		}
+		if reported {
+			info.m.Reports.Inc()
+		}
+		if res.UpstreamErr != nil {
+			info.m.Upstream.Inc()
+		}
+		if !d.Allow && (dec.Action == admission.ActionDeny) {
+			info.m.Deny.Inc()
+		}
+		if int(dec.Cause) < len(g.causes) {
+			g.causes[dec.Cause].Inc()
+		}
+		if dec.Local {
+			g.m.LocalFallback(dec.LocalAllowed)
+		}
+	}
+	g.logAccess(r, d, res, st, outcome, reported)
+	g.release(st.ref)
+	st.ref, st.gen, st.info = nil, nil, nil
+	st.areq = admission.Request{}
+	g.pool.Put(st)
+}
+
+func (g *Gate) logAccess(r *proxy.Request, d *proxy.Decision, res *proxy.Result, st *state, outcome admission.Outcome, reported bool) {
+	if !g.access.Enabled(context.Background(), slog.LevelInfo) {
+		return
+	}
+	loc := "-"
+	if st.info != nil {
+		loc = st.info.name
+	}
+	var method, host []byte
+	if r.Head != nil {
+		method, host = r.Head.Method, r.Head.Host
+	}
+	end := res.End
+	if end.IsZero() {
+		end = g.now()
+	}
+	attrs := []slog.Attr{
+		slog.String("service", st.svc),
+		slog.String("location", loc),
+		slog.String("remote", r.Remote.String()),
+		slog.String("method", string(method)),
+		slog.String("host", string(host)),
+		slog.String("path", string(r.Path)),
+		slog.Int("status", res.Status),
+		slog.String("verdict", st.dec.Verdict.String()),
+		slog.String("outcome", outcome.String()),
+		slog.String("cause", st.dec.Cause.String()),
+		slog.Float64("admission_ms", float64(st.dec.Admission.Microseconds())/1000),
+		slog.Float64("duration_ms", float64(end.Sub(r.Start).Microseconds())/1000),
+		slog.Int64("bytes_in", res.BytesIn),
+		slog.Int64("bytes_out", res.BytesOut),
+		slog.Bool("report", reported),
+	}
+	if st.gen != nil {
+		attrs = append(attrs, slog.Uint64("generation", st.gen.gen))
+	}
+	if res.UpstreamErr != nil {
+		attrs = append(attrs, slog.String("upstream_error", res.UpstreamErr.Error()))
+	}
+	g.access.LogAttrs(context.Background(), slog.LevelInfo, "access", attrs...)
+}

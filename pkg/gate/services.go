@@ -1,0 +1,38 @@
+package gate
+
+import (
+	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+)
+
+// ProxyServices translates a policy's services into the data path's.
+func ProxyServices(p *admission.Policy) []*proxy.Service {
+	out := make([]*proxy.Service, 0, len(p.Services))
+	for _, s := range p.Services {
+		ps := &proxy.Service{
+			Name:               s.Name,
+			Port:               s.Port,
+			Upstream:           s.Upstream,
+			XForwardedFor:      s.Forward.XForwardedFor,
+			XForwardedProto:    s.Forward.XForwardedProto,
+			Forwarded:          s.Forward.Forwarded,
+			XRealIP:            s.Forward.XRealIP,
+			HeaderTimeout:      s.Timeouts.Header,
+			IdleTimeout:        s.Timeouts.Idle,
+			UpstreamTimeout:    s.Timeouts.Upstream,
+			MaxRequestsPerConn: s.Limits.MaxRequestsPerConn,
+			MaxBodyBytes:       s.Limits.MaxBodyBytes,
+			Limits: httpparse.Limits{
+				MaxRequestLine: s.Limits.MaxRequestLine,
+				MaxHeaderBytes: s.Limits.MaxHeaderBytes,
+				MaxHeaders:     s.Limits.MaxHeaders,
+			},
+		}
+		for _, l := range s.Listen {
+			ps.Listen = append(ps.Listen, l.String())
+		}
+		out = append(out, ps)
+	}
+	return out
+}
