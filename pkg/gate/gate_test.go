@@ -68,7 +68,9 @@ func denyResource(ctx context.Context, req *wire.RateRequest, out *admission.Che
 }
 
 func failWith(c admission.Cause) func(context.Context, *wire.RateRequest, *admission.CheckResult) {
-	return func(_ context.Context, _ *wire.RateRequest, out *admission.CheckResult) { out.Valid, out.Fail = false, c }
+	return func(_ context.Context, _ *wire.RateRequest, out *admission.CheckResult) {
+		out.Valid, out.Fail = false, c
+	}
 }
 
 const testPolicyYAML = `ratelimitly:
@@ -99,12 +101,11 @@ services:
 `
 
 type rig struct {
-	g      *Gate
-	ck     *fakeChecker
-	base   string
-	logs   *lockedBuf
-	policy string
-	up     *httptest.Server
+	g    *Gate
+	ck   *fakeChecker
+	base string
+	logs *lockedBuf
+	up   *httptest.Server
 }
 
 type lockedBuf struct {
