@@ -1,0 +1,479 @@
+package rlclient
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
+	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+)
+
+// fakeCluster starts n fake nodes (epochs 1000, 2000, ...) behind a DNS
+// server.
+func fakeCluster(t *testing.T, n int) (*dnstest.Server, []*fakeNode) {
+	t.Helper()
+	d := dnstest.Start(t)
+	var nodes []*fakeNode
+	var addrs []netip.AddrPort
+	for i := 0; i < n; i++ {
+		fn := startFakeNode(t, uint64(1000*(i+1)), testCred())
+		nodes = append(nodes, fn)
+		addrs = append(addrs, fn.addr())
+	}
+	d.SetSRV(testSRV, targetsFor(addrs...)...)
+	return d, nodes
+}
+
+func TestFakeAllowDenyPrefersOldest(t *testing.T) {
+	d, nodes := fakeCluster(t, 3)
+	c := newTestClient(t, d.Addr(), clientOpts{})
+	waitReady(t, c)
+	var dec Decision
+	req := testRequest()
+	// Learn every epoch: first checks end on "all answered" or on the
+	// first (trivially oldest known) answer.
+	for i := 0; i < 20; i++ {
+		if err := c.Check(context.Background(), req, &dec); err != nil {
+			t.Fatalf("check %d: %v (%v)", i, err, dec.Cause)
+		}
+	}
+	waitFor(t, "epochs learned", func() bool {
+		m := c.disc.current()
+		for _, e := range m.eps {
+			if e.epoch.Load() == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	if err := c.Check(context.Background(), req, &dec); err != nil || dec.Cause != CauseAllow || !dec.Allow {
+		t.Fatalf("allow: err %v decision %+v", err, dec)
+	}
+	if dec.ServerEpoch != 1000 || dec.Endpoint != "n1.rl.test." {
+		t.Errorf("chosen answer epoch %d from %s, want the oldest (1000, n1.rl.test.)", dec.ServerEpoch, dec.Endpoint)
+	}
+	if len(dec.Guards) != 1 || !dec.Guards[0].Passed || len(dec.Resources) != 1 || dec.Resources[0].Remaining != 5 {
+		t.Errorf("results not copied: %+v", dec)
+	}
+	for _, n := range nodes {
+		n.set(func(n *fakeNode) { n.deny = true })
+	}
+	if err := c.Check(context.Background(), req, &dec); err != nil || dec.Cause != CauseDeny || dec.Allow {
+		t.Fatalf("deny: err %v decision %+v", err, dec)
+	}
+	if dec.RetryAfter() != 250*time.Millisecond {
+		t.Errorf("retry after = %v", dec.RetryAfter())
+	}
+	// The oldest node's answer decides even when a younger one disagrees.
+	nodes[0].set(func(n *fakeNode) { n.deny = false })
+	if err := c.Check(context.Background(), req, &dec); err != nil || dec.Cause != CauseAllow || dec.ServerEpoch != 1000 {
+		t.Fatalf("oldest allow over younger deny: err %v decision %+v", err, dec)
+	}
+	st := c.Stats()
+	if st.Causes[CauseAllow] != 22 || st.Causes[CauseDeny] != 1 || st.InFlight != 0 {
+		t.Errorf("stats causes %v inflight %d", st.Causes, st.InFlight)
+	}
+}
+
+func TestFakeTimeoutAtHorizonWithReplay(t *testing.T) {
+	d, nodes := fakeCluster(t, 3)
+	for _, n := range nodes {
+		n.set(func(n *fakeNode) { n.drop = true })
+	}
+	clk := newManualClock(time.Now())
+	u := 20 * time.Millisecond
+	c := newTestClient(t, d.Addr(), clientOpts{clock: clk, policy: Standard(u)})
+	waitReady(t, c)
+	ch := checkAsync(context.Background(), c, testRequest())
+	waitFor(t, "first round", func() bool { return allCount(nodes, wire.KindRateRequest) == 3 })
+	assertPending(t, ch, "at 0")
+	clk.Advance(u - time.Millisecond)
+	assertPending(t, ch, "before U")
+	clk.Advance(time.Millisecond) // U: no answer -> replay to all three
+	waitFor(t, "replay round", func() bool { return allCount(nodes, wire.KindRateRequest) == 6 })
+	for _, n := range nodes {
+		rs := n.received()
+		if rs[0].id != rs[1].id || rs[1].attempt != 1 || !rs[1].replay || rs[0].replay || rs[0].attempt != 0 {
+			t.Errorf("replay datagram %+v after %+v", rs[1], rs[0])
+		}
+	}
+	clk.Advance(u) // 2U: still nothing -> receive only
+	assertPending(t, ch, "at 2U")
+	clk.Advance(u - time.Millisecond)
+	assertPending(t, ch, "just before 3U")
+	clk.Advance(time.Millisecond)
+	r := await(t, ch)
+	if r.err != ErrTimeout || r.d.Cause != CauseTimeout || r.d.Attempts != 2 {
+		t.Fatalf("horizon: err %v decision %+v", r.err, r.d)
+	}
+	if got := allCount(nodes, wire.KindRateRequest); got != 6 {
+		t.Errorf("requests sent = %d, want 6 (no send in the receive-only unit)", got)
+	}
+	if allCount(nodes, wire.KindCompletion) != 0 {
+		t.Error("completion sent without a decision")
+	}
+}
+
+func TestFakeAnswerInFinalReceiveDecides(t *testing.T) {
+	d, nodes := fakeCluster(t, 2)
+	for _, n := range nodes {
+		n.set(func(n *fakeNode) { n.drop = true })
+	}
+	clk := newManualClock(time.Now())
+	u := 20 * time.Millisecond
+	c := newTestClient(t, d.Addr(), clientOpts{clock: clk, policy: Standard(u)})
+	waitReady(t, c)
+	ch := checkAsync(context.Background(), c, testRequest())
+	waitFor(t, "first round", func() bool { return allCount(nodes, wire.KindRateRequest) == 2 })
+	clk.Advance(u)
+	waitFor(t, "replay", func() bool { return allCount(nodes, wire.KindRateRequest) == 4 })
+	clk.Advance(u) // into the receive-only unit
+	// Answer only now: node 2 replays its answer by hand.
+	nodes[1].set(func(n *fakeNode) { n.drop = false })
+	resendLast(t, c, nodes[1])
+	r := await(t, ch)
+	if r.err != nil || r.d.Cause != CauseAllow || r.d.Endpoint != "n2.rl.test." {
+		t.Fatalf("final receive: err %v decision %+v", r.err, r.d)
+	}
+	// Completion to node 1, which never answered.
+	waitFor(t, "completion", func() bool { return nodes[0].count(wire.KindCompletion) == 1 })
+	if nodes[1].count(wire.KindCompletion) != 0 {
+		t.Error("completion sent to a node that answered")
+	}
+}
+
+// resendLast makes node answer again by sending it a copy of the latest
+// request: the fake node answers every request it receives.
+func resendLast(t *testing.T, c *Client, n *fakeNode) {
+	t.Helper()
+	rs := n.received()
+	last := rs[len(rs)-1]
+	// Re-seal a replay with the client's key from the client's socket so the
+	// answer goes back to the client.
+	r := c.table.get(last.id)
+	if r == nil {
+		t.Fatal("request no longer live")
+	}
+	r.mu.Lock()
+	h := wire.Header{Kind: wire.KindRateRequest, Attempt: r.attempt, Flags: wire.FlagReplay, TTLms: c.ttlMs, RequestID: r.id,
+		Timestamp: uint64(c.clock.Now().UnixMilli())}
+	pkt, err := c.key.Seal(make([]byte, 0, wire.MaxDatagram), &h, testRequest())
+	sock := r.sock
+	r.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ring.Send(sock, n.addr(), pkt, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func allCount(nodes []*fakeNode, k wire.Kind) int {
+	total := 0
+	for _, n := range nodes {
+		total += n.count(k)
+	}
+	return total
+}
+
+func TestFakeSingleRoundTimesOutAtUnit(t *testing.T) {
+	d, nodes := fakeCluster(t, 3)
+	for _, n := range nodes {
+		n.set(func(n *fakeNode) { n.drop = true })
+	}
+	clk := newManualClock(time.Now())
+	u := 30 * time.Millisecond
+	c := newTestClient(t, d.Addr(), clientOpts{clock: clk, policy: SingleRound(u)})
+	waitReady(t, c)
+	if c.Horizon() != u {
+		t.Fatalf("horizon %v", c.Horizon())
+	}
+	ch := checkAsync(context.Background(), c, testRequest())
+	waitFor(t, "send", func() bool { return allCount(nodes, wire.KindRateRequest) == 3 })
+	clk.Advance(u - time.Millisecond)
+	assertPending(t, ch, "before U")
+	clk.Advance(time.Millisecond)
+	r := await(t, ch)
+	if r.err != ErrTimeout || r.d.Attempts != 1 {
+		t.Fatalf("single round: err %v decision %+v", r.err, r.d)
+	}
+	if allCount(nodes, wire.KindRateRequest) != 3 {
+		t.Error("single_round replayed")
+	}
+}
+
+func TestFakeOneDownDecidedAtUnitWithoutReplay(t *testing.T) {
+	d, nodes := fakeCluster(t, 3)
+	clk := newManualClock(time.Now())
+	u := 20 * time.Millisecond
+	c := newTestClient(t, d.Addr(), clientOpts{clock: clk, policy: Standard(u)})
+	waitReady(t, c)
+	// Learn epochs with everyone up.
+	var dec Decision
+	for i := 0; i < 5; i++ {
+		if err := c.Check(context.Background(), testRequest(), &dec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "epochs", func() bool { return c.disc.current().eps[0].epoch.Load() == 1000 })
+	// The oldest node goes down: the younger answers cannot decide early,
+	// the unit deadline decides with the oldest valid answer.
+	nodes[0].set(func(n *fakeNode) { n.drop = true })
+	before := allCount(nodes, wire.KindRateRequest)
+	compBefore := nodes[0].count(wire.KindCompletion)
+	ch := checkAsync(context.Background(), c, testRequest())
+	waitFor(t, "answers from the two live nodes", func() bool {
+		return c.Stats().Ring.Received >= uint64(5*3+2)
+	})
+	assertPending(t, ch, "before U")
+	clk.Advance(u)
+	r := await(t, ch)
+	if r.err != nil || r.d.Cause != CauseAllow || r.d.ServerEpoch != 2000 || r.d.Attempts != 1 {
+		t.Fatalf("one down: err %v decision %+v", r.err, r.d)
+	}
+	if got := allCount(nodes, wire.KindRateRequest) - before; got != 3 {
+		t.Errorf("requests for the check = %d, want 3 (no replay)", got)
+	}
+	waitFor(t, "completion to the down node", func() bool { return nodes[0].count(wire.KindCompletion) == compBefore+1 })
+	rs := nodes[0].received()
+	last, req := rs[len(rs)-1], rs[len(rs)-2]
+	if last.kind != wire.KindCompletion || last.decision != wire.DecisionAllow || last.id != req.id || req.kind != wire.KindRateRequest {
+		t.Errorf("completion %+v for request %+v", last, req)
+	}
+}
+
+func TestFakeCardinalityNeverDecides(t *testing.T) {
+	d, nodes := fakeCluster(t, 2)
+	for _, n := range nodes {
+		n.set(func(n *fakeNode) { n.extraGuards = 1 })
+	}
+	c := newTestClient(t, d.Addr(), clientOpts{})
+	waitReady(t, c)
+	var dec Decision
+	err := c.Check(context.Background(), testRequest(), &dec)
+	if err != ErrCardinality || dec.Cause != CauseCardinality || dec.Allow || len(dec.Guards) != 0 {
+		t.Fatalf("err %v decision %+v", err, dec)
+	}
+	// One node correct: its answer decides, the bad one is ignored.
+	nodes[1].set(func(n *fakeNode) { n.extraGuards = 0 })
+	for i := 0; i < 3; i++ {
+		if err := c.Check(context.Background(), testRequest(), &dec); err != nil || dec.Endpoint != "n2.rl.test." {
+			t.Fatalf("mixed: err %v decision %+v", err, dec)
+		}
+	}
+}
+
+func TestFakeStatusNotOKIsProtocol(t *testing.T) {
+	d, nodes := fakeCluster(t, 2)
+	for _, n := range nodes {
+		n.set(func(n *fakeNode) { n.status = wire.StatusUnavailable })
+	}
+	c := newTestClient(t, d.Addr(), clientOpts{})
+	waitReady(t, c)
+	var dec Decision
+	if err := c.Check(context.Background(), testRequest(), &dec); err != ErrProtocol || dec.Cause != CauseProtocol {
+		t.Fatalf("err %v decision %+v", err, dec)
+	}
+}
+
+func TestFakeWrongKeyIgnored(t *testing.T) {
+	d := dnstest.Start(t)
+	good := startFakeNode(t, 1000, testCred())
+	bad := startFakeNode(t, 500, wrongCred()) // older, but cannot authenticate
+	d.SetSRV(testSRV, targetsFor(bad.addr(), good.addr())...)
+	clk := newManualClock(time.Now())
+	c := newTestClient(t, d.Addr(), clientOpts{clock: clk})
+	waitReady(t, c)
+	var dec Decision
+	if err := c.Check(context.Background(), testRequest(), &dec); err != nil || dec.Endpoint != "n2.rl.test." || dec.ServerEpoch != 1000 {
+		t.Fatalf("err %v decision %+v", err, dec)
+	}
+	waitFor(t, "auth drop", func() bool { return c.Stats().Drops.Auth >= 1 })
+	// Only the wrong-key node: no decision; at the horizon the cause is
+	// authentication/protocol, not a plain timeout.
+	d.SetSRV(testSRV, targetsFor(bad.addr())...)
+	clk.Advance(MaxRefresh)
+	waitFor(t, "membership of one", func() bool { return c.Stats().Endpoints == 1 })
+	ch := checkAsync(context.Background(), c, testRequest())
+	waitFor(t, "wrong-key answer", func() bool { return c.Stats().Drops.Auth >= 2 })
+	clk.Advance(c.Horizon())
+	waitFor(t, "replay", func() bool { return bad.count(wire.KindRateRequest) >= 3 })
+	clk.Advance(c.Horizon())
+	r := await(t, ch)
+	if r.err != ErrProtocol || r.d.Cause != CauseProtocol {
+		t.Fatalf("wrong key only: err %v decision %+v", r.err, r.d)
+	}
+}
+
+func TestFakeSteeringRebinds(t *testing.T) {
+	d, nodes := fakeCluster(t, 3)
+	nodes[2].set(func(n *fakeNode) { n.steer = true })
+	c := newTestClient(t, d.Addr(), clientOpts{shards: 1})
+	waitReady(t, c)
+	before := c.ring.LocalAddr(0)
+	var dec Decision
+	for i := 0; i < 10; i++ {
+		if err := c.Check(context.Background(), testRequest(), &dec); err != nil {
+			t.Fatalf("check %d: %v", i, err)
+		}
+	}
+	waitFor(t, "rebind", func() bool { return c.Stats().Ring.Rebinds >= 1 })
+	nodes[2].set(func(n *fakeNode) { n.steer = false })
+	for i := 0; i < 10; i++ {
+		if err := c.Check(context.Background(), testRequest(), &dec); err != nil {
+			t.Fatalf("check after rebind %d: %v", i, err)
+		}
+	}
+	if c.ring.LocalAddr(0) == before {
+		t.Error("source port unchanged")
+	}
+	ports := map[uint16]bool{}
+	for _, s := range nodes[0].received() {
+		ports[s.from.Port()] = true
+	}
+	if len(ports) < 2 {
+		t.Errorf("node saw source ports %v, want the old and the new", ports)
+	}
+	waitFor(t, "old socket retired", func() bool { st := c.Stats().Ring; return st.Sockets == 1 && st.Retired >= 1 })
+}
+
+func TestFakeCancelRetires(t *testing.T) {
+	d, nodes := fakeCluster(t, 2)
+	for _, n := range nodes {
+		n.set(func(n *fakeNode) { n.drop = true })
+	}
+	clk := newManualClock(time.Now())
+	c := newTestClient(t, d.Addr(), clientOpts{clock: clk})
+	waitReady(t, c)
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := checkAsync(ctx, c, testRequest())
+	waitFor(t, "sent", func() bool { return allCount(nodes, wire.KindRateRequest) == 2 })
+	cancel()
+	r := await(t, ch)
+	if r.err != ErrCancelled || r.d.Cause != CauseCancelled {
+		t.Fatalf("err %v decision %+v", r.err, r.d)
+	}
+	if st := c.Stats(); st.InFlight != 0 {
+		t.Errorf("in flight %d", st.InFlight)
+	}
+	// Its deadlines pass without effect, and a late answer finds nothing.
+	clk.Advance(c.Horizon())
+	nodes[0].set(func(n *fakeNode) { n.drop = false })
+	rs := nodes[0].received()
+	_ = rs
+	if n := allCount(nodes, wire.KindRateRequest); n != 2 {
+		t.Errorf("cancelled request was replayed: %d requests", n)
+	}
+	// Already-cancelled context: no send at all.
+	var dec Decision
+	if err := c.Check(ctx, testRequest(), &dec); err != ErrCancelled {
+		t.Fatalf("pre-cancelled: %v", err)
+	}
+}
+
+func TestFakeConstructionError(t *testing.T) {
+	d, _ := fakeCluster(t, 1)
+	c := newTestClient(t, d.Addr(), clientOpts{})
+	waitReady(t, c)
+	var dec Decision
+	req := testRequest()
+	req.Label = []byte(strings.Repeat("x", wire.MaxLabel+1))
+	if err := c.Check(context.Background(), req, &dec); err != ErrConstruction || dec.Cause != CauseConstruction || dec.Err == nil {
+		t.Fatalf("long label: err %v decision %+v", err, dec)
+	}
+	req = testRequest()
+	for i := 0; i < 3; i++ {
+		req.Resources = append(req.Resources, wire.Resource{Bucket: []byte(strings.Repeat("b", 500)), Rate: 1, PeriodMs: 1, Cost: 1})
+	}
+	if err := c.Check(context.Background(), req, &dec); err != ErrConstruction || dec.Err != wire.ErrTooLarge {
+		t.Fatalf("oversize: err %v decision %+v", err, dec)
+	}
+}
+
+func TestFakeSendFailure(t *testing.T) {
+	d := dnstest.Start(t)
+	// A socket bound to 127.0.0.1 cannot reach TEST-NET-1: the kernel
+	// refuses the datagram locally, nothing leaves the host.
+	d.SetSRV(testSRV, dnstest.Target{Name: "far.rl.test", Port: 9, Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.1")}})
+	c := newTestClient(t, d.Addr(), clientOpts{})
+	waitReady(t, c)
+	var dec Decision
+	if err := c.Check(context.Background(), testRequest(), &dec); err != ErrSendFailure || dec.Cause != CauseSendFailure {
+		t.Fatalf("err %v decision %+v", err, dec)
+	}
+}
+
+func TestReportFireAndForget(t *testing.T) {
+	d, nodes := fakeCluster(t, 2)
+	c := newTestClient(t, d.Addr(), clientOpts{})
+	c.Report([]byte("svc"), time.Second) // before discovery: dropped, never blocks
+	waitReady(t, c)
+	c.Report([]byte("svc-a"), 1500*time.Microsecond)
+	c.Report(nil, time.Second)
+	waitFor(t, "reports", func() bool { return allCount(nodes, wire.KindLatencyReport) == 2 })
+	st := c.Stats()
+	if st.Reports != 2 || st.ReportsDropped != 2 {
+		t.Errorf("reports %d dropped %d", st.Reports, st.ReportsDropped)
+	}
+}
+
+func TestPolicies(t *testing.T) {
+	u := 10 * time.Millisecond
+	tests := []struct {
+		p    RequestPolicy
+		want time.Duration
+	}{
+		{Standard(u), 3 * u},
+		{SingleRound(u), u},
+		{Standard(0), 3 * DefaultUnit},
+		{RequestPolicy{Name: PolicyCustom, Unit: u, ReplayGaps: []time.Duration{5 * time.Millisecond, 7 * time.Millisecond}, Replays: 3, FinalReceive: 2 * time.Millisecond}, u + 5*time.Millisecond + 14*time.Millisecond + 2*time.Millisecond},
+		{RequestPolicy{Name: PolicyCustom, Unit: u, Replays: 2}, 3 * u},
+	}
+	for _, tc := range tests {
+		if got := tc.p.Horizon(); got != tc.want {
+			t.Errorf("%s %+v: horizon %v, want %v", tc.p.Name, tc.p, got, tc.want)
+		}
+		if err := tc.p.Validate(testCred()); err != nil {
+			t.Errorf("%s: %v", tc.p.Name, err)
+		}
+	}
+	cred := testCred()
+	cred.MaxHorizon = 50 * time.Millisecond
+	for _, bad := range []RequestPolicy{
+		{Name: PolicyCustom},
+		{Name: PolicyCustom, Unit: u, Replays: -1},
+		{Name: PolicyCustom, Unit: u, Replays: MaxReplays + 1},
+		{Name: PolicyCustom, Unit: u, ReplayGaps: []time.Duration{0}, Replays: 1},
+		{Name: PolicyCustom, Unit: 70 * time.Second},
+		{Name: PolicyCustom, Unit: u, FinalReceive: -1},
+		Standard(20 * time.Millisecond), // 60ms > max_horizon 50ms
+	} {
+		if err := bad.Validate(cred); err == nil {
+			t.Errorf("policy %+v accepted", bad)
+		}
+	}
+}
+
+func TestCauseStrings(t *testing.T) {
+	seen := map[string]bool{}
+	for c := Cause(0); c < numCauses; c++ {
+		s := c.String()
+		if seen[s] {
+			t.Errorf("duplicate cause name %q", s)
+		}
+		seen[s] = true
+		if c > CauseDeny && causeErr[c] == nil {
+			t.Errorf("cause %s has no error", s)
+		}
+	}
+	for i, e := range causeErr {
+		for j, f := range causeErr {
+			if i != j && e != nil && e == f {
+				t.Errorf("causes %d and %d share an error", i, j)
+			}
+		}
+	}
+}

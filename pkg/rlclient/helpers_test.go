@@ -1,0 +1,254 @@
+package rlclient
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
+	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
+	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+)
+
+const testSRV = "_ratelimitly._udp.rl.test"
+
+func testCred() credentials.Credential {
+	c := credentials.Credential{Tenant: "tenant-a", KeyID: 7}
+	for i := range c.Secret {
+		c.Secret[i] = byte(i*7 + 1)
+	}
+	return c
+}
+
+func wrongCred() credentials.Credential {
+	c := testCred()
+	c.Secret[0] ^= 0xff
+	return c
+}
+
+// waitFor polls cond in a bounded loop: the condition is driven by other
+// goroutines doing real I/O. It fails the test after 20 s.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// seenDgram is what a fake node received.
+type seenDgram struct {
+	kind     wire.Kind
+	id       uint64
+	attempt  uint8
+	replay   bool
+	decision uint8
+	from     netip.AddrPort
+}
+
+// fakeNode is a scripted RateLimitly peer built on the wire codec. It lets
+// the engine tests produce answers rlserver never would (wrong key, bad
+// echo) and observe every datagram.
+type fakeNode struct {
+	conn  *net.UDPConn
+	open  *wire.Key
+	seal  *wire.Key
+	epoch uint64
+
+	mu          sync.Mutex
+	deny        bool
+	drop        bool
+	steer       bool
+	extraGuards int
+	status      uint8
+	seen        []seenDgram
+	notify      chan struct{}
+}
+
+func startFakeNode(t testing.TB, epoch uint64, sealWith credentials.Credential) *fakeNode {
+	t.Helper()
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := testCred()
+	open, _ := wire.NewKey(c.KeyID, c.Secret)
+	seal, _ := wire.NewKey(sealWith.KeyID, sealWith.Secret)
+	n := &fakeNode{conn: conn, open: open, seal: seal, epoch: epoch, notify: make(chan struct{}, 1)}
+	done := make(chan struct{})
+	go func() { defer close(done); n.serve() }()
+	t.Cleanup(func() { conn.Close(); <-done })
+	return n
+}
+
+func (n *fakeNode) addr() netip.AddrPort { return n.conn.LocalAddr().(*net.UDPAddr).AddrPort() }
+
+func (n *fakeNode) set(f func(n *fakeNode)) {
+	n.mu.Lock()
+	f(n)
+	n.mu.Unlock()
+}
+
+func (n *fakeNode) received() []seenDgram {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]seenDgram(nil), n.seen...)
+}
+
+func (n *fakeNode) count(kind wire.Kind) int {
+	k := 0
+	for _, s := range n.received() {
+		if s.kind == kind {
+			k++
+		}
+	}
+	return k
+}
+
+func (n *fakeNode) serve() {
+	buf := make([]byte, 2048)
+	out := make([]byte, 0, wire.MaxDatagram)
+	var h wire.Header
+	var req wire.RateRequest
+	var comp wire.Completion
+	var rep wire.LatencyReport
+	for {
+		k, from, err := n.conn.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			return
+		}
+		pt, err := n.open.Open(buf[:k], &h)
+		if err != nil {
+			continue
+		}
+		if wire.DecodeBody(h.Kind, pt, &req, nil, &rep, &comp) != nil {
+			continue
+		}
+		n.mu.Lock()
+		s := seenDgram{kind: h.Kind, id: h.RequestID, attempt: h.Attempt, replay: h.Replay(), from: from}
+		if h.Kind == wire.KindCompletion {
+			s.decision = comp.Decision
+		}
+		n.seen = append(n.seen, s)
+		drop, deny, steer, extra, status := n.drop, n.deny, n.steer, n.extraGuards, n.status
+		n.mu.Unlock()
+		select {
+		case n.notify <- struct{}{}:
+		default:
+		}
+		if h.Kind != wire.KindRateRequest || drop {
+			continue
+		}
+		resp := wire.RateResponse{Status: status, Success: !deny, ServerEpoch: n.epoch}
+		for range len(req.Guards) + extra {
+			resp.Guards = append(resp.Guards, wire.GuardResult{Passed: true, ObservedMs: 3})
+		}
+		for range req.Resources {
+			rr := wire.ResourceResult{Remaining: 5}
+			if deny {
+				rr = wire.ResourceResult{TokensDeficit: 1, RetryAfterMs: 250}
+			}
+			resp.Resources = append(resp.Resources, rr)
+		}
+		rh := wire.Header{Flags: h.Flags & wire.FlagReplay, Attempt: h.Attempt, TTLms: h.TTLms, RequestID: h.RequestID,
+			Timestamp: uint64(time.Now().UnixMilli())}
+		if !steer {
+			rh.Flags |= wire.FlagSteering
+		}
+		pkt, err := n.seal.Seal(out[:0], &rh, &resp)
+		if err != nil {
+			continue
+		}
+		n.conn.WriteToUDPAddrPort(pkt, from)
+	}
+}
+
+// targetsFor builds SRV targets (n1.rl.test, n2.rl.test, ...) for addresses.
+func targetsFor(addrs ...netip.AddrPort) []dnstest.Target {
+	var ts []dnstest.Target
+	for i, a := range addrs {
+		ts = append(ts, dnstest.Target{Name: fmt.Sprintf("n%d.rl.test", i+1), Port: a.Port(), Addrs: []netip.Addr{a.Addr()}})
+	}
+	return ts
+}
+
+type clientOpts struct {
+	policy RequestPolicy
+	clock  Clock
+	cred   credentials.Credential
+	shards int
+}
+
+func newTestClient(t testing.TB, dnsAddr string, o clientOpts) *Client {
+	t.Helper()
+	if o.cred == (credentials.Credential{}) {
+		o.cred = testCred()
+	}
+	if o.shards == 0 {
+		o.shards = 2
+	}
+	c, err := New(Config{SRV: testSRV, Resolver: dnsAddr, ResolverTimeout: time.Second, Credential: o.cred,
+		Policy: o.policy, Bind: netip.MustParseAddr("127.0.0.1"), Shards: o.shards, Clock: o.clock})
+	if err != nil {
+		t.Fatalf("new client: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func waitReady(t testing.TB, c *Client) {
+	t.Helper()
+	waitFor(t, "discovery", c.Ready)
+}
+
+func testRequest() *wire.RateRequest {
+	return &wire.RateRequest{
+		Label:     []byte("GET /api"),
+		Guards:    []wire.Guard{{Service: []byte("svc-a"), ThresholdMs: 500}},
+		Resources: []wire.Resource{{Bucket: []byte("tenant-a:/api"), Rate: 1000, PeriodMs: 1000, Cost: 1}},
+	}
+}
+
+type checkResult struct {
+	d   Decision
+	err error
+}
+
+// checkAsync runs Check in a goroutine and returns its result channel.
+func checkAsync(ctx context.Context, c *Client, req *wire.RateRequest) <-chan checkResult {
+	ch := make(chan checkResult, 1)
+	go func() {
+		var d Decision
+		err := c.Check(ctx, req, &d)
+		ch <- checkResult{d, err}
+	}()
+	return ch
+}
+
+func await(t testing.TB, ch <-chan checkResult) checkResult {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(20 * time.Second):
+		t.Fatal("check did not return")
+		return checkResult{}
+	}
+}
+
+// assertPending fails if the check already returned.
+func assertPending(t testing.TB, ch <-chan checkResult, when string) {
+	t.Helper()
+	select {
+	case r := <-ch:
+		t.Fatalf("%s: check returned early: cause %v err %v", when, r.d.Cause, r.err)
+	default:
+	}
+}
