@@ -108,9 +108,9 @@ type RecvDrops struct {
 }
 
 type counters struct {
-	checks, replays, completions, reports, reportsDropped, steers atomic.Uint64
-	inflight                                                      atomic.Int64
-	causes                                                        [numCauses]atomic.Uint64
+	checks, replays, completions, reports, reportsDropped, steers        atomic.Uint64
+	inflight                                                             atomic.Int64
+	causes                                                               [numCauses]atomic.Uint64
 	malformed, kind, unknownID, auth, stale, body, echo, unknownSrc, dup atomic.Uint64
 }
 
