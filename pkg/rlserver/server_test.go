@@ -1,0 +1,692 @@
+package rlserver
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
+	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+)
+
+// fakeClock is an injected clock advanced explicitly by tests.
+type fakeClock struct{ ns atomic.Int64 }
+
+func newClock() *fakeClock {
+	c := &fakeClock{}
+	c.ns.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	return c
+}
+func (c *fakeClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+func testCred(tenant string, id uint32, fill byte) credentials.Credential {
+	c := credentials.Credential{Tenant: tenant, KeyID: id}
+	for i := range c.Secret {
+		c.Secret[i] = fill + byte(i)
+	}
+	return c
+}
+
+func startServer(t testing.TB, clk *fakeClock, mod func(*Config)) *Server {
+	t.Helper()
+	cfg := Config{
+		Listen:      "127.0.0.1:0",
+		Credentials: []credentials.Credential{testCred("acme", 1, 1), testCred("other", 2, 50)},
+		Workers:     2,
+		Now:         clk.Now,
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	s, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// tclient is a minimal wire v1 client over one UDP socket.
+type tclient struct {
+	t    testing.TB
+	conn *net.UDPConn
+	key  *wire.Key
+	clk  *fakeClock
+	next uint64
+	buf  []byte
+}
+
+func newClient(t testing.TB, s *Server, clk *fakeClock, cred credentials.Credential) *tclient {
+	t.Helper()
+	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(s.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	k, err := wire.NewKey(cred.KeyID, cred.Secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &tclient{t: t, conn: c, key: k, clk: clk, next: 1000, buf: make([]byte, 0, wire.MaxDatagram)}
+}
+
+func (c *tclient) header(id uint64) wire.Header {
+	return wire.Header{TTLms: 60, RequestID: id, Timestamp: uint64(c.clk.Now().UnixMilli())}
+}
+
+func (c *tclient) seal(h *wire.Header, b wire.Body) []byte {
+	c.t.Helper()
+	p, err := c.key.Seal(nil, h, b)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return p
+}
+
+func (c *tclient) send(p []byte) {
+	c.t.Helper()
+	if _, err := c.conn.Write(p); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// recv reads one response; the deadline only bounds a failing test.
+func (c *tclient) recv() (wire.Header, wire.RateResponse, []byte) {
+	c.t.Helper()
+	buf := make([]byte, 2048)
+	_ = c.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, err := c.conn.Read(buf)
+	if err != nil {
+		c.t.Fatalf("no response: %v", err)
+	}
+	var h wire.Header
+	pt, err := c.key.Open(buf[:n], &h)
+	if err != nil {
+		c.t.Fatalf("open response: %v", err)
+	}
+	if err := wire.CheckTime(&h, c.clk.Now(), wire.DefaultSkew); err != nil {
+		c.t.Fatalf("response time: %v", err)
+	}
+	var r wire.RateResponse
+	if h.Kind != wire.KindRateResponse {
+		c.t.Fatalf("kind %v", h.Kind)
+	}
+	if err := r.DecodeBody(pt); err != nil {
+		c.t.Fatalf("decode: %v", err)
+	}
+	return h, r, bytes.Clone(pt)
+}
+
+// do sends req with a fresh id and returns the answer.
+func (c *tclient) do(req *wire.RateRequest) wire.RateResponse {
+	c.t.Helper()
+	c.next++
+	h := c.header(c.next)
+	c.send(c.seal(&h, req))
+	rh, r, _ := c.recv()
+	if rh.RequestID != c.next {
+		c.t.Fatalf("answer for id %d, want %d", rh.RequestID, c.next)
+	}
+	return r
+}
+
+// sync returns once the server handled everything this client sent before:
+// one socket is served by one worker, in order.
+func (c *tclient) sync() {
+	c.t.Helper()
+	c.do(oneRes(res("sync", 1, 1, 1, 0)))
+}
+
+func res(bucket string, rate, period, burst, cost uint32) wire.Resource {
+	return wire.Resource{Bucket: []byte(bucket), Rate: rate, PeriodMs: period, Burst: burst, Cost: cost}
+}
+
+func oneRes(r wire.Resource) *wire.RateRequest {
+	return &wire.RateRequest{Resources: []wire.Resource{r}}
+}
+
+type want struct {
+	success               bool
+	remaining, def, retry uint32
+}
+
+func check(t *testing.T, step string, r wire.RateResponse, w want) {
+	t.Helper()
+	if r.Status != wire.StatusOK || len(r.Resources) != 1 {
+		t.Fatalf("%s: status %d, %d resources", step, r.Status, len(r.Resources))
+	}
+	got := want{r.Success, r.Resources[0].Remaining, r.Resources[0].TokensDeficit, r.Resources[0].RetryAfterMs}
+	if got != w {
+		t.Fatalf("%s: got %+v, want %+v", step, got, w)
+	}
+}
+
+func TestBurstThenDenyAndRefill(t *testing.T) {
+	clk := newClock()
+	s := startServer(t, clk, nil)
+	c := newClient(t, s, clk, testCred("acme", 1, 1))
+	r := oneRes(res("client:1", 5, 1000, 5, 1))
+	for i := 4; i >= 0; i-- {
+		check(t, fmt.Sprintf("burst %d", i), c.do(r), want{true, uint32(i), 0, 0})
+	}
+	check(t, "6th", c.do(r), want{false, 0, 1, 200})
+	clk.Advance(100 * time.Millisecond) // 0.5 tokens
+	check(t, "t=100ms", c.do(r), want{false, 0, 1, 100})
+	clk.Advance(100 * time.Millisecond) // 1 token
+	check(t, "t=200ms", c.do(r), want{true, 0, 0, 0})
+	clk.Advance(10 * time.Second) // refills to capacity, not beyond
+	check(t, "refilled", c.do(r), want{true, 4, 0, 0})
+
+	// burst 0 = capacity rate; cost 4
+	r2 := oneRes(res("client:2", 10, 1000, 0, 4))
+	check(t, "cost 4 #1", c.do(r2), want{true, 6, 0, 0})
+	check(t, "cost 4 #2", c.do(r2), want{true, 2, 0, 0})
+	check(t, "cost 4 #3", c.do(r2), want{false, 2, 2, 200})
+	clk.Advance(150 * time.Millisecond) // 3.5 tokens
+	check(t, "cost 4 #4", c.do(r2), want{false, 3, 1, 50})
+
+	// tenants are separate namespaces
+	c2 := newClient(t, s, clk, testCred("other", 2, 50))
+	check(t, "other tenant", c2.do(r), want{true, 4, 0, 0})
+
+	st := s.Stats()
+	if st.Allows != 10 || st.Denies != 4 || st.Requests != 14 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestAllOrNothing(t *testing.T) {
+	clk := newClock()
+	s := startServer(t, clk, nil)
+	c := newClient(t, s, clk, testCred("acme", 1, 1))
+	big := res("big", 100, 1000, 100, 1)
+	small := res("small", 1, 1000, 1, 1)
+	both := &wire.RateRequest{Resources: []wire.Resource{big, small}}
+	r := c.do(both)
+	if !r.Success || r.Resources[0].Remaining != 99 || r.Resources[1].Remaining != 0 {
+		t.Fatalf("first: %+v", r)
+	}
+	r = c.do(both)
+	if r.Success || r.Resources[0].Remaining != 99 || r.Resources[0].TokensDeficit != 0 ||
+		r.Resources[1].TokensDeficit != 1 || r.Resources[1].RetryAfterMs != 1000 {
+		t.Fatalf("second: %+v", r)
+	}
+	check(t, "big untouched", c.do(oneRes(big)), want{true, 98, 0, 0})
+
+	// the same bucket twice in one request sees the earlier cost
+	twice := &wire.RateRequest{Resources: []wire.Resource{res("dup", 3, 1000, 3, 2), res("dup", 3, 1000, 3, 2)}}
+	r = c.do(twice)
+	if r.Success || r.Resources[0].TokensDeficit != 0 || r.Resources[1].TokensDeficit != 1 || r.Resources[0].Remaining != 3 {
+		t.Fatalf("dup: %+v", r)
+	}
+	check(t, "dup untouched", c.do(oneRes(res("dup", 3, 1000, 3, 2))), want{true, 1, 0, 0})
+
+	// a failing guard consumes nothing
+	rep := &wire.LatencyReport{Entries: []wire.ReportEntry{{Service: []byte("slow"), DurationMs: 500}}}
+	h := c.header(1)
+	c.send(c.seal(&h, rep))
+	guarded := &wire.RateRequest{Guards: []wire.Guard{{Service: []byte("slow"), ThresholdMs: 100}}, Resources: []wire.Resource{big}}
+	r = c.do(guarded)
+	if r.Success || r.Guards[0].Passed || r.Guards[0].ObservedMs != 500 || r.Resources[0].Remaining != 98 || r.Resources[0].TokensDeficit != 0 {
+		t.Fatalf("guarded: %+v", r)
+	}
+	check(t, "big untouched by guard", c.do(oneRes(big)), want{true, 97, 0, 0})
+}
+
+func TestGuardPercentileAndWindow(t *testing.T) {
+	clk := newClock()
+	s := startServer(t, clk, nil)
+	c := newClient(t, s, clk, testCred("acme", 1, 1))
+	guard := func(th uint32) *wire.RateRequest {
+		return &wire.RateRequest{Guards: []wire.Guard{{Service: []byte("checkout"), ThresholdMs: th}}}
+	}
+	r := c.do(guard(1))
+	if !r.Success || !r.Guards[0].Passed || r.Guards[0].ObservedMs != 0 {
+		t.Fatalf("no data must pass: %+v", r)
+	}
+	// 10 samples 10..100 in one report; p90 nearest rank = 9th = 90
+	rep := &wire.LatencyReport{}
+	for i := uint32(1); i <= 10; i++ {
+		rep.Entries = append(rep.Entries, wire.ReportEntry{Service: []byte("checkout"), DurationMs: i * 10})
+	}
+	h := c.header(1)
+	c.send(c.seal(&h, rep))
+	if r := c.do(guard(90)); !r.Success || !r.Guards[0].Passed || r.Guards[0].ObservedMs != 90 {
+		t.Fatalf("at threshold: %+v", r)
+	}
+	if r := c.do(guard(89)); r.Success || r.Guards[0].Passed || r.Guards[0].ObservedMs != 90 {
+		t.Fatalf("over threshold: %+v", r)
+	}
+	// another tenant's tracker is separate
+	c2 := newClient(t, s, clk, testCred("other", 2, 50))
+	if r := c2.do(guard(1)); !r.Success {
+		t.Fatalf("other tenant sees acme's tracker: %+v", r)
+	}
+	// a replayed report is dropped
+	c.send(c.seal(&h, rep))
+	c.sync()
+	clk.Advance(trackerWindow + time.Millisecond)
+	if r := c.do(guard(1)); !r.Success || r.Guards[0].ObservedMs != 0 {
+		t.Fatalf("samples outside the window must not count: %+v", r)
+	}
+	st := s.Stats()
+	if st.Reports != 1 || st.ReportEntries != 10 || st.Drops["replayed_report"] != 1 {
+		t.Fatalf("stats: reports %d entries %d drops %v", st.Reports, st.ReportEntries, st.Drops)
+	}
+	s.sweep()
+	if st := s.Stats(); st.Trackers != 0 {
+		t.Fatalf("idle tracker not swept: %d", st.Trackers)
+	}
+}
+
+func TestReplayReturnsSameAnswerConsumesOnce(t *testing.T) {
+	clk := newClock()
+	s := startServer(t, clk, nil)
+	c := newClient(t, s, clk, testCred("acme", 1, 1))
+	r := oneRes(res("b", 5, 1000, 5, 1))
+	h := c.header(77)
+	c.send(c.seal(&h, r))
+	h1, r1, body1 := c.recv()
+	clk.Advance(20 * time.Millisecond)
+	h = c.header(77)
+	h.Attempt, h.Flags = 1, wire.FlagReplay
+	c.send(c.seal(&h, r))
+	h2, r2, body2 := c.recv()
+	if !bytes.Equal(body1, body2) {
+		t.Fatalf("replay answer differs:\n%x\n%x", body1, body2)
+	}
+	if !r1.Success || r1.Resources[0].Remaining != 4 || r2.Resources[0].Remaining != 4 {
+		t.Fatalf("answers %+v %+v", r1, r2)
+	}
+	if h2.Attempt != 1 || !h2.Replay() || h1.Replay() || h2.RequestID != 77 || h2.TTLms != 60 || !h2.Steering() || h1.Nonce == h2.Nonce {
+		t.Fatalf("headers %+v %+v", h1, h2)
+	}
+	check(t, "consumed once", c.do(r), want{true, 3, 0, 0})
+	if st := s.Stats(); st.Replays != 1 || st.Requests != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+	// Beyond ttl but inside the skew the id is still remembered (§12.1).
+	clk.Advance(10 * time.Second)
+	h = c.header(77)
+	h.Timestamp = uint64(clk.Now().Add(-10 * time.Second).UnixMilli())
+	c.send(c.seal(&h, r))
+	if _, _, b := c.recv(); !bytes.Equal(b, body1) {
+		t.Fatal("replay after ttl within skew was decided again")
+	}
+}
+
+func TestCompletion(t *testing.T) {
+	clk := newClock()
+	var lost atomic.Uint64
+	s := startServer(t, clk, func(cfg *Config) {
+		cfg.Hooks = &TestHooks{DropRequest: func(h *wire.Header) bool { return h.Kind == wire.KindRateRequest && h.RequestID == lost.Load() }}
+	})
+	c := newClient(t, s, clk, testCred("acme", 1, 1))
+	r := oneRes(res("b", 5, 1000, 5, 2))
+
+	// request 500 is lost; its allow completion consumes
+	lost.Store(500)
+	h := c.header(500)
+	c.send(c.seal(&h, r))
+	h = c.header(500)
+	c.send(c.seal(&h, &wire.Completion{Decision: wire.DecisionAllow, Request: *r}))
+	check(t, "after completion", c.do(r), want{true, 1, 0, 0})
+	// a second completion for the same id is ignored
+	h = c.header(500)
+	c.send(c.seal(&h, &wire.Completion{Decision: wire.DecisionAllow, Request: *r}))
+	// a completion for a request this server decided is ignored
+	h = c.header(c.next)
+	c.send(c.seal(&h, &wire.Completion{Decision: wire.DecisionAllow, Request: *r}))
+	check(t, "ignored completions", c.do(r), want{false, 1, 1, 200})
+	// allow completion never drives the bucket below zero
+	h = c.header(501)
+	c.send(c.seal(&h, &wire.Completion{Decision: wire.DecisionAllow, Request: *r}))
+	c.sync()
+	clk.Advance(400 * time.Millisecond) // 0 + 2 tokens
+	check(t, "floor at zero", c.do(r), want{true, 0, 0, 0})
+	// deny completion for an unseen id consumes nothing and pins the id to a deny
+	clk.Advance(time.Second) // full: 5
+	h = c.header(502)
+	c.send(c.seal(&h, &wire.Completion{Decision: wire.DecisionDeny, Request: *r}))
+	lost.Store(0)
+	h = c.header(502)
+	c.send(c.seal(&h, r))
+	_, late, _ := c.recv()
+	if late.Success || late.Resources[0].Remaining != 5 {
+		t.Fatalf("late request after deny completion: %+v", late)
+	}
+	check(t, "deny completion consumed nothing", c.do(r), want{true, 3, 0, 0})
+	st := s.Stats()
+	if st.Completions != 5 || st.CompletionsApplied != 3 || st.CompletionsIgnored != 2 || st.Drops["hook"] != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// sendBadThenGood sends bad, then a valid request, and checks that the first
+// datagram that comes back answers the valid one: bad got no answer (both
+// come from one socket, so one worker handles them in order).
+func sendBadThenGood(t *testing.T, s *Server, c *tclient, bad [][]byte, reason string) {
+	t.Helper()
+	before := s.Stats().Drops[reason]
+	for _, p := range bad {
+		c.send(p)
+	}
+	r := oneRes(res("probe", 1000, 1000, 1000, 1))
+	c.next++
+	h := c.header(c.next)
+	c.send(c.seal(&h, r))
+	rh, _, _ := c.recv()
+	if rh.RequestID != c.next {
+		t.Fatalf("%s: answer for id %d, want the probe %d", reason, rh.RequestID, c.next)
+	}
+	if got := s.Stats().Drops[reason] - before; got != uint64(len(bad)) {
+		t.Fatalf("drops[%s] += %d, want %d (all %v)", reason, got, len(bad), s.Stats().Drops)
+	}
+}
+
+func TestTamperedDropped(t *testing.T) {
+	clk := newClock()
+	s := startServer(t, clk, nil)
+	c := newClient(t, s, clk, testCred("acme", 1, 1))
+	h := c.header(9)
+	good := c.seal(&h, &wire.RateRequest{Label: []byte("x"), Resources: []wire.Resource{res("b", 1, 1000, 1, 1)}})
+	var bad [][]byte
+	for i := wire.HeaderLen; i < len(good); i++ { // body and tag: authentication fails
+		p := bytes.Clone(good)
+		p[i] ^= 0x01
+		bad = append(bad, p)
+	}
+	// header bytes outside magic/version/kind/key_id are covered by the AAD
+	for i := 4; i < wire.HeaderLen; i++ {
+		if i >= 8 && i < 12 {
+			continue
+		}
+		p := bytes.Clone(good)
+		p[i] ^= 0x01
+		bad = append(bad, p)
+	}
+	sendBadThenGood(t, s, c, bad, "auth")
+	p := bytes.Clone(good)
+	p[11] ^= 1 // key_id 1 -> 0: unknown
+	sendBadThenGood(t, s, c, [][]byte{p}, "unknown_key")
+	p = bytes.Clone(good)
+	p[0] ^= 1
+	sendBadThenGood(t, s, c, [][]byte{p}, "magic")
+	p = bytes.Clone(good)
+	p[2] = 2
+	sendBadThenGood(t, s, c, [][]byte{p}, "version")
+	p = bytes.Clone(good)
+	p[3] = 9
+	sendBadThenGood(t, s, c, [][]byte{p}, "kind")
+	sendBadThenGood(t, s, c, [][]byte{good[:40]}, "truncated")
+	sendBadThenGood(t, s, c, [][]byte{make([]byte, 1500)}, "too_large")
+	if s.Stats().Requests != 7 { // only the probes
+		t.Fatalf("requests %d", s.Stats().Requests)
+	}
+}
+
+func TestStaleAndWrongKeyDropped(t *testing.T) {
+	clk := newClock()
+	s := startServer(t, clk, func(cfg *Config) {
+		c := testCred("short", 3, 9)
+		c.MaxHorizon = 50 * time.Millisecond
+		cfg.Credentials = append(cfg.Credentials, c)
+	})
+	c := newClient(t, s, clk, testCred("acme", 1, 1))
+	r := oneRes(res("b", 1, 1000, 1, 1))
+	now := clk.Now().UnixMilli()
+	var bad [][]byte
+	for _, ts := range []int64{now - 30_061, now + 30_001, 0} {
+		h := c.header(1)
+		h.Timestamp = uint64(ts)
+		bad = append(bad, c.seal(&h, r))
+	}
+	sendBadThenGood(t, s, c, bad, "stale")
+	// edges of the window are accepted
+	for _, ts := range []int64{now - 30_060, now + 30_000} {
+		c.next++
+		h := c.header(c.next)
+		h.Timestamp = uint64(ts)
+		c.send(c.seal(&h, r))
+		if rh, _, _ := c.recv(); rh.RequestID != c.next {
+			t.Fatal("edge of the window not answered")
+		}
+	}
+
+	wrong := testCred("acme", 1, 2) // right key_id, wrong secret
+	wk, _ := wire.NewKey(wrong.KeyID, wrong.Secret)
+	h := c.header(5)
+	p, _ := wk.Seal(nil, &h, r)
+	sendBadThenGood(t, s, c, [][]byte{p}, "auth")
+	unknown := testCred("acme", 99, 1)
+	uk, _ := wire.NewKey(unknown.KeyID, unknown.Secret)
+	p, _ = uk.Seal(nil, &h, r)
+	sendBadThenGood(t, s, c, [][]byte{p}, "unknown_key")
+
+	// a ttl over the credential's max_horizon is dropped
+	sc := newClient(t, s, clk, testCred("short", 3, 9))
+	h = sc.header(6)
+	sendBadThenGood(t, s, c, [][]byte{sc.seal(&h, r)}, "horizon")
+
+	// a server never accepts a RATE_RESPONSE
+	h = c.header(7)
+	sendBadThenGood(t, s, c, [][]byte{c.seal(&h, &wire.RateResponse{})}, "kind")
+}
+
+func TestMalformedStatus(t *testing.T) {
+	clk := newClock()
+	s := startServer(t, clk, nil)
+	c := newClient(t, s, clk, testCred("acme", 1, 1))
+	for _, r := range []*wire.RateRequest{{}, oneRes(res("b", 0, 1000, 1, 1)), oneRes(res("b", 1, 0, 1, 1))} {
+		got := c.do(r)
+		if got.Status != wire.StatusMalformed || got.Success || len(got.Resources) != 0 || got.ServerEpoch != s.Epoch() {
+			t.Fatalf("%+v", got)
+		}
+	}
+	if st := s.Stats(); st.Malformed != 3 {
+		t.Fatalf("malformed %d", st.Malformed)
+	}
+}
+
+func TestEpochAndSteering(t *testing.T) {
+	clk := newClock()
+	var steer atomic.Bool
+	var mutate atomic.Bool
+	s := startServer(t, clk, func(cfg *Config) {
+		cfg.Hooks = &TestHooks{
+			ForceSteer: func(*wire.Header) bool { return steer.Load() },
+			MutateResponse: func(r *wire.RateResponse) {
+				if mutate.Load() {
+					r.Resources = r.Resources[:0]
+				}
+			},
+		}
+	})
+	if s.Epoch() != uint64(clk.Now().UnixMilli()) {
+		t.Fatalf("epoch %d", s.Epoch())
+	}
+	c := newClient(t, s, clk, testCred("acme", 1, 1))
+	r := oneRes(res("b", 10, 1000, 10, 1))
+	h := c.header(1)
+	c.send(c.seal(&h, r))
+	if rh, resp, _ := c.recv(); !rh.Steering() || resp.ServerEpoch != s.Epoch() {
+		t.Fatalf("steering %v epoch %d", rh.Steering(), resp.ServerEpoch)
+	}
+	steer.Store(true)
+	mutate.Store(true)
+	h = c.header(2)
+	c.send(c.seal(&h, r))
+	if rh, resp, _ := c.recv(); rh.Steering() || len(resp.Resources) != 0 {
+		t.Fatalf("forced steering not applied: %v %+v", rh.Steering(), resp)
+	}
+	if s.Stats().Steered != 1 {
+		t.Fatal("steered not counted")
+	}
+}
+
+// The overload rule: OverloadTurns full batches in a row, cleared by a
+// partial one; off without batching.
+func TestOverloadRule(t *testing.T) {
+	w := &worker{batch: 64}
+	seq := []struct {
+		n    int
+		want bool
+	}{{64, false}, {64, false}, {64, false}, {64, true}, {64, true}, {10, false}, {64, false}}
+	for i, st := range seq {
+		w.noteTurn(st.n)
+		if w.overloaded != st.want {
+			t.Fatalf("step %d: overloaded %v", i, w.overloaded)
+		}
+	}
+	w = &worker{batch: 1}
+	for i := 0; i < 10; i++ {
+		w.noteTurn(1)
+	}
+	if w.overloaded {
+		t.Fatal("batch 1 must never be overloaded")
+	}
+}
+
+func TestBoundsAndSweep(t *testing.T) {
+	clk := newClock()
+	s := startServer(t, clk, func(cfg *Config) { cfg.MaxBuckets = nShards }) // one bucket per shard
+	c := newClient(t, s, clk, testCred("acme", 1, 1))
+	for i := 0; i < 3*nShards; i++ {
+		c.do(oneRes(res(fmt.Sprintf("k%d", i), 10, 1000, 10, 1)))
+	}
+	st := s.Stats()
+	if st.Buckets > nShards || st.BucketEvictions == 0 || st.Buckets+int64(st.BucketEvictions) != 3*nShards {
+		t.Fatalf("buckets %d evictions %d", st.Buckets, st.BucketEvictions)
+	}
+	clk.Advance(50 * time.Millisecond) // 0.5 token short of full: kept
+	s.sweep()
+	if s.Stats().Buckets != st.Buckets {
+		t.Fatal("sweep dropped buckets that are not full yet")
+	}
+	clk.Advance(wire.DefaultSkew + time.Second)
+	s.sweep()
+	if st := s.Stats(); st.Buckets != 0 || st.DedupEntries != 0 {
+		t.Fatalf("after sweep: buckets %d dedup %d", st.Buckets, st.DedupEntries)
+	}
+}
+
+func TestDedupCapacityBounded(t *testing.T) {
+	clk := newClock()
+	s := startServer(t, clk, func(cfg *Config) { cfg.DedupCapacity = nShards })
+	c := newClient(t, s, clk, testCred("acme", 1, 1))
+	for i := 0; i < 4*nShards; i++ {
+		c.do(oneRes(res("b", 1000, 1000, 1000, 1)))
+	}
+	st := s.Stats()
+	if st.DedupEntries > nShards || st.DedupEvictedLive == 0 {
+		t.Fatalf("dedup %d evicted live %d", st.DedupEntries, st.DedupEvictedLive)
+	}
+}
+
+// Many client sockets hitting one bucket through all workers: exactly the
+// capacity is admitted (the clock is frozen).
+func TestConcurrentAllowsExactlyCapacity(t *testing.T) {
+	clk := newClock()
+	s := startServer(t, clk, func(cfg *Config) { cfg.Workers = 4 })
+	const clients, each, capacity = 8, 40, 100
+	var allows atomic.Int64
+	var wg sync.WaitGroup
+	for i := 0; i < clients; i++ {
+		c := newClient(t, s, clk, testCred("acme", 1, 1))
+		c.next = uint64(i) << 32
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := oneRes(res("shared", capacity, 1000, capacity, 1))
+			for j := 0; j < each; j++ {
+				if c.do(r).Success {
+					allows.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if allows.Load() != capacity {
+		t.Fatalf("allowed %d, want %d", allows.Load(), capacity)
+	}
+}
+
+func TestWorkersShareOnePort(t *testing.T) {
+	clk := newClock()
+	s := startServer(t, clk, func(cfg *Config) { cfg.Workers = 3 })
+	if s.Addr().Port() == 0 || s.Stats().Workers != 3 {
+		t.Fatalf("addr %s workers %d", s.Addr(), s.Stats().Workers)
+	}
+	for _, w := range s.workers {
+		if got := w.bc.conn.LocalAddr().(*net.UDPAddr).AddrPort(); got != s.Addr() {
+			t.Fatalf("worker on %s, want %s", got, s.Addr())
+		}
+	}
+	// a fixed port works too, and a second server cannot steal it without
+	// SO_REUSEPORT (plain bind fails)
+	if _, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(s.Addr())); err == nil {
+		t.Fatal("a plain socket could bind the server's port")
+	}
+}
+
+func TestStartErrorsAndClose(t *testing.T) {
+	good := []credentials.Credential{testCred("a", 1, 1)}
+	for name, cfg := range map[string]Config{
+		"no credentials": {Listen: "127.0.0.1:0"},
+		"duplicate key":  {Listen: "127.0.0.1:0", Credentials: append(good, testCred("b", 1, 2))},
+		"bad listen":     {Listen: "nope:xx", Credentials: good},
+		"bad batch":      {Listen: "127.0.0.1:0", Credentials: good, Batch: 65},
+		"bad workers":    {Listen: "127.0.0.1:0", Credentials: good, Workers: -1},
+	} {
+		if s, err := Start(cfg); err == nil {
+			s.Close()
+			t.Errorf("%s: no error", name)
+		}
+	}
+	s, err := Start(Config{Listen: "127.0.0.1:0", Credentials: good})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := s.Addr()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal("second close:", err)
+	}
+	// the port is free again
+	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(addr))
+	if err != nil {
+		t.Fatalf("port still bound after Close: %v", err)
+	}
+	c.Close()
+}
+
+func TestResolve(t *testing.T) {
+	for in, want := range map[string]string{
+		"127.0.0.1:0": "127.0.0.1:0", ":9000": "0.0.0.0:9000", "[::1]:5": "[::1]:5", "localhost:7": "127.0.0.1:7",
+	} {
+		got, err := resolve(in)
+		if err != nil || got != netip.MustParseAddrPort(want) {
+			t.Errorf("%s: %v %v, want %s", in, got, err, want)
+		}
+	}
+}
+
+func TestIPv6(t *testing.T) {
+	c, err := net.ListenUDP("udp6", &net.UDPAddr{IP: net.IPv6loopback})
+	if err != nil {
+		t.Skip("needs IPv6 loopback: ", err)
+	}
+	c.Close()
+	clk := newClock()
+	s := startServer(t, clk, func(cfg *Config) { cfg.Listen = "[::1]:0" })
+	cl := newClient(t, s, clk, testCred("acme", 1, 1))
+	check(t, "v6", cl.do(oneRes(res("b", 2, 1000, 2, 1))), want{true, 1, 0, 0})
+}

@@ -1,0 +1,220 @@
+package rlserver
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+)
+
+// MaxBatch is the most datagrams one read turn (recvmmsg) takes and one
+// write turn (sendmmsg) sends.
+const MaxBatch = 64
+
+// recvBufLen is larger than wire.MaxDatagram so oversized datagrams are
+// seen (and dropped) instead of silently truncated.
+const recvBufLen = 2048
+
+// listenReusePort opens a non-blocking UDP socket with SO_REUSEPORT bound to
+// addr and hands it to the Go netpoller.
+func listenReusePort(addr netip.AddrPort) (*net.UDPConn, error) {
+	family := unix.AF_INET
+	if addr.Addr().Is6() && !addr.Addr().Is4In6() {
+		family = unix.AF_INET6
+	}
+	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
+	if err != nil {
+		return nil, fmt.Errorf("socket: %w", err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("SO_REUSEPORT: %w", err)
+	}
+	// A larger receive queue absorbs bursts; failure is not fatal.
+	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
+	var sa unix.Sockaddr
+	if family == unix.AF_INET {
+		sa = &unix.SockaddrInet4{Port: int(addr.Port()), Addr: addr.Addr().Unmap().As4()}
+	} else {
+		sa = &unix.SockaddrInet6{Port: int(addr.Port()), Addr: addr.Addr().As16()}
+	}
+	if err := unix.Bind(fd, sa); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("bind %s: %w", addr, err)
+	}
+	f := os.NewFile(uintptr(fd), "udp:"+addr.String())
+	pc, err := net.FilePacketConn(f)
+	f.Close() // FilePacketConn dups the descriptor
+	if err != nil {
+		return nil, fmt.Errorf("file conn: %w", err)
+	}
+	uc, ok := pc.(*net.UDPConn)
+	if !ok {
+		pc.Close()
+		return nil, errors.New("not a UDP socket")
+	}
+	return uc, nil
+}
+
+// batchConn does batched receive (recvmmsg) and send (sendmmsg) on one UDP
+// socket through the netpoller: the callbacks return false on EAGAIN so the
+// goroutine parks until the socket is ready; no busy loop, no blocking
+// syscall. All buffers are allocated once.
+type batchConn struct {
+	conn *net.UDPConn
+	rc   syscall.RawConn
+
+	rhdrs  [MaxBatch]unix.Mmsghdr
+	riovs  [MaxBatch]unix.Iovec
+	rnames [MaxBatch]unix.RawSockaddrInet6
+	rbufs  [MaxBatch][recvBufLen]byte
+
+	shdrs [MaxBatch]unix.Mmsghdr
+	siovs [MaxBatch]unix.Iovec
+	sbufs [MaxBatch][wire.MaxDatagram]byte
+
+	// state of the current read / write turn, used by the callbacks
+	rmax, rn int
+	rerr     error
+	soff, sk int
+	serr     error
+	sfail    int // messages skipped because sendmmsg failed on them
+
+	readFn, writeFn func(fd uintptr) bool
+	drainFn         func(fd uintptr)
+}
+
+func newBatchConn(c *net.UDPConn) (*batchConn, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	b := &batchConn{conn: c, rc: rc}
+	for i := range b.rhdrs {
+		b.riovs[i].Base = &b.rbufs[i][0]
+		b.rhdrs[i].Hdr.Iov = &b.riovs[i]
+		b.rhdrs[i].Hdr.Iovlen = 1
+		b.rhdrs[i].Hdr.Name = (*byte)(unsafe.Pointer(&b.rnames[i]))
+		b.shdrs[i].Hdr.Iov = &b.siovs[i]
+		b.shdrs[i].Hdr.Iovlen = 1
+	}
+	b.readFn = b.doRead
+	b.writeFn = b.doWrite
+	b.drainFn = b.doDrain
+	return b, nil
+}
+
+func (b *batchConn) prepareRead(max int) {
+	b.rmax, b.rn, b.rerr = max, 0, nil
+	for i := 0; i < max; i++ {
+		h := &b.rhdrs[i]
+		h.Hdr.Namelen = uint32(unsafe.Sizeof(b.rnames[i]))
+		h.Hdr.Flags = 0
+		h.Len = 0
+		b.riovs[i].SetLen(recvBufLen)
+	}
+}
+
+// recv reads up to max datagrams, parking in the netpoller until at least
+// one is available.
+func (b *batchConn) recv(max int) (int, error) {
+	b.prepareRead(max)
+	if err := b.rc.Read(b.readFn); err != nil {
+		return 0, err
+	}
+	return b.rn, b.rerr
+}
+
+// recvNow reads up to max datagrams without waiting (0 when none queued).
+// It works after the read deadline passed, for draining.
+func (b *batchConn) recvNow(max int) (int, error) {
+	b.prepareRead(max)
+	if err := b.rc.Control(b.drainFn); err != nil {
+		return 0, err
+	}
+	return b.rn, b.rerr
+}
+
+func (b *batchConn) mmsg(fd uintptr, trap uintptr, hdrs *unix.Mmsghdr, n int) (int, unix.Errno) {
+	for {
+		r, _, e := unix.Syscall6(trap, fd, uintptr(unsafe.Pointer(hdrs)), uintptr(n), unix.MSG_DONTWAIT, 0, 0)
+		if e == unix.EINTR {
+			continue
+		}
+		return int(r), e
+	}
+}
+
+func (b *batchConn) doRead(fd uintptr) bool {
+	n, e := b.mmsg(fd, unix.SYS_RECVMMSG, &b.rhdrs[0], b.rmax)
+	if e == unix.EAGAIN {
+		return false
+	}
+	if e != 0 {
+		b.rerr = e
+		return true
+	}
+	b.rn = n
+	return true
+}
+
+func (b *batchConn) doDrain(fd uintptr) {
+	n, e := b.mmsg(fd, unix.SYS_RECVMMSG, &b.rhdrs[0], b.rmax)
+	if e != 0 && e != unix.EAGAIN {
+		b.rerr = e
+	}
+	if e == 0 {
+		b.rn = n
+	}
+}
+
+// datagram i of the last read turn; truncated reports a datagram longer
+// than the buffer.
+func (b *batchConn) datagram(i int) (pkt []byte, truncated bool) {
+	h := &b.rhdrs[i]
+	return b.rbufs[i][:h.Len], h.Hdr.Flags&unix.MSG_TRUNC != 0 || h.Len > wire.MaxDatagram
+}
+
+// setReply makes send slot k carry sbufs[k][:n] to the source of
+// received datagram i.
+func (b *batchConn) setReply(k, i, n int) {
+	b.siovs[k].Base = &b.sbufs[k][0]
+	b.siovs[k].SetLen(n)
+	b.shdrs[k].Hdr.Name = b.rhdrs[i].Hdr.Name
+	b.shdrs[k].Hdr.Namelen = b.rhdrs[i].Hdr.Namelen
+	b.shdrs[k].Len = 0
+}
+
+// send transmits send slots 0..k-1, parking in the netpoller while the
+// socket buffer is full. It returns how many datagrams the kernel refused.
+func (b *batchConn) send(k int) (failed int, err error) {
+	b.soff, b.sk, b.serr, b.sfail = 0, k, nil, 0
+	for b.soff < b.sk {
+		if err := b.rc.Write(b.writeFn); err != nil {
+			return b.sfail + b.sk - b.soff, err
+		}
+	}
+	return b.sfail, nil
+}
+
+func (b *batchConn) doWrite(fd uintptr) bool {
+	n, e := b.mmsg(fd, unix.SYS_SENDMMSG, &b.shdrs[b.soff], b.sk-b.soff)
+	if e == unix.EAGAIN {
+		return false
+	}
+	if e != 0 {
+		// the first message failed (e.g. unreachable peer): skip it
+		b.soff++
+		b.sfail++
+		return true
+	}
+	b.soff += n
+	return true
+}

@@ -1,0 +1,503 @@
+package rlserver
+
+import (
+	"errors"
+	"math"
+	"math/bits"
+	"net"
+	"os"
+	"sync/atomic"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+)
+
+type counter int
+
+const (
+	cReceived counter = iota
+	cReadBatches
+	cReadErrors
+	cRequests
+	cAllows
+	cDenies
+	cMalformed
+	cReplays
+	cReports
+	cReportEntries
+	cCompletions
+	cCompletionsApplied
+	cCompletionsIgnored
+	cResponses
+	cSendErrors
+	cSteered
+	numCounters
+)
+
+type drop int
+
+const (
+	dropTooLarge drop = iota
+	dropTruncated
+	dropMagic
+	dropVersion
+	dropKind
+	dropUnknownKey
+	dropAuth
+	dropStale
+	dropHorizon
+	dropMalformed
+	dropReplayedReport
+	dropHook
+	dropInternal
+	numDrops
+)
+
+var dropNames = [numDrops]string{
+	dropTooLarge:       "too_large",
+	dropTruncated:      "truncated",
+	dropMagic:          "magic",
+	dropVersion:        "version",
+	dropKind:           "kind",
+	dropUnknownKey:     "unknown_key",
+	dropAuth:           "auth",
+	dropStale:          "stale",
+	dropHorizon:        "horizon",
+	dropMalformed:      "malformed",
+	dropReplayedReport: "replayed_report",
+	dropHook:           "hook",
+	dropInternal:       "internal",
+}
+
+// decision modes: a RATE_REQUEST, or a COMPLETION applying a decision.
+type mode int
+
+const (
+	modeRequest mode = iota
+	modeForceAllow
+	modeForceDeny
+)
+
+// worker owns one socket and all scratch space for its datagrams.
+type worker struct {
+	s          *Server
+	id         int
+	bc         *batchConn
+	batch      int
+	fullTurns  int
+	overloaded bool
+
+	c [numCounters]atomic.Uint64
+	d [numDrops]atomic.Uint64
+
+	h    wire.Header
+	rh   wire.Header
+	req  wire.RateRequest
+	rep  wire.LatencyReport
+	comp wire.Completion
+	resp wire.RateResponse
+	key  []byte
+
+	rb    [wire.MaxCount]*bucket
+	orig  [wire.MaxCount]float64
+	seen  [wire.MaxCount]float64
+	shard [wire.MaxCount]uint8
+}
+
+func newWorker(s *Server, id int, bc *batchConn) *worker {
+	w := &worker{s: s, id: id, bc: bc, batch: s.cfg.Batch, key: make([]byte, 0, 2+1024+64)}
+	w.req.Guards = make([]wire.Guard, 0, wire.MaxCount)
+	w.req.Resources = make([]wire.Resource, 0, wire.MaxCount)
+	w.comp.Request.Guards = make([]wire.Guard, 0, wire.MaxCount)
+	w.comp.Request.Resources = make([]wire.Resource, 0, wire.MaxCount)
+	w.rep.Entries = make([]wire.ReportEntry, 0, wire.MaxCount)
+	w.resp.Guards = make([]wire.GuardResult, 0, wire.MaxCount)
+	w.resp.Resources = make([]wire.ResourceResult, 0, wire.MaxCount)
+	return w
+}
+
+func (w *worker) inc(c counter)  { w.c[c].Add(1) }
+func (w *worker) dropped(r drop) { w.d[r].Add(1) }
+
+func (w *worker) run() {
+	defer w.s.wg.Done()
+	for {
+		n, err := w.bc.recv(w.batch)
+		if err != nil {
+			if w.s.closing.Load() || errors.Is(err, net.ErrClosed) {
+				w.drain()
+				return
+			}
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				continue
+			}
+			w.inc(cReadErrors)
+			continue
+		}
+		w.noteTurn(n)
+		w.turn(n)
+	}
+}
+
+// noteTurn applies the overload rule (docs/protocol.md §6.7) after a read
+// turn of n datagrams.
+func (w *worker) noteTurn(n int) {
+	if w.batch <= 1 {
+		return
+	}
+	if n == w.batch {
+		w.fullTurns++
+	} else {
+		w.fullTurns = 0
+	}
+	w.overloaded = w.fullTurns >= OverloadTurns
+}
+
+// drain answers datagrams already queued when the server closes.
+func (w *worker) drain() {
+	for i := 0; i < drainTurns; i++ {
+		n, err := w.bc.recvNow(w.batch)
+		if err != nil || n == 0 {
+			return
+		}
+		w.turn(n)
+	}
+}
+
+// turn handles the n datagrams of one read turn and sends the answers in
+// one batch.
+func (w *worker) turn(n int) {
+	if n == 0 {
+		return
+	}
+	w.inc(cReadBatches)
+	k := 0
+	for i := 0; i < n; i++ {
+		pkt, trunc := w.bc.datagram(i)
+		if m := w.handle(pkt, trunc, w.bc.sbufs[k][:0]); m > 0 {
+			w.bc.setReply(k, i, m)
+			k++
+		}
+	}
+	if k == 0 {
+		return
+	}
+	failed, _ := w.bc.send(k)
+	w.c[cResponses].Add(uint64(k - failed))
+	if failed > 0 {
+		w.c[cSendErrors].Add(uint64(failed))
+	}
+}
+
+func dropFor(err error) drop {
+	switch err {
+	case wire.ErrTooLarge:
+		return dropTooLarge
+	case wire.ErrTruncated:
+		return dropTruncated
+	case wire.ErrMagic:
+		return dropMagic
+	case wire.ErrVersion:
+		return dropVersion
+	case wire.ErrKind:
+		return dropKind
+	case wire.ErrAuth, wire.ErrKeyID:
+		return dropAuth
+	}
+	return dropMalformed
+}
+
+// handle processes one datagram and writes the answer, if any, into out
+// (capacity wire.MaxDatagram), returning its length (0 = no answer).
+func (w *worker) handle(pkt []byte, truncated bool, out []byte) int {
+	w.inc(cReceived)
+	if truncated {
+		w.dropped(dropTooLarge)
+		return 0
+	}
+	h := &w.h
+	if err := h.Decode(pkt); err != nil {
+		w.dropped(dropFor(err))
+		return 0
+	}
+	ke := w.s.keys[h.KeyID]
+	if ke == nil {
+		w.dropped(dropUnknownKey)
+		return 0
+	}
+	pt, err := ke.key.Open(pkt, h)
+	if err != nil {
+		w.dropped(dropFor(err))
+		return 0
+	}
+	now := w.s.now()
+	if wire.CheckTime(h, now, wire.DefaultSkew) != nil {
+		w.dropped(dropStale)
+		return 0
+	}
+	if ke.maxHorizonMs > 0 && int64(h.TTLms) > ke.maxHorizonMs {
+		w.dropped(dropHorizon)
+		return 0
+	}
+	if hk := w.s.cfg.Hooks; hk != nil && hk.DropRequest != nil && hk.DropRequest(h) {
+		w.dropped(dropHook)
+		return 0
+	}
+	switch h.Kind {
+	case wire.KindRateRequest:
+		if err := w.req.DecodeBody(pt); err != nil {
+			w.dropped(dropMalformed)
+			return 0
+		}
+		return w.rateRequest(ke, now.UnixNano(), out)
+	case wire.KindLatencyReport:
+		if err := w.rep.DecodeBody(pt); err != nil {
+			w.dropped(dropMalformed)
+			return 0
+		}
+		w.report(ke, now.UnixNano())
+	case wire.KindCompletion:
+		if err := w.comp.DecodeBody(pt); err != nil {
+			w.dropped(dropMalformed)
+			return 0
+		}
+		w.completion(ke, now.UnixNano())
+	default:
+		w.dropped(dropKind)
+	}
+	return 0
+}
+
+// until is how long an id must be remembered: as long as a datagram of it
+// can pass the timestamp check (docs/protocol.md §6.4).
+func (w *worker) until() int64 {
+	return int64(w.h.Timestamp) + int64(w.h.TTLms) + w.s.skewMs
+}
+
+func (w *worker) rateRequest(ke *keyEntry, nowNs int64, out []byte) int {
+	nowMs := nowNs / 1e6
+	dk := dedupKey{keyID: w.h.KeyID, id: w.h.RequestID}
+	d := w.s.dedup
+	ds := d.shard(dk)
+	ds.mu.Lock()
+	if sl := d.lookup(ds, dk, nowMs); sl != nil {
+		if len(sl.body) == 0 { // the id of a report: not a request we decided
+			ds.mu.Unlock()
+			w.dropped(dropReplayedReport)
+			return 0
+		}
+		sl.until = max(sl.until, w.until())
+		n := w.answer(ke, sl.body, nowMs, out)
+		ds.mu.Unlock()
+		w.inc(cReplays)
+		return n
+	}
+	sl := d.insert(ds, dk, w.until(), nowMs)
+	w.decide(ke, &w.req, modeRequest, nowNs)
+	w.inc(cRequests)
+	switch {
+	case w.resp.Status != wire.StatusOK:
+		w.inc(cMalformed)
+	case w.resp.Success:
+		w.inc(cAllows)
+	default:
+		w.inc(cDenies)
+	}
+	if hk := w.s.cfg.Hooks; hk != nil && hk.MutateResponse != nil {
+		hk.MutateResponse(&w.resp)
+	}
+	body, err := w.resp.AppendBody(sl.body[:0])
+	if err != nil { // only a hook can make the response unencodable
+		ds.mu.Unlock()
+		w.dropped(dropInternal)
+		return 0
+	}
+	sl.body = body
+	n := w.answer(ke, body, nowMs, out)
+	ds.mu.Unlock()
+	return n
+}
+
+// answer seals a RATE_RESPONSE body under a header echoing the request.
+func (w *worker) answer(ke *keyEntry, body []byte, nowMs int64, out []byte) int {
+	rh := &w.rh
+	*rh = wire.Header{
+		Kind:      wire.KindRateResponse,
+		Flags:     w.h.Flags&wire.FlagReplay | wire.FlagSteering,
+		Attempt:   w.h.Attempt,
+		TTLms:     w.h.TTLms,
+		RequestID: w.h.RequestID,
+		Timestamp: uint64(nowMs),
+	}
+	steer := w.overloaded
+	if hk := w.s.cfg.Hooks; hk != nil && hk.ForceSteer != nil && hk.ForceSteer(&w.h) {
+		steer = true
+	}
+	if steer {
+		rh.Flags &^= wire.FlagSteering
+		w.inc(cSteered)
+	}
+	if nonce(&rh.Nonce) != nil {
+		w.dropped(dropInternal)
+		return 0
+	}
+	pkt, err := ke.key.SealBody(out, rh, body)
+	if err != nil {
+		w.dropped(dropInternal)
+		return 0
+	}
+	return len(pkt)
+}
+
+func (w *worker) report(ke *keyEntry, nowNs int64) {
+	nowMs := nowNs / 1e6
+	dk := dedupKey{keyID: w.h.KeyID, id: w.h.RequestID}
+	d := w.s.dedup
+	ds := d.shard(dk)
+	ds.mu.Lock()
+	if d.lookup(ds, dk, nowMs) != nil {
+		ds.mu.Unlock()
+		w.dropped(dropReplayedReport)
+		return
+	}
+	d.insert(ds, dk, w.until(), nowMs)
+	ds.mu.Unlock()
+	t := w.s.trackers
+	for i := range w.rep.Entries {
+		e := &w.rep.Entries[i]
+		w.key = append(append(w.key[:0], ke.prefix...), e.Service...)
+		sh := &t.shards[t.shardIndex(w.key)]
+		sh.mu.Lock()
+		tr, _ := t.getOrCreate(sh, w.key)
+		tr.add(nowNs, e.DurationMs)
+		sh.mu.Unlock()
+	}
+	w.inc(cReports)
+	w.c[cReportEntries].Add(uint64(len(w.rep.Entries)))
+}
+
+func (w *worker) completion(ke *keyEntry, nowNs int64) {
+	nowMs := nowNs / 1e6
+	w.inc(cCompletions)
+	dk := dedupKey{keyID: w.h.KeyID, id: w.h.RequestID}
+	d := w.s.dedup
+	ds := d.shard(dk)
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	if d.lookup(ds, dk, nowMs) != nil {
+		w.inc(cCompletionsIgnored)
+		return
+	}
+	sl := d.insert(ds, dk, w.until(), nowMs)
+	m := modeForceDeny
+	if w.comp.Decision == wire.DecisionAllow {
+		m = modeForceAllow
+	}
+	w.decide(ke, &w.comp.Request, m, nowNs)
+	if body, err := w.resp.AppendBody(sl.body[:0]); err == nil {
+		sl.body = body
+	}
+	w.inc(cCompletionsApplied)
+}
+
+// decide evaluates req into w.resp: guards first, then every resource
+// under its bucket shard's lock (all shards locked in ascending order), all
+// or nothing.
+func (w *worker) decide(ke *keyEntry, req *wire.RateRequest, m mode, nowNs int64) {
+	resp := &w.resp
+	resp.Reset()
+	resp.ServerEpoch = w.s.epoch
+	resp.Status = wire.StatusOK
+	if len(req.Guards) == 0 && len(req.Resources) == 0 {
+		resp.Status = wire.StatusMalformed
+		return
+	}
+	for i := range req.Resources {
+		if req.Resources[i].Rate == 0 || req.Resources[i].PeriodMs == 0 {
+			resp.Status = wire.StatusMalformed
+			return
+		}
+	}
+
+	guardsOK := true
+	tt := w.s.trackers
+	for i := range req.Guards {
+		g := &req.Guards[i]
+		w.key = append(append(w.key[:0], ke.prefix...), g.Service...)
+		sh := &tt.shards[tt.shardIndex(w.key)]
+		sh.mu.Lock()
+		var est uint32
+		var ok bool
+		if tr := sh.m[string(w.key)]; tr != nil {
+			est, ok = tr.estimate(nowNs)
+		}
+		sh.mu.Unlock()
+		passed := !ok || est <= g.ThresholdMs || m == modeForceAllow
+		guardsOK = guardsOK && passed
+		resp.Guards = append(resp.Guards, wire.GuardResult{Passed: passed, ObservedMs: est})
+	}
+
+	bt := w.s.buckets
+	var mask uint64
+	for i := range req.Resources {
+		w.key = append(append(w.key[:0], ke.prefix...), req.Resources[i].Bucket...)
+		idx := bt.shardIndex(w.key)
+		w.shard[i] = uint8(idx)
+		mask |= 1 << idx
+	}
+	for bm := mask; bm != 0; bm &= bm - 1 {
+		bt.shards[bits.TrailingZeros64(bm)].mu.Lock()
+	}
+	short := false
+	for i := range req.Resources {
+		r := &req.Resources[i]
+		w.key = append(append(w.key[:0], ke.prefix...), r.Bucket...)
+		b, created := bt.getOrCreate(&bt.shards[w.shard[i]], w.key)
+		if created {
+			b.tokens = float64(capacityOf(r.Rate, r.Burst))
+			b.last = nowNs
+		}
+		b.refill(nowNs, r.Rate, r.PeriodMs, r.Burst)
+		w.rb[i] = b
+		t := b.tokens
+		w.orig[i], w.seen[i] = t, t
+		c := float64(r.Cost)
+		switch {
+		case m == modeForceAllow:
+			b.tokens = max(0, t-c)
+		case t >= c:
+			b.tokens = t - c
+		default:
+			short = true
+		}
+	}
+	allow := m == modeForceAllow || (m == modeRequest && guardsOK && !short)
+	if !allow {
+		for i := len(req.Resources) - 1; i >= 0; i-- { // reverse: the first touch holds the true original
+			w.rb[i].tokens = w.orig[i]
+		}
+	}
+	for i := range req.Resources {
+		r := &req.Resources[i]
+		var rr wire.ResourceResult
+		rr.Remaining = clampU32(math.Floor(w.rb[i].tokens))
+		if t, c := w.seen[i], float64(r.Cost); t < c && m != modeForceAllow {
+			rr.TokensDeficit = clampU32(math.Ceil(c - t))
+			rr.RetryAfterMs = max(1, clampU32(math.Ceil((c-t)*float64(r.PeriodMs)/float64(r.Rate))))
+		}
+		resp.Resources = append(resp.Resources, rr)
+	}
+	for bm := mask; bm != 0; bm &= bm - 1 {
+		bt.shards[bits.TrailingZeros64(bm)].mu.Unlock()
+	}
+	resp.Success = allow
+}
+
+func clampU32(f float64) uint32 {
+	switch {
+	case f <= 0 || f != f:
+		return 0
+	case f >= math.MaxUint32:
+		return math.MaxUint32
+	}
+	return uint32(f)
+}
