@@ -2,6 +2,7 @@ package redirect
 
 import (
 	"io"
+	"time"
 	"net"
 	"net/netip"
 	"testing"
@@ -137,4 +138,98 @@ func BenchmarkProgramRun(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*repeat), "ns/lookup")
 		})
 	}
+}
+
+// BenchmarkNewConnectionsPaired alternates one steered and one direct
+// connection (same listener, same client) per op and times each, so both
+// see the same load on a shared machine; it reports their rates and ratio.
+//
+//	go test -run '^$' -bench BenchmarkNewConnectionsPaired -benchtime 20000x ./pkg/redirect/
+func BenchmarkNewConnectionsPaired(b *testing.B) {
+	requireBPF(b)
+	p := netnstest.NewPair(b)
+	var ln net.Listener
+	if err := p.Node.Do(func() (err error) {
+		var lc net.ListenConfig
+		lc.SetMultipathTCP(false)
+		ln, err = lc.Listen(b.Context(), "tcp4", "0.0.0.0:9000")
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	b.Cleanup(func() { ln.Close(); <-done })
+	var r *Redirect
+	root := netnstest.BPFFS(b) + "/rl-tproxy"
+	if err := p.Node.Do(func() (err error) {
+		r, err = Attach(Config{PinRoot: root, Ports: []uint16{80}})
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { r.Close() })
+	if err := r.RegisterListener(ln); err != nil {
+		b.Fatal(err)
+	}
+	steered := netip.AddrPortFrom(p.NodeIP4, 80).String()
+	direct := netip.AddrPortFrom(p.NodeIP4, 9000).String()
+	var dSteered, dDirect time.Duration
+	err := p.Client.Do(func() error {
+		var buf [1]byte
+		one := func(target string) (time.Duration, error) {
+			start := time.Now()
+			c, err := net.Dial("tcp4", target)
+			if err != nil {
+				return 0, err
+			}
+			if _, err := c.Read(buf[:]); err != io.EOF {
+				c.Close()
+				return 0, err
+			}
+			c.Close()
+			return time.Since(start), nil
+		}
+		for i := 0; b.Loop(); i++ {
+			// Alternate which goes first to cancel ordering effects.
+			order := [2]string{steered, direct}
+			if i%2 == 1 {
+				order = [2]string{direct, steered}
+			}
+			for _, target := range order {
+				d, err := one(target)
+				if err != nil {
+					return err
+				}
+				if target == steered {
+					dSteered += d
+				} else {
+					dDirect += d
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	c, err := r.Counters()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if c.Steered < uint64(b.N) {
+		b.Fatalf("only %d of %d connections were steered", c.Steered, b.N)
+	}
+	b.ReportMetric(float64(b.N)/dSteered.Seconds(), "steered-conns/s")
+	b.ReportMetric(float64(b.N)/dDirect.Seconds(), "direct-conns/s")
+	b.ReportMetric(dDirect.Seconds()/dSteered.Seconds(), "steered/direct-rate")
 }
