@@ -131,6 +131,12 @@ func diffResponse(in []byte, method string) string {
 	}
 	switch r.BodyMode() {
 	case BodyNone:
+		if method == "CONNECT" && r.Status < 300 {
+			// RFC 9112 6.3: a 2xx to CONNECT turns the connection into a
+			// tunnel right after the head; net/http's ReadResponse
+			// presents the tunnel bytes as a close-delimited body.
+			break
+		}
 		// net/http reports the declared length for HEAD; what matters is
 		// that it reads no body.
 		n, _ := io.Copy(io.Discard, hr.Body)
