@@ -16,8 +16,9 @@ import (
 // Dnsmasq is a dnsmasq process serving one SRV name for a test.
 type Dnsmasq struct {
 	Addr string // "127.0.0.1:port"
-	cmd  *exec.Cmd
-	out  *bytes.Buffer
+	cmd     *exec.Cmd
+	out     *bytes.Buffer
+	waitErr error // set before exited is closed
 }
 
 // StartDnsmasq starts dnsmasq on a free loopback port answering srvName
@@ -66,11 +67,12 @@ func StartDnsmasq(t testing.TB, srvName string, ttl uint32, targets ...Target) *
 		if err := d.cmd.Start(); err != nil {
 			t.Fatalf("dnsmasq: start: %v", err)
 		}
-		exited := make(chan error, 1)
-		go func() { exited <- d.cmd.Wait() }()
+		exited := make(chan struct{}) // closed when the process has exited
+		go func() { d.waitErr = d.cmd.Wait(); close(exited) }()
 		if err := d.waitReady(srvName, exited); err != nil {
-			lastErr = fmt.Errorf("%w; output: %s", err, d.out.String())
 			d.cmd.Process.Kill()
+			<-exited
+			lastErr = fmt.Errorf("%w; output: %s", err, d.out.String())
 			continue
 		}
 		t.Cleanup(func() {
@@ -83,21 +85,22 @@ func StartDnsmasq(t testing.TB, srvName string, ttl uint32, targets ...Target) *
 	return nil
 }
 
-// waitReady queries the SRV name until dnsmasq answers (bounded: 50 tries
-// of one 100 ms query timeout each) or the process exits.
-func (d *Dnsmasq) waitReady(name string, exited <-chan error) error {
+// waitReady polls the SRV name until dnsmasq answers (bounded: 100 tries,
+// each a query with a 100 ms timeout then a 20 ms pause) or the process
+// exits.
+func (d *Dnsmasq) waitReady(name string, exited <-chan struct{}) error {
 	c := &dns.Client{Net: "udp", Timeout: 100 * time.Millisecond}
 	m := new(dns.Msg)
 	m.SetQuestion(dns.Fqdn(name), dns.TypeSRV)
-	for i := 0; i < 50; i++ {
-		select {
-		case err := <-exited:
-			return fmt.Errorf("dnsmasq exited: %v", err)
-		default:
-		}
+	for i := 0; i < 100; i++ {
 		r, _, err := c.Exchange(m, d.Addr)
 		if err == nil && r.Rcode == dns.RcodeSuccess && len(r.Answer) > 0 {
 			return nil
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("dnsmasq exited: %v", d.waitErr)
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
 	return fmt.Errorf("no SRV answer from %s", d.Addr)

@@ -214,6 +214,13 @@ func (s *Server) serve(w dns.ResponseWriter, q *dns.Msg) {
 	if !known {
 		m.Rcode = dns.RcodeNameError
 	}
+	if w.LocalAddr().Network() == "udp" {
+		size := dns.MinMsgSize
+		if opt := q.IsEdns0(); opt != nil {
+			size = int(opt.UDPSize())
+		}
+		m.Truncate(size) // sets TC when it does not fit, like a real server
+	}
 	w.WriteMsg(m)
 }
 
