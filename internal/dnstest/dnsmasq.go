@@ -15,7 +15,7 @@ import (
 
 // Dnsmasq is a dnsmasq process serving one SRV name for a test.
 type Dnsmasq struct {
-	Addr string // "127.0.0.1:port"
+	Addr    string // "127.0.0.1:port"
 	cmd     *exec.Cmd
 	out     *bytes.Buffer
 	waitErr error // set before exited is closed
