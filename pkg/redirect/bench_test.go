@@ -2,10 +2,10 @@ package redirect
 
 import (
 	"io"
-	"time"
 	"net"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 

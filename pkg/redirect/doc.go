@@ -4,14 +4,23 @@
 //
 // # Use from the proxy
 //
-//	r, err := redirect.Attach(redirect.Config{Ports: []uint16{80}})
-//	// error: pinned state of another build without Config.Upgrade, no bpffs, not root...
+//	redirect.EnsureBPFFS("/sys/fs/bpf") // mount bpffs when the system has not
+//	r, err := redirect.Attach(redirect.Config{Ports: []uint16{80}, Upgrade: upgradeFlag})
+//	// errors: ErrIncompatible (pinned program of another build, no Upgrade), ErrNoBPFFS, EPERM...
 //	defer r.Close() // closes descriptors only; pins stay for the next proxy
-//	ln, _ := lc.Listen(ctx, "tcp", "127.0.0.1:0") // net.ListenConfig with SetMultipathTCP(false)
+//	var lc net.ListenConfig
+//	lc.SetMultipathTCP(false) // an MPTCP socket cannot enter a sockmap
+//	ln, _ := lc.Listen(ctx, "tcp", "127.0.0.1:0") // or proxy.Listen
 //	err = r.RegisterListener(ln) // the single sockmap update: steering (or takeover) starts here
 //	upstream, err := r.DialContext(ctx, "tcp", "127.0.0.1:80") // bypasses steering: no loop
-//	r.SetPorts([]uint16{80, 8080}) // live reload
-//	reg.MustRegister(r.Collector())
+//	err = r.Reload(redirect.Config{Ports: []uint16{80, 8080}}) // live reload (or SetPorts/SetPrefixes)
+//	reg.MustRegister(r.Collector()) // rl_tproxy_redirect_* metrics
+//	still, _ := r.ListenerRegistered(ln) // false once another proxy took over: drain and exit
+//	r.UnregisterListener(ln) // graceful stop: new connections go to the service, drain ln
+//
+// The accepted connection's LocalAddr is the client's original destination
+// (service address and port): use it to choose the service and upstream.
+// Status and Detach serve `rl-tproxy redirect status|detach`.
 //
 // Attach works on the network namespace of the calling OS thread. It pins the
 // program, the link and every map under PinRoot/<netns inode>/ on a bpffs

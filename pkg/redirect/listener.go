@@ -86,17 +86,15 @@ func (r *Redirect) registerFD(fd int) error {
 	return nil
 }
 
-// UnregisterListener empties the sockmap slots that still hold ln's socket
-// (a slot another proxy took over is left alone), so new connections fall
-// through to the service while ln drains.
-func (r *Redirect) UnregisterListener(ln net.Listener) error {
+// listenerCookie returns the socket cookie of ln.
+func listenerCookie(ln net.Listener) (uint64, error) {
 	sc, ok := ln.(syscall.Conn)
 	if !ok {
-		return fmt.Errorf("unregister listener %v: %T exposes no socket", ln.Addr(), ln)
+		return 0, fmt.Errorf("%T exposes no socket", ln)
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return fmt.Errorf("unregister listener %v: %w", ln.Addr(), err)
+		return 0, err
 	}
 	var cookie uint64
 	var opErr error
@@ -107,7 +105,42 @@ func (r *Redirect) UnregisterListener(ln net.Listener) error {
 		err = opErr
 	}
 	if err != nil {
-		return fmt.Errorf("unregister listener %v: socket cookie: %w", ln.Addr(), err)
+		return 0, fmt.Errorf("socket cookie: %w", err)
+	}
+	return cookie, nil
+}
+
+// ListenerRegistered reports whether some sockmap slot still holds ln's
+// socket. A proxy that was taken over (another proxy registered its own
+// listener) sees false and can drain and exit.
+func (r *Redirect) ListenerRegistered(ln net.Listener) (bool, error) {
+	cookie, err := listenerCookie(ln)
+	if err != nil {
+		return false, fmt.Errorf("listener %v: %w", ln.Addr(), err)
+	}
+	for _, s := range []uint32{SlotIPv4, SlotIPv6} {
+		var have uint64
+		err := r.maps.Sockets.Lookup(s, &have)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			continue
+		}
+		if err != nil {
+			return false, fmt.Errorf("sockmap slot %d: %w", s, err)
+		}
+		if have == cookie {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// UnregisterListener empties the sockmap slots that still hold ln's socket
+// (a slot another proxy took over is left alone), so new connections fall
+// through to the service while ln drains.
+func (r *Redirect) UnregisterListener(ln net.Listener) error {
+	cookie, err := listenerCookie(ln)
+	if err != nil {
+		return fmt.Errorf("unregister listener %v: %w", ln.Addr(), err)
 	}
 	for _, s := range []uint32{SlotIPv4, SlotIPv6} {
 		var have uint64

@@ -101,6 +101,12 @@ func TestSteeringBetweenNamespaces(t *testing.T) {
 	if got := mustAsk(t, p.Client, node4, nil); got != "proxy3 "+node4 {
 		t.Fatalf("after takeover: %q", got)
 	}
+	if on, err := r.ListenerRegistered(proxy4b); err != nil || on {
+		t.Errorf("taken-over listener still registered: %v %v", on, err)
+	}
+	if on, err := r.ListenerRegistered(proxy4c); err != nil || !on {
+		t.Errorf("new listener not registered: %v %v", on, err)
+	}
 	proxy4b.Close()
 	if got := mustAsk(t, p.Client, node4, nil); got != "proxy3 "+node4 {
 		t.Fatalf("after the old listener closed: %q", got)
