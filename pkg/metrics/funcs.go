@@ -31,10 +31,6 @@ type ServerStats struct {
 	Dropped                                        map[string]uint64
 }
 
-// RedirectStats are the eBPF program's counters (steered, passed through,
-// no socket, assign errors, bypassed), summed over CPUs.
-type RedirectStats map[string]uint64
-
 // ProxyStats is what the data path reports at scrape time.
 type ProxyStats struct {
 	OpenConnections int64
@@ -94,8 +90,6 @@ var (
 	descSrvCompl    = desc("embedded_server_completions_total", "Completions received by the embedded RateLimitly server.")
 	descSrvDropped  = desc("embedded_server_dropped_total", "Datagrams dropped by the embedded RateLimitly server, by reason.", "reason")
 
-	descRedirect = desc("redirect_packets_total", "sk_lookup program counters summed over CPUs, by event (steered, passed, no_socket, assign_error, bypassed).", "event")
-
 	descOpenConns     = desc("open_connections", "Client connections currently open on the proxy.")
 	descProxyRequests = desc("proxy_requests_total", "HTTP requests read by the proxy (including those rejected before admission).")
 )
@@ -103,7 +97,7 @@ var (
 // Sources are the scrape-time collectors; set their callbacks with the
 // SetXxx methods once the component exists. A nil callback exports nothing.
 type sources struct {
-	client, server, redirect, proxy *statsCollector
+	client, server, proxy *statsCollector
 }
 
 func (m *Metrics) sources() *sources {
@@ -115,10 +109,9 @@ func (m *Metrics) sources() *sources {
 				descClientDropped, descClientBatches, descClientRebinds, descClientReports, descClientCompl, descClientReplays,
 				descClientCauses, descClientResolve}},
 			server:   &statsCollector{descs: []*prometheus.Desc{descSrvRequests, descSrvAllows, descSrvDenies, descSrvReports, descSrvCompl, descSrvDropped}},
-			redirect: &statsCollector{descs: []*prometheus.Desc{descRedirect}},
 			proxy:    &statsCollector{descs: []*prometheus.Desc{descOpenConns, descProxyRequests}},
 		}
-		m.Registry.MustRegister(m.src.client, m.src.server, m.src.redirect, m.src.proxy)
+		m.Registry.MustRegister(m.src.client, m.src.server, m.src.proxy)
 	}
 	return m.src
 }
@@ -187,20 +180,6 @@ func (m *Metrics) SetServerStats(fn func() ServerStats) {
 		counter(ch, descSrvCompl, s.Completions)
 		for _, k := range sortedKeys(s.Dropped) {
 			counter(ch, descSrvDropped, s.Dropped[k], k)
-		}
-	})
-}
-
-// SetRedirectStats exports the eBPF redirect counters.
-func (m *Metrics) SetRedirectStats(fn func() RedirectStats) {
-	if fn == nil {
-		m.sources().redirect.set(nil)
-		return
-	}
-	m.sources().redirect.set(func(ch chan<- prometheus.Metric) {
-		s := fn()
-		for _, k := range sortedKeys(s) {
-			counter(ch, descRedirect, s[k], k)
 		}
 	})
 }

@@ -38,7 +38,6 @@ func populated(t *testing.T) *Metrics {
 	m.SetServerStats(func() ServerStats {
 		return ServerStats{Requests: 4, Allows: 3, Denies: 1, Dropped: map[string]uint64{"auth": 1}}
 	})
-	m.SetRedirectStats(func() RedirectStats { return RedirectStats{"steered": 7, "passed": 1} })
 	m.SetProxyStats(func() ProxyStats { return ProxyStats{OpenConnections: 2, Requests: 11} })
 	return m
 }
@@ -106,7 +105,6 @@ func TestScrapeHasEveryFamily(t *testing.T) {
 		`rl_tproxy_policy_reload_errors_total 3`,
 		`rl_tproxy_policy_generation 2`,
 		`rl_tproxy_open_connections 2`,
-		`rl_tproxy_redirect_packets_total{event="steered"} 7`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("scrape lacks %q", want)
