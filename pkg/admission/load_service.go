@@ -22,26 +22,31 @@ func pick[T any](def T, layers ...*T) T {
 
 func (l *loader) service(idx int, n *yaml.Node, defSvc *serviceSettings, defLoc *locationSettings) {
 	ctx := fmt.Sprintf("services[%d]", idx)
+	svc := &Service{Line: n.Line}
+	if n.Kind == yaml.MappingNode { // the name first, for better messages
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == "name" {
+				if v := n.Content[i+1]; v.Kind == yaml.ScalarNode && v.Tag == "!!str" && isName(v.Value) {
+					ctx = fmt.Sprintf("services[%d] (%s)", idx, v.Value)
+				}
+				break
+			}
+		}
+	}
 	pairs, ok := l.mapping(n, ctx, concat(serviceOwnKeys, serviceSetKeys, locationSetKeys)...)
 	if !ok {
 		return
 	}
-	svc := &Service{Line: n.Line}
 	var own serviceSettings
 	var ownLoc locationSettings
 	var portNode, listenNode, prefixesNode, locationsNode *yaml.Node
-	for _, e := range pairs { // the name first, for better messages
-		if e.key == "name" {
-			if s, ok := l.name(e.v, ctx+".name"); ok {
-				svc.Name = s
-				ctx = fmt.Sprintf("services[%d] (%s)", idx, s)
-			}
-		}
-	}
 	for _, e := range pairs {
 		c := ctx + "." + e.key
 		switch e.key {
 		case "name":
+			if s, ok := l.name(e.v, c); ok {
+				svc.Name = s
+			}
 		case "port":
 			portNode = e.v
 			if p, ok := l.integer(e.v, c, 1, 65535); ok {

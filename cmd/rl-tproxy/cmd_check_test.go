@@ -1,0 +1,78 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+func TestCheckExamplePolicy(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := dispatch([]string{"check", "--policy", "../../examples/policy.yaml"}, &out, &errb)
+	if code != exitOK {
+		t.Fatalf("exit %d, stderr:\n%s", code, errb.String())
+	}
+	if s := out.String(); strings.Count(s, "\n") != 1 || !strings.Contains(s, "ok: 1 service, 3 locations") {
+		t.Fatalf("summary %q", s)
+	}
+}
+
+func TestCheckMissingPolicyFlag(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := dispatch([]string{"check"}, &out, &errb); code != exitInvalid || !strings.Contains(errb.String(), "--policy FILE is required") {
+		t.Fatalf("exit %d, stderr %q", code, errb.String())
+	}
+	if code := dispatch([]string{"check", "--policy", filepath.Join(t.TempDir(), "nope.yaml")}, &out, &errb); code != exitInvalid {
+		t.Fatalf("missing file: exit %d", code)
+	}
+}
+
+// The issue's must-show cases: each fails check with exit 1 and a
+// FILE:LINE: error on stderr.
+func TestCheckInvalidPolicies(t *testing.T) {
+	const svc = "services:\n  - name: web\n    listen: 127.0.0.1:8080\n    upstream: 127.0.0.1:8081\n"
+	creds := "tenant: t\nkey_id: 1\nsecret: AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\nmax_horizon: 100ms\n"
+	cases := []struct {
+		name, policy, want string
+	}{
+		{"unknown key", "ratelimitly: {embedded: true}\n" + svc + "    colour: blue\n", `:6: services[0] (web): unknown key "colour"`},
+		{"bad rate", "ratelimitly: {embedded: true}\nzones:\n  z: {bucket: x, rate: 5/week}\n" + svc, `:3: zones.z.rate: bad rate "5/week"`},
+		{"unknown template variable", "ratelimitly: {embedded: true}\nzones:\n  z: {bucket: \"{client_ip}\", rate: 5/s}\n" + svc, ":3: zones.z.bucket: offset 0: unknown variable {client_ip}"},
+		{"2000-byte static bucket", "ratelimitly: {embedded: true}\nzones:\n  z: {rate: 5/s, bucket: " + strings.Repeat("b", 2000) + "}\n" + svc, ":3: zones.z.bucket: static value is 2000 bytes, over the 1024-byte limit"},
+		{"300-byte label", "ratelimitly: {embedded: true}\n" + svc + "    label: " + strings.Repeat("l", 300) + "\n", ":6: services[0] (web).label: static value is 300 bytes, over the 256-byte limit"},
+		{"custom horizon over max_horizon", "ratelimitly:\n  embedded: true\n  credentials: creds.yaml\n  request_policy: {name: custom, unit: 50ms, replays: 1, replay_gaps: [50ms], final_receive: 50ms}\n" + svc, ":4: ratelimitly.request_policy: custom horizon 150ms exceeds max_horizon 100ms of credential key_id 1"},
+	}
+	located := regexp.MustCompile(`^\S+\.yaml:[0-9]+: \S`)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := os.WriteFile(filepath.Join(dir, "creds.yaml"), []byte(creds), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(dir, "policy.yaml")
+			if err := os.WriteFile(path, []byte(tc.policy), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var out, errb bytes.Buffer
+			code := dispatch([]string{"check", "--policy", path}, &out, &errb)
+			if code != exitInvalid {
+				t.Fatalf("exit %d, want %d; stdout %q", code, exitInvalid, out.String())
+			}
+			if out.Len() != 0 {
+				t.Errorf("stdout not empty: %q", out.String())
+			}
+			lines := strings.Split(strings.TrimSpace(errb.String()), "\n")
+			if !strings.Contains(errb.String(), path+tc.want) {
+				t.Errorf("stderr lacks %q:\n%s", path+tc.want, errb.String())
+			}
+			for _, l := range lines[:len(lines)-1] { // the last line is the count
+				if !located.MatchString(l) {
+					t.Errorf("stderr line %q is not FILE:LINE: message", l)
+				}
+			}
+		})
+	}
+}

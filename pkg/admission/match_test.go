@@ -1,0 +1,109 @@
+package admission
+
+import (
+	"testing"
+)
+
+const ptMatchPolicy = ptEmbedded + `zones:
+  z: {bucket: "{remote_addr}", rate: 10/s}
+services:
+  - name: web
+    listen: 127.0.0.1:8080
+    upstream: 127.0.0.1:8081
+    locations:
+      - {name: health, match: {path: /healthz}}
+      - {name: admin, match: {host: [admin.example.com, "*.internal"], path_prefix: /admin/}, limit: [z]}
+      - {name: post-api, match: {path_prefix: /api/, methods: [POST, PUT]}, limit: [z]}
+      - name: keyed
+        match: {path_prefix: /api/, headers: {X-Api-Key: true, X-Debug: false, X-Env: prod}}
+        limit: [z]
+      - {name: api, match: {path_prefix: /api/}, limit: [z]}
+`
+
+func TestMatch(t *testing.T) {
+	p := ptLoad(t, ptMatchPolicy)
+	s := p.Services[0]
+	cases := []struct {
+		method, host, path string
+		headers            ptHeaders
+		want               string
+	}{
+		{"GET", "x", "/healthz", nil, "health"},
+		{"GET", "x", "/healthz/", nil, ""}, // exact path only
+		{"GET", "x", "/healthzz", nil, ""},
+		{"GET", "admin.example.com", "/admin/users", nil, "admin"},
+		{"GET", "ADMIN.Example.COM:8443", "/admin/users", nil, "admin"},
+		{"GET", "admin.example.com.", "/admin/", nil, "admin"},
+		{"GET", "db.internal", "/admin/x", nil, "admin"},
+		{"GET", "a.b.internal", "/admin/x", nil, "admin"},
+		{"GET", "internal", "/admin/x", nil, ""}, // *.internal needs a subdomain
+		{"GET", "evil-internal", "/admin/x", nil, ""},
+		{"GET", "other.example.com", "/admin/x", nil, ""},
+		{"POST", "x", "/api/items", nil, "post-api"},
+		{"PUT", "x", "/api/items", nil, "post-api"},
+		{"post", "x", "/api/items", nil, "api"}, // methods are case-sensitive
+		{"GET", "x", "/api/items", ptHeaders{{"x-api-key", "k"}, {"X-ENV", "prod"}}, "keyed"},
+		{"GET", "x", "/api/items", ptHeaders{{"x-api-key", "k"}, {"X-Env", "prod"}, {"x-debug", "1"}}, "api"}, // absent header present
+		{"GET", "x", "/api/items", ptHeaders{{"x-api-key", "k"}, {"X-Env", "Prod"}}, "api"},                   // exact value
+		{"GET", "x", "/api/items", ptHeaders{{"X-Env", "prod"}}, "api"},                                       // missing required header
+		{"GET", "x", "/api/", nil, "api"},
+		{"GET", "x", "/api", nil, ""}, // prefix /api/ is not /api
+		{"GET", "x", "/", nil, ""},
+	}
+	for _, tc := range cases {
+		r := &Request{Method: []byte(tc.method), Host: []byte(tc.host), Path: []byte(tc.path)}
+		if tc.headers != nil {
+			r.Headers = tc.headers
+		}
+		got := s.Match(r)
+		name := ""
+		if got != nil {
+			name = got.Name
+		}
+		if name != tc.want {
+			t.Errorf("%s %s%s %v: matched %q, want %q", tc.method, tc.host, tc.path, tc.headers, name, tc.want)
+		}
+	}
+}
+
+// A service written without locations has one implicit catch-all location;
+// one with an empty list matches nothing.
+func TestMatchImplicitAndEmpty(t *testing.T) {
+	p := ptLoad(t, ptEmbedded+"zones:\n  z: {bucket: x, rate: 1/s}\nservices:\n  - {name: a, port: 80, upstream: 127.0.0.1:80, limit: [z]}\n  - {name: b, port: 81, upstream: 127.0.0.1:81, limit: [z], locations: []}\n")
+	r := &Request{Method: []byte("GET"), Path: []byte("/anything")}
+	if l := p.Services[0].Match(r); l == nil || l.Name != "*" || !l.Protected() {
+		t.Fatalf("implicit location %+v", l)
+	}
+	if l := p.Services[1].Match(r); l != nil {
+		t.Fatalf("empty locations matched %+v", l)
+	}
+}
+
+func TestMatchNoAlloc(t *testing.T) {
+	p := ptLoad(t, ptMatchPolicy)
+	s := p.Services[0]
+	r := ptRequest()
+	r.Method = []byte("GET")
+	r.Host = []byte("Admin.Example.com")
+	r.Path = []byte("/api/x")
+	r.Headers = ptHeaderBytes{{[]byte("X-Api-Key"), []byte("k")}, {[]byte("X-Env"), []byte("prod")}}
+	var got *Location
+	if n := testing.AllocsPerRun(200, func() { got = s.Match(r) }); n != 0 {
+		t.Fatalf("Match allocates %v", n)
+	}
+	if got == nil || got.Name != "keyed" {
+		t.Fatalf("matched %v", got)
+	}
+}
+
+func BenchmarkMatch(b *testing.B) {
+	p := ptLoad(b, ptMatchPolicy)
+	s := p.Services[0]
+	r := ptRequest()
+	r.Method = []byte("GET")
+	r.Path = []byte("/api/x")
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = s.Match(r)
+	}
+}
