@@ -265,6 +265,11 @@ func (d *dedupTable) insert(s *dedupShard, k dedupKey, until, nowMs int64) *dedu
 		d.count.Add(1)
 	}
 	sl.key, sl.until, sl.used = k, until, true
+	if sl.body == nil {
+		// one allocation per slot on its first use (typical answers fit);
+		// after the ring wrapped once, inserts do not allocate
+		sl.body = make([]byte, 0, 64)
+	}
 	sl.body = sl.body[:0]
 	s.m[k] = int32(i)
 	return sl

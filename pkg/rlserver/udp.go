@@ -194,8 +194,11 @@ func (b *batchConn) setReply(k, i, n int) {
 
 // send transmits send slots 0..k-1, parking in the netpoller while the
 // socket buffer is full. It returns how many datagrams the kernel refused.
-func (b *batchConn) send(k int) (failed int, err error) {
-	b.soff, b.sk, b.serr, b.sfail = 0, k, nil, 0
+func (b *batchConn) send(k int) (failed int, err error) { return b.sendRange(0, k) }
+
+// sendRange transmits send slots off..k-1.
+func (b *batchConn) sendRange(off, k int) (failed int, err error) {
+	b.soff, b.sk, b.serr, b.sfail = off, k, nil, 0
 	for b.soff < b.sk {
 		if err := b.rc.Write(b.writeFn); err != nil {
 			return b.sfail + b.sk - b.soff, err
