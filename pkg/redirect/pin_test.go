@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/netnstest"
 )
@@ -212,5 +213,76 @@ func TestStalePinsFromAnotherNamespace(t *testing.T) {
 	stb := statusIn(t, b, root)
 	if !stb.Pinned || stb.Dir != rb.Dir() {
 		t.Fatalf("attach over stale pins: %+v", stb)
+	}
+}
+
+// Concurrent Attach calls in one namespace (two proxies starting together)
+// serialise on the directory flock and end with one link, shared by all.
+func TestConcurrentAttachSharesOneLink(t *testing.T) {
+	requireBPF(t)
+	ns := netnstest.New(t)
+	root := netnstest.BPFFS(t) + "/rl-tproxy"
+	const n = 4
+	errs := make(chan error, n)
+	rs := make(chan *Redirect, n)
+	for range n {
+		go func() {
+			errs <- ns.Do(func() error {
+				r, err := Attach(Config{PinRoot: root, Ports: []uint16{80}})
+				if err == nil {
+					rs <- r
+				}
+				return err
+			})
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Errorf("concurrent Attach: %v", err)
+		}
+	}
+	close(rs)
+	tags := map[string]bool{}
+	for r := range rs {
+		tags[r.ProgramTag()] = true
+		r.Close()
+	}
+	st := statusIn(t, ns, root)
+	if !st.Pinned || len(tags) != 1 {
+		t.Fatalf("after concurrent attach: status %+v, tags %v", st, tags)
+	}
+	var progs int
+	it := link.Iterator{}
+	for it.Next() {
+		if info, err := it.Link.Info(); err == nil && info.Type == link.NetNsType {
+			if ni := info.NetNs(); ni != nil && uint64(ni.NetnsInode) == st.NetnsInode&0xffffffff {
+				progs++
+			}
+		}
+	}
+	if progs != 1 {
+		t.Errorf("%d sk_lookup links in the namespace, want 1", progs)
+	}
+}
+
+func TestEnsureBPFFS(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir() + "/bpf"
+	if err := EnsureBPFFS(dir); err != nil {
+		t.Skipf("cannot mount bpffs: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	if ok, err := isBPFFS(dir); err != nil || !ok {
+		t.Fatalf("after EnsureBPFFS: bpffs=%v err=%v", ok, err)
+	}
+	// A second call is a no-op (no stacked mount).
+	if err := EnsureBPFFS(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Unmount(dir, 0); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := isBPFFS(dir); ok {
+		t.Error("two bpffs mounts stacked on one directory")
 	}
 }
