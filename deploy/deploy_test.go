@@ -704,3 +704,41 @@ func TestSecretExampleCredentials(t *testing.T) {
 		t.Error("tenant empty")
 	}
 }
+
+// The no-surge overlay builds and changes only the update strategy.
+func TestNoSurgeOverlay(t *testing.T) {
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Skip("needs kubectl (kubectl kustomize) to build the overlay: not installed")
+	}
+	out, err := exec.Command(kubectl, "kustomize", "overlays/no-surge").Output()
+	if err != nil {
+		t.Fatalf("kubectl kustomize overlays/no-surge: %v", err)
+	}
+	var ds *appsv1.DaemonSet
+	for _, doc := range splitDocs(out) {
+		_, obj, err := decodeStrict(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, ok := obj.(*appsv1.DaemonSet); ok {
+			ds = d
+		}
+	}
+	if ds == nil {
+		t.Fatal("overlay emitted no DaemonSet")
+	}
+	ru := ds.Spec.UpdateStrategy.RollingUpdate
+	if ru == nil || ru.MaxUnavailable.String() != "1" || ru.MaxSurge.String() != "0" {
+		t.Fatalf("overlay rollingUpdate = %+v, want maxUnavailable 1, maxSurge 0", ru)
+	}
+	var rest []string
+	for _, p := range daemonSetProblems(ds) {
+		if !strings.Contains(p, "maxUnavailable") && !strings.Contains(p, "maxSurge") {
+			rest = append(rest, p)
+		}
+	}
+	if len(rest) != 0 {
+		t.Errorf("overlay broke other invariants: %v", rest)
+	}
+}
