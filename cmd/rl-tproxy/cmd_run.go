@@ -1,17 +1,624 @@
 package main
 
-import "io"
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+	"github.com/rl-tproxy/rl-tproxy/pkg/embedded"
+	"github.com/rl-tproxy/rl-tproxy/pkg/gate"
+	"github.com/rl-tproxy/rl-tproxy/pkg/metrics"
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/redirect"
+	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient"
+	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
+	"github.com/rl-tproxy/rl-tproxy/pkg/rlserver"
+)
 
 func init() {
 	register("run", "run the proxy", runRun)
 }
 
-// runRun is replaced when its capability lands.
+// DefaultAdmin is the admin listener's default address.
+const DefaultAdmin = "127.0.0.1:9901"
+
+// runRun is `rl-tproxy run`: load the policy, start everything, serve until
+// SIGTERM/SIGINT, reload on SIGHUP and on file change.
 func runRun(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("run", "run --policy FILE [--admin ADDR] [--log-format text|json] [--log-level debug|info|warn|error]", "Runs the proxy with the given policy file.", stderr)
-	fs.String("policy", "", "policy file (YAML)")
+	fs := newFlagSet("run", "run --policy FILE [--admin ADDR] [--log-format text|json] [--log-level debug|info|warn|error]",
+		"Runs the proxy with the given policy file. SIGHUP (or a change of the policy or credentials file) reloads it;\n"+
+			"SIGTERM/SIGINT drain in-flight requests (bounded by --drain-timeout) and exit.\n"+
+			"Exit codes: 0 after a clean stop, 1 invalid policy or flags, 2 runtime failure.", stderr)
+	policy := fs.String("policy", "", "policy file (YAML)")
+	admin := fs.String("admin", DefaultAdmin, "admin listener address for /metrics, /healthz, /readyz (port 0 picks a free port; \"off\" disables)")
+	logFormat := fs.String("log-format", "text", "log format: text or json")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	drain := fs.Duration("drain-timeout", 20*time.Second, "longest graceful drain on SIGTERM/SIGINT")
+	watch := fs.Bool("watch", true, "reload when the policy or credentials file changes (inotify on their directories)")
 	if done, code := parseFlags(fs, args, stdout); done {
 		return code
 	}
-	return notImplemented("run", stderr)
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "rl-tproxy run: unexpected argument %q\n", fs.Arg(0))
+		return exitInvalid
+	}
+	if *policy == "" {
+		fmt.Fprintln(stderr, "rl-tproxy run: --policy FILE is required")
+		return exitInvalid
+	}
+	log, err := newLogger(*logFormat, *logLevel, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "rl-tproxy run: %v\n", err)
+		return exitInvalid
+	}
+	pol, err := admission.Load(*policy)
+	if err != nil {
+		printLoadError(stderr, "run", *policy, err)
+		return exitInvalid
+	}
+	sig := notifySignals()
+	defer sig.stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rt, err := startRuntime(ctx, pol, runOptions{Policy: *policy, Admin: *admin, Log: log, Watch: *watch})
+	if err != nil {
+		log.Error("start failed", "error", err.Error())
+		return exitRuntime
+	}
+	log.Info("rl-tproxy running", "version", version, "policy", *policy, "summary", pol.Summary())
+	code := exitOK
+loop:
+	for {
+		select {
+		case <-sig.hup:
+			_ = rt.reloader.Reload(admission.TriggerSignal)
+		case s := <-sig.term:
+			log.Info("shutting down", "signal", s.String(), "drain_timeout", drain.String())
+			break loop
+		case err := <-rt.failed:
+			log.Error("runtime failure", "error", err.Error())
+			code = exitRuntime
+			break loop
+		}
+	}
+	dctx, dcancel := context.WithTimeout(context.Background(), *drain)
+	defer dcancel()
+	if err := rt.shutdown(dctx); err != nil {
+		log.Warn("shutdown incomplete", "error", err.Error())
+	}
+	log.Info("stopped")
+	return code
+}
+
+func printLoadError(w io.Writer, cmd, path string, err error) {
+	var le *admission.LoadError
+	if errors.As(err, &le) {
+		for _, e := range le.Errs {
+			fmt.Fprintln(w, e.Error())
+		}
+		fmt.Fprintf(w, "rl-tproxy %s: %s: %d error(s)\n", cmd, path, len(le.Errs))
+		return
+	}
+	fmt.Fprintf(w, "rl-tproxy %s: %v\n", cmd, err)
+}
+
+// newLogger builds the process logger (text or JSON on w).
+func newLogger(format, level string, w io.Writer) (*slog.Logger, error) {
+	var lv slog.Level
+	switch strings.ToLower(level) {
+	case "debug":
+		lv = slog.LevelDebug
+	case "info":
+		lv = slog.LevelInfo
+	case "warn", "warning":
+		lv = slog.LevelWarn
+	case "error":
+		lv = slog.LevelError
+	default:
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+// runOptions configure a runtime.
+type runOptions struct {
+	Policy string
+	Admin  string // "" or "off" = no admin listener
+	Log    *slog.Logger
+	Watch  bool
+	// ServerHooks are test hooks for an embedded server (demo only).
+	ServerHooks *rlserver.TestHooks
+}
+
+// runtime is the running product: policy, gate, RateLimitly client
+// (and embedded server), proxy listeners, redirect, admin listener.
+type product struct {
+	opts     runOptions
+	log      *slog.Logger
+	m        *metrics.Metrics
+	ready    *metrics.Readiness
+	gate     *gate.Gate
+	proxy    *proxy.Proxy
+	admin    *metrics.Admin
+	reloader *admission.Reloader
+	redirect *redirect.Redirect
+	failed   chan error
+	cancel   context.CancelFunc
+	watchWG  sync.WaitGroup
+
+	mu        sync.Mutex // guards below
+	pol       *admission.Policy
+	client    *gate.Client
+	clientKey string
+	emb       *embedded.Embedded
+	embKey    string
+	cred      credentials.Credential // the client's credential (kept across reloads when generated)
+	listeners map[string]*listener   // listener mode, by address
+	steered   []net.Listener
+	closing   bool
+}
+
+type listener struct {
+	ln     net.Listener
+	svc    string
+	closed bool
+}
+
+func startRuntime(parent context.Context, pol *admission.Policy, opts runOptions) (_ *product, err error) {
+	ctx, cancel := context.WithCancel(parent)
+	rt := &product{opts: opts, log: opts.Log, m: metrics.New(version, commit), ready: &metrics.Readiness{},
+		failed: make(chan error, 4), cancel: cancel, listeners: map[string]*listener{}}
+	defer func() {
+		if err != nil {
+			sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer scancel()
+			_ = rt.shutdown(sctx)
+		}
+	}()
+	rt.gate = gate.New(gate.Config{Metrics: rt.m, AccessLog: opts.Log, Logger: opts.Log})
+	rt.ready.Set("policy", func() error {
+		if p, _ := rt.gate.Policy(); p == nil {
+			return errors.New("no policy loaded")
+		}
+		return nil
+	})
+	if err := rt.setClient(pol); err != nil {
+		return nil, err
+	}
+	rt.gate.Swap(pol)
+	rt.pol = pol
+	pcfg := proxy.Config{Services: gate.ProxyServices(pol), Hook: rt.gate, Logger: opts.Log}
+	if steeredPorts(pol) != nil {
+		if err := rt.attachRedirect(pol); err != nil {
+			return nil, err
+		}
+		pcfg.Dial = rt.redirect.Dialer()
+	}
+	rt.proxy, err = proxy.New(pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
+	rt.m.SetProxyStats(func() metrics.ProxyStats { return metrics.ProxyStats{OpenConnections: int64(rt.proxy.Stats().Conns)} })
+	if err := rt.syncListeners(ctx, pol); err != nil {
+		return nil, err
+	}
+	if rt.redirect != nil {
+		if err := rt.serveSteered(ctx); err != nil {
+			return nil, err
+		}
+	}
+	rt.ready.Set("listeners", rt.listenersUp)
+	if opts.Admin != "" && opts.Admin != "off" {
+		rt.admin, err = metrics.StartAdmin(opts.Admin, rt.m.Handler(rt.ready))
+		if err != nil {
+			return nil, err
+		}
+		rt.log.Info("admin listener", "addr", rt.admin.Addr().String(), "paths", "/metrics /healthz /readyz")
+	}
+	rt.reloader = &admission.Reloader{Path: opts.Policy, Apply: rt.apply, Logger: opts.Log, Observe: rt.m.Reload}
+	rt.reloader.Mark(pol)
+	if opts.Watch {
+		ready := make(chan struct{})
+		rt.watchWG.Add(1)
+		go func() {
+			defer rt.watchWG.Done()
+			if err := rt.reloader.Watch(ctx, pol.RateLimitly.CredentialsFile, ready); err != nil {
+				rt.log.Warn("policy file watch stopped; SIGHUP still reloads", "error", err.Error())
+				select {
+				case <-ready:
+				default:
+					close(ready)
+				}
+			}
+		}()
+		<-ready
+	}
+	return rt, nil
+}
+
+// clientConfigKey identifies everything that needs a new RateLimitly
+// client (and embedded server) when it changes.
+func clientConfigKey(rl *admission.RateLimitly) (client, emb string) {
+	h := sha256.New()
+	cred := rl.Credential
+	if rl.Embedded && rl.GeneratedCredential {
+		fmt.Fprint(h, "generated")
+	} else {
+		fmt.Fprintf(h, "%s/%d/%x/%v", cred.Tenant, cred.KeyID, cred.Secret, cred.MaxHorizon)
+	}
+	for _, c := range rl.Credentials {
+		if !rl.GeneratedCredential {
+			fmt.Fprintf(h, "|%s/%d/%x/%v", c.Tenant, c.KeyID, c.Secret, c.MaxHorizon)
+		}
+	}
+	creds := fmt.Sprintf("%x", h.Sum(nil))
+	p := rl.RequestPolicy
+	client = fmt.Sprintf("srv=%s emb=%v res=%s rt=%v bind=%v pol=%s/%v/%v/%d/%v/%v creds=%s",
+		rl.SRV, rl.Embedded, rl.Resolver, rl.ResolverTimeout, rl.Bind, p.Name, p.Unit, p.ReplayGaps, p.Replays, p.FinalReceive, p.Completion, creds)
+	if rl.Embedded {
+		emb = creds
+	}
+	return client, emb
+}
+
+// setClient builds (or keeps) the RateLimitly client and the embedded
+// server for pol. A new client is installed in the gate only once it was
+// built; the old one is closed after its in-flight checks, and a replaced
+// embedded server after that.
+func (rt *product) setClient(pol *admission.Policy) error {
+	rl := &pol.RateLimitly
+	ckey, ekey := clientConfigKey(rl)
+	if ckey == rt.clientKey && rt.client != nil {
+		return nil
+	}
+	cred := rl.Credential
+	creds := rl.Credentials
+	if rl.Embedded && rl.GeneratedCredential && rt.emb != nil && rt.embKey == ekey {
+		cred = rt.cred // keep the generated key the running embedded server knows
+	}
+	if len(creds) == 0 || (rl.GeneratedCredential && rt.emb == nil) {
+		creds = []credentials.Credential{cred}
+	}
+	srvName, resolver := rl.SRV, rl.Resolver
+	emb := rt.emb
+	newEmb := false
+	if rl.Embedded && (emb == nil || rt.embKey != ekey) {
+		var err error
+		emb, err = embedded.Start(embedded.Config{Credentials: creds, Logger: rt.log, Hooks: rt.opts.ServerHooks})
+		if err != nil {
+			return err
+		}
+		newEmb = true
+		rt.log.Info("embedded RateLimitly started", "server", emb.Server.Addr().String(), "dns", emb.Resolver, "srv", emb.SRV)
+	}
+	if rl.Embedded {
+		srvName, resolver = emb.SRV, emb.Resolver
+	}
+	p := rl.RequestPolicy
+	c, err := rlclient.New(rlclient.Config{
+		SRV: srvName, Resolver: resolver, ResolverTimeout: rl.ResolverTimeout, Credential: cred,
+		Policy: rlclient.RequestPolicy{Name: p.Name, Unit: p.Unit, ReplayGaps: p.ReplayGaps, Replays: p.Replays, FinalReceive: p.FinalReceive, Completion: p.Completion},
+		Bind:   rl.Bind, Logger: rt.log,
+	})
+	if err != nil {
+		if newEmb {
+			_ = emb.Close()
+		}
+		return fmt.Errorf("ratelimitly client: %w", err)
+	}
+	gc := gate.NewClient(c)
+	oldEmb := rt.emb
+	replacedEmb := newEmb && oldEmb != nil
+	closed := rt.gate.SetChecker(gc, gc)
+	if rt.client != nil {
+		rt.m.ClientRebuilt()
+		rt.log.Info("RateLimitly client rebuilt", "srv", srvName)
+	}
+	if replacedEmb || (!rl.Embedded && oldEmb != nil) {
+		go func() {
+			<-closed // the old client is closed: no check can reach the old server
+			_ = oldEmb.Close()
+		}()
+	}
+	rt.client, rt.clientKey, rt.cred = gc, ckey, cred
+	if rl.Embedded {
+		rt.emb, rt.embKey = emb, ekey
+		rt.m.SetServerStats(func() metrics.ServerStats {
+			s := emb.Server.Stats()
+			return metrics.ServerStats{Requests: s.Requests, Allows: s.Allows, Denies: s.Denies, Reports: s.Reports, Completions: s.Completions, Dropped: s.Drops}
+		})
+	} else {
+		rt.emb, rt.embKey = nil, ""
+		rt.m.SetServerStats(nil)
+	}
+	rt.m.SetClientStats(gc.Stats)
+	rt.ready.Set("ratelimitly", func() error {
+		if c.Ready() {
+			return nil
+		}
+		if err := c.DiscoveryError(); err != nil {
+			return fmt.Errorf("discovery not done yet: %w", err)
+		}
+		return errors.New("discovery not done yet")
+	})
+	return nil
+}
+
+// apply installs a validated policy (Reloader.Apply).
+func (rt *product) apply(p *admission.Policy) error {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if rt.closing {
+		return errors.New("shutting down")
+	}
+	if (steeredPorts(p) != nil) != (rt.redirect != nil) {
+		return errors.New("switching between listener mode and steered (port:) services needs a restart")
+	}
+	if err := rt.setClient(p); err != nil {
+		return err
+	}
+	rt.gate.Swap(p)
+	cfg := *rt.proxy.Config()
+	cfg.Services = gate.ProxyServices(p)
+	if err := rt.proxy.Update(cfg); err != nil {
+		return fmt.Errorf("proxy update: %w", err)
+	}
+	if rt.redirect != nil {
+		if err := rt.redirect.Reload(redirectConfig(p)); err != nil {
+			return fmt.Errorf("redirect reload: %w", err)
+		}
+	}
+	rt.pol = p
+	return rt.syncListenersLocked(context.Background(), p)
+}
+
+// steeredPorts lists the policy's steered ports (nil when none).
+func steeredPorts(p *admission.Policy) []uint16 {
+	var ports []uint16
+	for _, s := range p.Services {
+		if s.Port != 0 && !slices.Contains(ports, s.Port) {
+			ports = append(ports, s.Port)
+		}
+	}
+	sort.Slice(ports, func(i, j int) bool { return ports[i] < ports[j] })
+	return ports
+}
+
+func redirectConfig(p *admission.Policy) redirect.Config {
+	cfg := redirect.Config{Ports: steeredPorts(p)}
+	any := false
+	for _, s := range p.Services {
+		if s.Port == 0 {
+			continue
+		}
+		if len(s.Prefixes) == 0 {
+			any = true
+		}
+		cfg.Prefixes = append(cfg.Prefixes, s.Prefixes...)
+		cfg.SteerLoopback = cfg.SteerLoopback || s.SteerLoopback
+	}
+	if any {
+		cfg.Prefixes = nil
+	}
+	return cfg
+}
+
+func (rt *product) attachRedirect(p *admission.Policy) error {
+	if err := redirect.EnsureBPFFS("/sys/fs/bpf"); err != nil {
+		return fmt.Errorf("steered services need bpffs: %w", err)
+	}
+	r, err := redirect.Attach(redirectConfig(p))
+	if err != nil {
+		return fmt.Errorf("attach sk_lookup redirect: %w", err)
+	}
+	rt.redirect = r
+	rt.m.Registry.MustRegister(r.Collector())
+	rt.ready.Set("redirect", func() error {
+		rt.mu.Lock()
+		lns := slices.Clone(rt.steered)
+		rt.mu.Unlock()
+		for _, ln := range lns {
+			ok, err := r.ListenerRegistered(ln)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("listener %s is not in the sockmap (taken over?)", ln.Addr())
+			}
+		}
+		if len(lns) == 0 {
+			return errors.New("no steered listener")
+		}
+		return nil
+	})
+	return nil
+}
+
+// serveSteered opens the steered listeners (IPv4 and, when the host has
+// it, IPv6 loopback), registers them in the sockmap and serves them.
+func (rt *product) serveSteered(ctx context.Context) error {
+	for _, addr := range []string{"127.0.0.1:0", "[::1]:0"} {
+		ln, err := proxy.Listen(ctx, addr)
+		if err != nil {
+			if strings.HasPrefix(addr, "[") {
+				continue // no IPv6 loopback
+			}
+			return fmt.Errorf("steered listener: %w", err)
+		}
+		if err := rt.redirect.RegisterListener(ln); err != nil {
+			ln.Close()
+			if strings.HasPrefix(addr, "[") {
+				rt.log.Warn("IPv6 steered listener not registered", "error", err.Error())
+				continue
+			}
+			return fmt.Errorf("register steered listener: %w", err)
+		}
+		rt.mu.Lock()
+		rt.steered = append(rt.steered, ln)
+		rt.mu.Unlock()
+		rt.log.Info("steered listener registered", "addr", ln.Addr().String(), "ports", fmt.Sprint(steeredPorts(rt.pol)))
+		go func() {
+			err := rt.proxy.ServeSteered(ln, nil)
+			rt.serveEnded("steered "+ln.Addr().String(), err, nil)
+		}()
+	}
+	return nil
+}
+
+func (rt *product) syncListeners(ctx context.Context, p *admission.Policy) error {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.syncListenersLocked(ctx, p)
+}
+
+// syncListenersLocked opens listener-mode addresses that are new in p and
+// closes those p no longer has (their in-flight requests finish).
+func (rt *product) syncListenersLocked(ctx context.Context, p *admission.Policy) error {
+	want := map[string]string{}
+	for _, s := range p.Services {
+		for _, a := range s.Listen {
+			want[a.String()] = s.Name
+		}
+	}
+	for addr, l := range rt.listeners {
+		if svc, ok := want[addr]; !ok || svc != l.svc {
+			l.closed = true
+			l.ln.Close()
+			delete(rt.listeners, addr)
+			rt.log.Info("listener closed", "addr", addr, "service", l.svc)
+		}
+	}
+	svcs := map[string]*proxy.Service{}
+	for _, s := range rt.proxy.Config().Services {
+		svcs[s.Name] = s
+	}
+	addrs := make([]string, 0, len(want))
+	for a := range want {
+		addrs = append(addrs, a)
+	}
+	sort.Strings(addrs)
+	for _, addr := range addrs {
+		if _, ok := rt.listeners[addr]; ok {
+			continue
+		}
+		name := want[addr]
+		ln, err := proxy.Listen(ctx, addr)
+		if err != nil {
+			return fmt.Errorf("service %s: listen %s: %w", name, addr, err)
+		}
+		l := &listener{ln: ln, svc: name}
+		rt.listeners[addr] = l
+		rt.log.Info("listening", "service", name, "addr", ln.Addr().String(), "upstream", svcs[name].Upstream)
+		go func() {
+			err := rt.proxy.Serve(ln, svcs[name])
+			rt.serveEnded("listener "+addr, err, l)
+		}()
+	}
+	return nil
+}
+
+// serveEnded turns an unexpected end of a Serve loop into a runtime
+// failure.
+func (rt *product) serveEnded(what string, err error, l *listener) {
+	rt.mu.Lock()
+	expected := rt.closing || (l != nil && l.closed)
+	rt.mu.Unlock()
+	if expected || errors.Is(err, proxy.ErrClosed) || errors.Is(err, net.ErrClosed) {
+		return
+	}
+	if err == nil {
+		err = errors.New("stopped")
+	}
+	select {
+	case rt.failed <- fmt.Errorf("%s: %w", what, err):
+	default:
+	}
+}
+
+func (rt *product) listenersUp() error {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if len(rt.listeners) == 0 && len(rt.steered) == 0 {
+		return errors.New("no listener")
+	}
+	return nil
+}
+
+// listenAddr returns the bound address of a listener-mode address (for
+// the demo and tests: ":0" resolves to a port).
+func (rt *product) listenAddr(addr string) (netip.AddrPort, bool) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	l, ok := rt.listeners[addr]
+	if !ok {
+		return netip.AddrPort{}, false
+	}
+	ap, err := netip.ParseAddrPort(l.ln.Addr().String())
+	return ap, err == nil
+}
+
+// shutdown drains: stop watching, take steered listeners out of the
+// sockmap (new connections go to the services), drain the proxy, close the
+// client after its in-flight checks, then the embedded server, the
+// redirect descriptors (pins stay) and the admin listener.
+func (rt *product) shutdown(ctx context.Context) error {
+	rt.mu.Lock()
+	rt.closing = true
+	steered := slices.Clone(rt.steered)
+	rt.mu.Unlock()
+	if rt.cancel != nil {
+		rt.cancel()
+	}
+	rt.watchWG.Wait()
+	var errs []error
+	for _, ln := range steered {
+		if rt.redirect != nil {
+			if err := rt.redirect.UnregisterListener(ln); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if rt.proxy != nil {
+		if err := rt.proxy.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("drain: %w", err))
+		}
+	}
+	if rt.gate != nil {
+		select {
+		case <-rt.gate.Close():
+		case <-ctx.Done():
+			errs = append(errs, errors.New("RateLimitly client still busy at the drain bound"))
+		}
+	}
+	rt.mu.Lock()
+	emb := rt.emb
+	rt.mu.Unlock()
+	if emb != nil {
+		errs = append(errs, emb.Close())
+	}
+	if rt.redirect != nil {
+		errs = append(errs, rt.redirect.Close())
+	}
+	if rt.admin != nil {
+		errs = append(errs, rt.admin.Close(ctx))
+	}
+	return errors.Join(errs...)
 }
