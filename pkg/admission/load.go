@@ -14,6 +14,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient"
 	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
 )
 
@@ -46,7 +47,6 @@ const (
 	wireResourceFixed         = 16
 	wireRequestFixed          = 2 + 1 // two counts, completion decision byte
 	maxDuration               = 24 * time.Hour
-	maxReplays                = 255 // the wire's attempt field is a byte
 	defaultLocationNameLength = 64
 )
 
@@ -247,7 +247,7 @@ func (l *loader) ratelimitly(n *yaml.Node) {
 	}
 	rl := &l.p.RateLimitly
 	rl.ResolverTimeout = DefaultResolverTimeout
-	rl.RequestPolicy = StandardPolicy(DefaultUnit)
+	rl.RequestPolicy = rlclient.Standard(DefaultUnit)
 	var credNode, rpNode, embeddedNode, resolverNode, resolverTimeoutNode *yaml.Node
 	for _, e := range pairs {
 		ctx := "ratelimitly." + e.key
@@ -332,7 +332,7 @@ func (l *loader) ratelimitly(n *yaml.Node) {
 		}
 	}
 	l.credentials(n, credNode)
-	l.checkHorizon(n, rpNode, credNode)
+	l.checkHorizon(n, rpNode)
 }
 
 // hasErrAt reports whether an error was already recorded inside n's lines
@@ -363,9 +363,9 @@ func (l *loader) requestPolicy(n *yaml.Node, out *RequestPolicy) {
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!str" { // shorthand: request_policy: standard
 		switch n.Value {
 		case PolicyStandard:
-			*out = StandardPolicy(DefaultUnit)
+			*out = rlclient.Standard(DefaultUnit)
 		case PolicySingleRound:
-			*out = SingleRoundPolicy(DefaultUnit)
+			*out = rlclient.SingleRound(DefaultUnit)
 		default:
 			l.errorf(n, "%s: want standard or single_round (custom needs a mapping), got %q", ctx, short(n.Value))
 		}
@@ -400,13 +400,13 @@ func (l *loader) requestPolicy(n *yaml.Node, out *RequestPolicy) {
 	}
 	switch name {
 	case PolicyStandard:
-		*out = StandardPolicy(unit)
+		*out = rlclient.Standard(unit)
 	case PolicySingleRound:
-		*out = SingleRoundPolicy(unit)
+		*out = rlclient.SingleRound(unit)
 	case PolicyCustom:
 		*out = RequestPolicy{Name: PolicyCustom, Unit: unit}
 	}
-	var gapsNode, replaysNode *yaml.Node
+	var gapsNode *yaml.Node
 	for _, e := range custom {
 		c := ctx + "." + e.key
 		if name != PolicyCustom {
@@ -426,8 +426,7 @@ func (l *loader) requestPolicy(n *yaml.Node, out *RequestPolicy) {
 				}
 			}
 		case "replays":
-			replaysNode = e.v
-			if v, ok := l.integer(e.v, c, 0, maxReplays); ok {
+			if v, ok := l.integer(e.v, c, 0, MaxReplays); ok {
 				out.Replays = int(v)
 			}
 		case "final_receive":
@@ -440,13 +439,8 @@ func (l *loader) requestPolicy(n *yaml.Node, out *RequestPolicy) {
 			}
 		}
 	}
-	if name == PolicyCustom {
-		if out.Replays > 0 && gapsNode == nil {
-			l.errorf(replaysNode, "%s: replays %d needs replay_gaps", ctx, out.Replays)
-		}
-		if gapsNode != nil && len(out.ReplayGaps) > out.Replays && len(out.ReplayGaps) > 0 {
-			l.errorf(gapsNode, "%s: replay_gaps lists %d gaps but replays is %d", ctx, len(out.ReplayGaps), out.Replays)
-		}
+	if name == PolicyCustom && gapsNode != nil && len(out.ReplayGaps) > out.Replays {
+		l.errorf(gapsNode, "%s: replay_gaps lists %d gaps but replays is %d", ctx, len(out.ReplayGaps), out.Replays)
 	}
 }
 
@@ -503,24 +497,20 @@ func (l *loader) credentials(rlNode, credNode *yaml.Node) {
 }
 
 // checkHorizon validates the request policy's horizon against the wire TTL
-// and the credential's max_horizon.
-func (l *loader) checkHorizon(rlNode, rpNode, credNode *yaml.Node) {
+// and the credential's max_horizon (rlclient.RequestPolicy.Validate).
+func (l *loader) checkHorizon(rlNode, rpNode *yaml.Node) {
 	rl := &l.p.RateLimitly
 	at := rpNode
 	if at == nil {
 		at = rlNode
 	}
-	h := rl.RequestPolicy.Horizon()
-	rl.Horizon = h
-	ms := (h + time.Millisecond - 1) / time.Millisecond
-	if ms > 65535 {
-		l.errorf(at, "ratelimitly.request_policy: %s horizon %s exceeds the wire TTL limit of 65535ms", rl.RequestPolicy.Name, h)
-		return
-	}
-	c := rl.Credential
-	if c.MaxHorizon > 0 && h > c.MaxHorizon {
-		l.errorf(at, "ratelimitly.request_policy: %s horizon %s exceeds max_horizon %s of credential key_id %d (%s)",
-			rl.RequestPolicy.Name, h, c.MaxHorizon, c.KeyID, rl.CredentialsFile)
+	rl.Horizon = rl.RequestPolicy.Horizon()
+	if err := rl.RequestPolicy.Validate(rl.Credential); err != nil {
+		msg := "ratelimitly.request_policy: " + err.Error()
+		if rl.Credential.MaxHorizon > 0 && rl.Horizon > rl.Credential.MaxHorizon {
+			msg += fmt.Sprintf(" (credential key_id %d in %s)", rl.Credential.KeyID, rl.CredentialsFile)
+		}
+		l.errorf(at, "%s", msg)
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient"
 )
 
 // ptSecret is a test-only key (32 bytes, base64).
@@ -110,7 +112,7 @@ func TestLoadErrors(t *testing.T) {
 		{"2000-byte static bucket", ptEmbedded + "zones:\n  z:\n    rate: 1/s\n    bucket: " + long + "\n" + ptService, "", []string{"5: zones.z.bucket: static value is 2000 bytes, over the 1024-byte limit"}},
 		{"300-byte label", ptEmbedded + ptService + "    label: " + strings.Repeat("l", 300) + "\n", "", []string{"6: services[0] (web).label: static value is 300 bytes, over the 256-byte limit"}},
 		{"custom horizon over max_horizon", "ratelimitly:\n  embedded: true\n  credentials: creds.yaml\n  request_policy:\n    name: custom\n    unit: 40ms\n    replays: 2\n    replay_gaps: [30ms]\n    final_receive: 20ms\n" + ptService, creds100,
-			[]string{"5: ratelimitly.request_policy: custom horizon 120ms exceeds max_horizon 100ms of credential key_id 4"}},
+			[]string{"5: ratelimitly.request_policy: request policy custom: horizon 120ms exceeds the credential's max_horizon 100ms (credential key_id 4 in "}},
 
 		// Wrong types, durations, names.
 		{"bool as string", ptEmbedded + ptService + "    ratelimit_headers: \"yes\"\n", "", []string{`6: services[0] (web).ratelimit_headers: want true or false, got string "yes"`}},
@@ -134,9 +136,10 @@ func TestLoadErrors(t *testing.T) {
 		{"bad resolver", "ratelimitly:\n  srv: _rl._udp.example\n  credentials: creds.yaml\n  resolver: dns.example:53\n" + ptService, "tenant: t\nkey_id: 1\nsecret: " + ptSecret + "\n", []string{"4: ratelimitly.resolver: want IP or IP:port"}},
 		{"standard with replays", "ratelimitly:\n  embedded: true\n  request_policy: {name: standard, replays: 2}\n" + ptService, "", []string{"3: ratelimitly.request_policy.replays: only for name: custom"}},
 		{"unknown policy name", "ratelimitly:\n  embedded: true\n  request_policy: {name: fast}\n" + ptService, "", []string{`3: ratelimitly.request_policy.name: want standard, single_round or custom, got "fast"`}},
-		{"custom replays without gaps", "ratelimitly:\n  embedded: true\n  request_policy:\n    name: custom\n    replays: 2\n" + ptService, "", []string{"5: ratelimitly.request_policy: replays 2 needs replay_gaps"}},
-		{"horizon over wire TTL", "ratelimitly:\n  embedded: true\n  request_policy: {name: standard, unit: 30s}\n" + ptService, "", []string{"3: ratelimitly.request_policy: standard horizon 1m30s exceeds the wire TTL limit of 65535ms"}},
-		{"standard over max_horizon", "ratelimitly:\n  embedded: true\n  credentials: creds.yaml\n  request_policy: {name: standard, unit: 40ms}\n" + ptService, creds100, []string{"4: ratelimitly.request_policy: standard horizon 120ms exceeds max_horizon 100ms"}},
+		{"custom too many replays", "ratelimitly:\n  embedded: true\n  request_policy:\n    name: custom\n    replays: 17\n" + ptService, "", []string{"5: ratelimitly.request_policy.replays: want an integer from 0 to 16, got 17"}},
+		{"custom more gaps than replays", "ratelimitly:\n  embedded: true\n  request_policy:\n    name: custom\n    replays: 1\n    replay_gaps: [1ms, 2ms]\n" + ptService, "", []string{"6: ratelimitly.request_policy: replay_gaps lists 2 gaps but replays is 1"}},
+		{"horizon over wire TTL", "ratelimitly:\n  embedded: true\n  request_policy: {name: standard, unit: 30s}\n" + ptService, "", []string{"3: ratelimitly.request_policy: request policy standard: horizon 1m30s exceeds the wire limit of 65535ms"}},
+		{"standard over max_horizon", "ratelimitly:\n  embedded: true\n  credentials: creds.yaml\n  request_policy: {name: standard, unit: 40ms}\n" + ptService, creds100, []string{"4: ratelimitly.request_policy: request policy standard: horizon 120ms exceeds the credential's max_horizon 100ms"}},
 		{"zone missing fields", ptEmbedded + "zones:\n  z: {burst: 3}\n" + ptService, "", []string{"3: zones.z: missing bucket", "3: zones.z: missing rate"}},
 		{"cost over capacity", ptEmbedded + "zones:\n  z: {bucket: x, rate: 5/s, cost: 6}\n" + ptService, "", []string{"3: zones.z: cost 6 exceeds the bucket capacity 5"}},
 		{"empty bucket", ptEmbedded + "zones:\n  z: {bucket: \"\", rate: 5/s}\n" + ptService, "", []string{"3: zones.z.bucket: must not be empty"}},
@@ -308,12 +311,13 @@ func TestRequestPolicyHorizon(t *testing.T) {
 		p    RequestPolicy
 		want time.Duration
 	}{
-		{StandardPolicy(20 * ms), 60 * ms},
-		{StandardPolicy(7 * ms), 21 * ms},
-		{SingleRoundPolicy(20 * ms), 20 * ms},
+		{rlclient.Standard(20 * ms), 60 * ms},
+		{rlclient.Standard(7 * ms), 21 * ms},
+		{rlclient.SingleRound(20 * ms), 20 * ms},
 		{RequestPolicy{Name: PolicyCustom, Unit: 10 * ms}, 10 * ms},
 		{RequestPolicy{Name: PolicyCustom, Unit: 10 * ms, Replays: 3, ReplayGaps: []time.Duration{5 * ms, 7 * ms}, FinalReceive: 4 * ms}, (10 + 5 + 7 + 7 + 4) * ms},
 		{RequestPolicy{Name: PolicyCustom, Unit: 10 * ms, Replays: 2, ReplayGaps: []time.Duration{5 * ms, 7 * ms}}, (10 + 5 + 7) * ms},
+		{RequestPolicy{Name: PolicyCustom, Unit: 10 * ms, Replays: 2}, (10 + 10 + 10) * ms}, // no gaps: each replay waits a unit
 	}
 	for _, tc := range cases {
 		if got := tc.p.Horizon(); got != tc.want {

@@ -79,13 +79,6 @@ func (f DenyFormat) String() string {
 	return "json"
 }
 
-// Request-policy names.
-const (
-	PolicyStandard    = "standard"
-	PolicySingleRound = "single_round"
-	PolicyCustom      = "custom"
-)
-
 // WireMaxTTL is the largest request horizon the wire's 16-bit ttl_ms carries.
 const WireMaxTTL = 65535 * time.Millisecond
 
