@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"syscall"
 
 	"github.com/cilium/ebpf"
@@ -155,4 +156,56 @@ func (r *Redirect) UnregisterListener(ln net.Listener) error {
 		}
 	}
 	return nil
+}
+
+// AcceptQueued accepts, without blocking, every connection already waiting
+// in ln's accept queue. A proxy that was taken over (ListenerRegistered
+// false) receives no new connections, so it can call AcceptQueued, serve
+// what it returns, and close ln without resetting queued clients. (A
+// handshake still in flight at the moment of the takeover can complete on
+// the old listener a round trip later; drain again before closing.)
+func AcceptQueued(ln net.Listener) ([]net.Conn, error) {
+	sc, ok := ln.(syscall.Conn)
+	if !ok {
+		return nil, fmt.Errorf("accept queued on %v: %T exposes no socket", ln.Addr(), ln)
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("accept queued on %v: %w", ln.Addr(), err)
+	}
+	var (
+		conns []net.Conn
+		opErr error
+	)
+	// Control, not Read: RawConn.Read refuses listening sockets. The
+	// socket is non-blocking, so accept4 answers EAGAIN on an empty queue.
+	err = rc.Control(func(fd uintptr) {
+		for range 1 << 16 { // bounded: at most one full backlog
+			nfd, _, err := unix.Accept4(int(fd), unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+			switch {
+			case errors.Is(err, unix.EAGAIN):
+				return
+			case errors.Is(err, unix.EINTR), errors.Is(err, unix.ECONNABORTED):
+				continue
+			case err != nil:
+				opErr = err
+				return
+			}
+			f := os.NewFile(uintptr(nfd), "accepted")
+			c, err := net.FileConn(f)
+			f.Close()
+			if err != nil {
+				opErr = err
+				return
+			}
+			conns = append(conns, c)
+		}
+	})
+	if err == nil {
+		err = opErr
+	}
+	if err != nil {
+		return conns, fmt.Errorf("accept queued on %v: %w", ln.Addr(), err)
+	}
+	return conns, nil
 }
