@@ -198,6 +198,9 @@ func headNeed(lim httpparse.Limits) int {
 func (c *conn) serve() {
 	defer c.finish()
 	for c.serveOne() {
+		// Idle connections keep no buffers.
+		c.putWB()
+		c.putScratch()
 	}
 }
 

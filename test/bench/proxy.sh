@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# Proxy data-path benchmark, one run on one machine with fixed CPU pinning:
+#   (a) wrk -> nginx static backend
+#   (b) wrk -> nginx proxy_pass (upstream keepalive) -> nginx backend
+#   (c) wrk -> rl-tproxy data path (pkg/proxy, no admission) -> nginx backend
+# Servers (backend, proxy) run on CPU $SERVER_CPU (nginx: 1 worker each;
+# Go: GOMAXPROCS=1), wrk on CPU $CLIENT_CPU. Rounds alternate a,b,c to
+# spread machine noise; the median req/s per setup is reported with the
+# ratio c/b. Then memory per idle keep-alive connection: $IDLE_CONNS idle
+# connections (one request each) against (b) and (c), RSS delta / N.
+#
+# Usage: test/bench/proxy.sh            (env: DURATION=5s CONNS=50 ROUNDS=3
+#                                        IDLE_CONNS=10000 SERVER_CPU=0 CLIENT_CPU=1)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+DURATION=${DURATION:-5s}
+CONNS=${CONNS:-50}
+ROUNDS=${ROUNDS:-3}
+IDLE_CONNS=${IDLE_CONNS:-10000}
+SERVER_CPU=${SERVER_CPU:-0}
+CLIENT_CPU=${CLIENT_CPU:-1}
+if [ "$(nproc)" -lt 2 ]; then SERVER_CPU=0 CLIENT_CPU=0; fi
+
+for tool in nginx wrk taskset go; do
+  command -v "$tool" >/dev/null || { echo "proxy.sh: needs $tool (test/deps.sh installs it)" >&2; exit 1; }
+done
+# Each process holds IDLE_CONNS sockets: raise the soft limit as far as allowed.
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+NOFILE=$(ulimit -n)
+if [ "$NOFILE" -lt $((IDLE_CONNS + 1000)) ]; then
+  echo "proxy.sh: ulimit -n is $NOFILE, need $((IDLE_CONNS + 1000)) for IDLE_CONNS=$IDLE_CONNS" >&2; exit 1
+fi
+
+work=$(mktemp -d /tmp/rl-proxy-bench.XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+wait_port() { # bounded readiness poll of a just-started server
+  for _ in $(seq 1 500); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+    sleep 0.01
+  done
+  echo "proxy.sh: nothing listening on port $1" >&2; exit 1
+}
+
+BACKEND=$(free_port); NGXPROXY=$(free_port); GOPROXY=$(free_port)
+user_line=""; [ "$(id -u)" = 0 ] && user_line="user root;"
+
+mkdir -p "$work/www" "$work/backend" "$work/nproxy"
+head -c 612 /dev/zero | tr '\0' 'x' >"$work/www/index.html" # nginx default page size
+
+nginx_conf() { # $1 dir, $2 server block body
+  cat >"$1/nginx.conf" <<EOF
+$user_line
+daemon off;
+worker_processes 1;
+worker_rlimit_nofile $NOFILE;
+pid $1/nginx.pid;
+error_log $1/error.log warn;
+events { worker_connections 30000; }
+http {
+    access_log off;
+    keepalive_timeout 300s;
+    keepalive_requests 1000000;
+    client_body_temp_path $1/tmp_body;
+    proxy_temp_path $1/tmp_proxy;
+    fastcgi_temp_path $1/tmp_fcgi;
+    uwsgi_temp_path $1/tmp_uwsgi;
+    scgi_temp_path $1/tmp_scgi;
+    $2
+}
+EOF
+}
+nginx_conf "$work/backend" "server { listen 127.0.0.1:$BACKEND; root $work/www; open_file_cache max=16; location / { index index.html; } }"
+nginx_conf "$work/nproxy" "upstream backend { server 127.0.0.1:$BACKEND; keepalive 64; }
+    server { listen 127.0.0.1:$NGXPROXY; location / {
+        proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\";
+        proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for; proxy_buffering on; } }"
+
+go build -trimpath -o "$work/proxy" ./test/bench/proxy/proxy
+go build -trimpath -o "$work/idleconns" ./test/bench/proxy/idleconns
+
+taskset -c "$SERVER_CPU" nginx -p "$work/backend" -c "$work/backend/nginx.conf" -e "$work/backend/error.log" &
+pids+=($!)
+taskset -c "$SERVER_CPU" nginx -p "$work/nproxy" -c "$work/nproxy/nginx.conf" -e "$work/nproxy/error.log" &
+NGXPID=$!; pids+=($!)
+GOMAXPROCS=1 taskset -c "$SERVER_CPU" "$work/proxy" -listen "127.0.0.1:$GOPROXY" -upstream "127.0.0.1:$BACKEND" &
+GOPID=$!; pids+=($!)
+wait_port "$BACKEND"; wait_port "$NGXPROXY"; wait_port "$GOPROXY"
+
+for port in "$BACKEND" "$NGXPROXY" "$GOPROXY"; do
+  code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/")
+  [ "$code" = 200 ] || { echo "proxy.sh: port $port answered $code" >&2; exit 1; }
+done
+
+run_wrk() { # $1 port -> req/s
+  local out
+  out=$(taskset -c "$CLIENT_CPU" wrk -t1 -c"$CONNS" -d"$DURATION" "http://127.0.0.1:$1/")
+  if grep -q -e 'Non-2xx' -e 'Socket errors' <<<"$out"; then echo "proxy.sh: wrk errors on $1:" >&2; echo "$out" >&2; exit 1; fi
+  awk '/Requests\/sec/ {print $2}' <<<"$out"
+}
+median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+
+echo "machine: $(nproc) CPUs, $(uname -r), load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "ulimit -n $NOFILE; wrk -t1 -c$CONNS -d$DURATION, $ROUNDS rounds; servers on CPU $SERVER_CPU, wrk on CPU $CLIENT_CPU"
+declare -a A B C
+for r in $(seq 1 "$ROUNDS"); do
+  A+=("$(run_wrk "$BACKEND")"); B+=("$(run_wrk "$NGXPROXY")"); C+=("$(run_wrk "$GOPROXY")")
+  echo "round $r: (a) ${A[-1]}  (b) ${B[-1]}  (c) ${C[-1]} req/s"
+done
+a=$(printf '%s\n' "${A[@]}" | median); b=$(printf '%s\n' "${B[@]}" | median); c=$(printf '%s\n' "${C[@]}" | median)
+printf '%-44s %12s\n' "setup" "req/s (median)"
+printf '%-44s %12s\n' "(a) nginx static backend, direct" "$a"
+printf '%-44s %12s\n' "(b) nginx proxy_pass, upstream keepalive" "$b"
+printf '%-44s %12s\n' "(c) rl-tproxy data path (no admission)" "$c"
+awk -v b="$b" -v c="$c" 'BEGIN {printf "ratio (c)/(b): %.2f\n", c/b}'
+
+rss_kb() { # sum VmRSS of a process and its children (nginx master + worker)
+  local total=0 p
+  for p in "$1" $(pgrep -P "$1" || true); do
+    total=$((total + $(awk '/VmRSS/ {print $2}' "/proc/$p/status")))
+  done
+  echo "$total"
+}
+idle_mem() { # $1 port, $2 server pid -> bytes per idle connection
+  local before after fifo="$work/idle.fifo.$1" line
+  rm -f "$fifo"; mkfifo "$fifo"
+  before=$(rss_kb "$2")
+  taskset -c "$CLIENT_CPU" "$work/idleconns" -addr "127.0.0.1:$1" -n "$IDLE_CONNS" <"$fifo" >"$work/idle.out.$1" &
+  local cpid=$!
+  exec 4>"$fifo"
+  for _ in $(seq 1 600); do
+    if grep -q ready "$work/idle.out.$1" 2>/dev/null; then break; fi
+    if ! kill -0 "$cpid" 2>/dev/null; then echo "proxy.sh: idleconns failed" >&2; exit 1; fi
+    sleep 0.1
+  done
+  grep -q ready "$work/idle.out.$1" || { echo "proxy.sh: idleconns not ready" >&2; exit 1; }
+  sleep 1
+  after=$(rss_kb "$2")
+  exec 4>&-
+  wait "$cpid" || true
+  echo "$before $after" | awk -v n="$IDLE_CONNS" '{printf "%d KiB -> %d KiB: %.0f bytes/conn\n", $1, $2, ($2-$1)*1024/n}'
+}
+echo "memory per idle keep-alive connection ($IDLE_CONNS connections, RSS delta / N):"
+echo "  (b) nginx proxy:  $(idle_mem "$NGXPROXY" "$NGXPID")"
+echo "  (c) rl-tproxy:    $(idle_mem "$GOPROXY" "$GOPID")"

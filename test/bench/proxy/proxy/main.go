@@ -1,0 +1,45 @@
+// Command proxy runs pkg/proxy with no admission hook in front of one
+// upstream, for test/bench/proxy.sh (throughput and idle-connection memory).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+)
+
+func main() {
+	listen := flag.String("listen", "127.0.0.1:8080", "listen address")
+	upstream := flag.String("upstream", "127.0.0.1:8081", "upstream address")
+	flag.Parse()
+	svc := &proxy.Service{Name: "bench", Upstream: *upstream, XForwardedFor: true,
+		IdleTimeout: 5 * time.Minute}
+	p, err := proxy.New(proxy.Config{Services: []*proxy.Service{svc}})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	ln, err := proxy.Listen(context.Background(), *listen)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		<-sig
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		p.Shutdown(ctx)
+	}()
+	if err := p.Serve(ln, svc); err != nil && err != proxy.ErrClosed {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+}
