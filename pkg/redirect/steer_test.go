@@ -60,6 +60,9 @@ func TestSteeringBetweenNamespaces(t *testing.T) {
 	if got := mustAsk(t, p.Node, node4, nil); got != "proxy "+node4 {
 		t.Fatalf("local client, steer_loopback on: %q", got)
 	}
+	if got := mustAsk(t, p.Node, "127.0.0.1:80", nil); got != "proxy 127.0.0.1:80" {
+		t.Fatalf("local client to 127.0.0.1, steer_loopback on: %q", got)
+	}
 	for _, addr := range []string{node4, "127.0.0.1:80"} {
 		if got := mustAsk(t, p.Node, addr, r.DialContext); got != "service "+addr {
 			t.Fatalf("bypass dial %s: %q, want the service (no loop)", addr, got)
@@ -71,8 +74,10 @@ func TestSteeringBetweenNamespaces(t *testing.T) {
 	if err := r.SetSteerLoopback(false); err != nil {
 		t.Fatal(err)
 	}
-	if got := mustAsk(t, p.Node, node4, nil); got != "service "+node4 {
-		t.Fatalf("local client, steer_loopback off: %q", got)
+	for _, addr := range []string{node4, "127.0.0.1:80", "127.0.0.2:80"} {
+		if got := mustAsk(t, p.Node, addr, nil); got != "service "+addr {
+			t.Fatalf("local client to %s, steer_loopback off: %q", addr, got)
+		}
 	}
 
 	// The proxy goes away: connections fall through to the service, none refused.
@@ -126,6 +131,11 @@ func TestSteeringBetweenNamespaces(t *testing.T) {
 	}
 	if got := mustAsk(t, p.Node, node6, r.DialContext); got != "service "+node6 {
 		t.Fatalf("IPv6 bypass dial: %q", got)
+	}
+	for _, addr := range []string{node6, "[::1]:80"} {
+		if got := mustAsk(t, p.Node, addr, nil); got != "service "+addr {
+			t.Fatalf("IPv6 local client to %s, steer_loopback off: %q", addr, got)
+		}
 	}
 	if got := mustAsk(t, p.Client, node4, nil); got != "proxy3 "+node4 {
 		t.Fatalf("IPv4 after IPv6 registration: %q", got)
