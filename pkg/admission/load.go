@@ -249,21 +249,27 @@ func (l *loader) ratelimitly(n *yaml.Node) {
 	rl.ResolverTimeout = DefaultResolverTimeout
 	rl.RequestPolicy = rlclient.Standard(DefaultUnit)
 	var credNode, rpNode, embeddedNode, resolverNode, resolverTimeoutNode *yaml.Node
+	targetBad := false // srv or embedded was written but invalid (already reported)
 	for _, e := range pairs {
 		ctx := "ratelimitly." + e.key
 		switch e.key {
 		case "srv":
-			if s, ok := l.str(e.v, ctx); ok {
-				if !isDNSName(s) {
-					l.errorf(e.v, "%s: bad SRV name %q", ctx, short(s))
-				} else {
-					rl.SRV = s
-				}
+			s, ok := l.str(e.v, ctx)
+			switch {
+			case !ok:
+				targetBad = true
+			case !isDNSName(s):
+				l.errorf(e.v, "%s: bad SRV name %q", ctx, short(s))
+				targetBad = true
+			default:
+				rl.SRV = s
 			}
 		case "embedded":
 			embeddedNode = e.v
 			if b, ok := l.boolean(e.v, ctx); ok {
 				rl.Embedded = *b
+			} else {
+				targetBad = true
 			}
 		case "resolver":
 			resolverNode = e.v
@@ -321,7 +327,7 @@ func (l *loader) ratelimitly(n *yaml.Node) {
 	switch {
 	case rl.SRV != "" && rl.Embedded:
 		l.errorf(embeddedNode, "ratelimitly: set either srv or embedded: true, not both")
-	case rl.SRV == "" && !rl.Embedded && !l.hasErrAt(n):
+	case rl.SRV == "" && !rl.Embedded && !targetBad:
 		l.errorf(n, "ratelimitly: set srv (the RateLimitly SRV name) or embedded: true")
 	}
 	if rl.Embedded {
@@ -333,17 +339,6 @@ func (l *loader) ratelimitly(n *yaml.Node) {
 	}
 	l.credentials(n, credNode)
 	l.checkHorizon(n, rpNode)
-}
-
-// hasErrAt reports whether an error was already recorded inside n's lines
-// (to avoid a second, vaguer error for the same mistake).
-func (l *loader) hasErrAt(n *yaml.Node) bool {
-	for _, e := range l.errs {
-		if e.File == l.file && e.Line >= n.Line {
-			return true
-		}
-	}
-	return false
 }
 
 func (l *loader) resolverAddr(v *yaml.Node, ctx, s string) string {
