@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/netip"
 	"slices"
 	"sort"
 	"strings"
@@ -315,7 +314,7 @@ func (rt *product) setClient(pol *admission.Policy) error {
 	p := rl.RequestPolicy
 	c, err := rlclient.New(rlclient.Config{
 		SRV: srvName, Resolver: resolver, ResolverTimeout: rl.ResolverTimeout, Credential: cred,
-		Policy: rlclient.RequestPolicy{Name: p.Name, Unit: p.Unit, ReplayGaps: p.ReplayGaps, Replays: p.Replays, FinalReceive: p.FinalReceive, Completion: p.Completion},
+		Policy: rlclient.RequestPolicy(p),
 		Bind:   rl.Bind, Logger: rt.log,
 	})
 	if err != nil {
@@ -560,19 +559,6 @@ func (rt *product) listenersUp() error {
 		return errors.New("no listener")
 	}
 	return nil
-}
-
-// listenAddr returns the bound address of a listener-mode address (for
-// the demo and tests: ":0" resolves to a port).
-func (rt *product) listenAddr(addr string) (netip.AddrPort, bool) {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	l, ok := rt.listeners[addr]
-	if !ok {
-		return netip.AddrPort{}, false
-	}
-	ap, err := netip.ParseAddrPort(l.ln.Addr().String())
-	return ap, err == nil
 }
 
 // shutdown drains: stop watching, take steered listeners out of the
