@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/rl-tproxy/rl-tproxy/bpf"
 	"github.com/rl-tproxy/rl-tproxy/internal/netnstest"
 )
 
@@ -285,4 +286,45 @@ func TestEnsureBPFFS(t *testing.T) {
 	if ok, _ := isBPFFS(dir); ok {
 		t.Error("two bpffs mounts stacked on one directory")
 	}
+}
+
+// A pinned map that the attached program does not use (pins swapped under
+// it) is not silently trusted: Attach refuses, Upgrade repairs.
+func TestSwappedMapPinRefused(t *testing.T) {
+	requireBPF(t)
+	ns := netnstest.New(t)
+	root := netnstest.BPFFS(t) + "/rl-tproxy"
+	r := attachIn(t, ns, Config{PinRoot: root, Ports: []uint16{80}})
+	dir := r.Dir()
+	r.Close()
+	spec, err := bpf.LoadSkLookup()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := ebpf.NewMap(spec.Maps[bpf.SkLookupMapSteerPorts])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	pin := filepath.Join(dir, pinMapPfx+bpf.SkLookupMapSteerPorts)
+	if err := os.Remove(pin); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Pin(pin); err != nil {
+		t.Fatal(err)
+	}
+	err = ns.Do(func() error {
+		r, err := Attach(Config{PinRoot: root, Ports: []uint16{80}})
+		if err == nil {
+			r.Close()
+		}
+		return err
+	})
+	if !errors.Is(err, ErrIncompatible) || !strings.Contains(err.Error(), "not the one the attached program uses") {
+		t.Fatalf("Attach with a swapped map pin: %v", err)
+	}
+	r2 := attachIn(t, ns, Config{PinRoot: root, Ports: []uint16{80}, Upgrade: true})
+	r2.Close()
+	r3 := attachIn(t, ns, Config{PinRoot: root, Ports: []uint16{80}})
+	_ = r3
 }

@@ -238,6 +238,26 @@ func (r *Redirect) reuse(spec *ebpf.CollectionSpec, upgrade bool) error {
 	}
 
 	if len(problems) == 0 {
+		// The pins must be the maps the attached program really uses.
+		if ids, ok := pinfo.MapIDs(); ok {
+			used := map[ebpf.MapID]bool{}
+			for _, id := range ids {
+				used[id] = true
+			}
+			for name, m := range compatible {
+				info, err := m.Info()
+				if err != nil {
+					problems = append(problems, fmt.Sprintf("map %s: %v", name, err))
+					continue
+				}
+				if id, ok := info.ID(); ok && !used[id] {
+					problems = append(problems, fmt.Sprintf("pinned map %s is not the one the attached program uses", name))
+				}
+			}
+		}
+	}
+	slices.Sort(problems)
+	if len(problems) == 0 {
 		r.prog = prog
 		r.tag = pinfo.Tag
 		assignMaps(&r.maps, compatible)
