@@ -454,6 +454,10 @@ func (d *demo) reload(next func(string), l *admission.Location) error {
 	if nl == nil {
 		return errors.New("location vanished after reload")
 	}
+	// Demo pacing (not synchronisation): let the bucket refill to the new
+	// burst so the new limit shows.
+	d.printf("   waiting 1.5s for the bucket to refill at the new rate\n")
+	time.Sleep(1500 * time.Millisecond)
 	return d.burst(next, nl, "Burst after the reload")
 }
 
