@@ -65,6 +65,9 @@ func (f *handleFixture) request(tb testing.TB) {
 // Decisions, replays and reports do not allocate in steady state (existing
 // buckets and trackers, dedup ring wrapped).
 func TestHandleZeroAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates; run without -race")
+	}
 	f := newHandleFixture(t)
 	rep := &wire.LatencyReport{Entries: []wire.ReportEntry{{Service: []byte("checkout"), DurationMs: 5}}}
 	for i := 0; i < 2000; i++ { // warm up: create keys, wrap the dedup ring

@@ -1,0 +1,5 @@
+//go:build !race
+
+package rlserver
+
+const raceEnabled = false
