@@ -73,7 +73,8 @@ func (n *NS) Path() string { return "/run/netns/" + n.Name }
 
 // Do runs f on an OS thread switched into the namespace and returns its
 // error. The thread returns to its original namespace before it is released;
-// if that fails the thread is discarded.
+// if that fails the thread is discarded. f runs on its own goroutine: if it
+// calls t.Fatal (runtime.Goexit) Do returns an error instead of hanging.
 func (n *NS) Do(f func() error) error {
 	errc := make(chan error, 1)
 	go func() {
@@ -84,20 +85,25 @@ func (n *NS) Do(f func() error) error {
 			errc <- fmt.Errorf("open current netns: %w", err)
 			return
 		}
-		defer unix.Close(orig)
 		if err := unix.Setns(n.fd, unix.CLONE_NEWNET); err != nil {
+			unix.Close(orig)
 			runtime.UnlockOSThread()
 			errc <- fmt.Errorf("setns %s: %w", n.Name, err)
 			return
 		}
-		ferr := f()
-		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
-			// Leave the thread locked: it exits with this goroutine.
-			errc <- fmt.Errorf("restore netns after %s: %w", n.Name, err)
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
+		ferr := fmt.Errorf("function run in %s exited its goroutine (t.Fatal inside Do?)", n.Name)
+		defer func() {
+			err := unix.Setns(orig, unix.CLONE_NEWNET)
+			unix.Close(orig)
+			if err != nil {
+				// Leave the thread locked: it exits with this goroutine.
+				errc <- fmt.Errorf("restore netns after %s: %w", n.Name, err)
+				return
+			}
+			runtime.UnlockOSThread()
+			errc <- ferr
+		}()
+		ferr = f()
 	}()
 	return <-errc
 }

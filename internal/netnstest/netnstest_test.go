@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -101,5 +102,20 @@ func TestBPFFSIsBPF(t *testing.T) {
 	}
 	if uint32(st.Type) != uint32(unix.BPF_FS_MAGIC) {
 		t.Fatalf("%s has fs type %#x, want bpffs", dir, st.Type)
+	}
+}
+
+func TestDoSurvivesGoexit(t *testing.T) {
+	ns := New(t)
+	before := nsInode(t)
+	err := ns.Do(func() error {
+		runtime.Goexit()
+		return nil
+	})
+	if err == nil {
+		t.Fatal("Do returned nil after its function called Goexit")
+	}
+	if after := nsInode(t); after != before {
+		t.Fatalf("test goroutine's namespace changed: %d -> %d", before, after)
 	}
 }
