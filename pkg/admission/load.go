@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"net/netip"
 	"os"
@@ -464,10 +465,11 @@ func (l *loader) credentials(rlNode, credNode *yaml.Node) {
 	}
 	data, err := l.readFile(rl.CredentialsFile)
 	if err != nil {
-		l.errorf(credNode, "ratelimitly.credentials: cannot read %s: %v", rl.CredentialsFile, errors.Unwrap(err))
-		if errors.Unwrap(err) == nil {
-			l.errs[len(l.errs)-1].Msg = fmt.Sprintf("ratelimitly.credentials: cannot read %s: %v", rl.CredentialsFile, err)
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the path is already in the message
 		}
+		l.errorf(credNode, "ratelimitly.credentials: cannot read %s: %v", rl.CredentialsFile, err)
 		return
 	}
 	creds, err := credentials.Parse(rl.CredentialsFile, data)

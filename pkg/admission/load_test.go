@@ -128,7 +128,7 @@ func TestLoadErrors(t *testing.T) {
 		{"srv and embedded", "ratelimitly:\n  srv: _rl._udp.example\n  embedded: true\n" + ptService, "", []string{"3: ratelimitly: set either srv or embedded: true, not both"}},
 		{"neither srv nor embedded", "ratelimitly: {fail: open}\n" + ptService, "", []string{"1: ratelimitly: set srv"}},
 		{"srv without credentials", "ratelimitly:\n  srv: _rl._udp.example\n" + ptService, "", []string{"2: ratelimitly: credentials is required with srv"}},
-		{"missing credentials file", "ratelimitly:\n  srv: _rl._udp.example\n  credentials: nope.yaml\n" + ptService, "", []string{"3: ratelimitly.credentials: cannot read"}},
+		{"missing credentials file", "ratelimitly:\n  srv: _rl._udp.example\n  credentials: nope.yaml\n" + ptService, "", []string{"3: ratelimitly.credentials: cannot read", "nope.yaml: no such file or directory"}},
 		{"bad credentials file", "ratelimitly:\n  srv: _rl._udp.example\n  credentials: creds.yaml\n" + ptService, "tenant: t\nkey_id: 1\nsecret: AAAA\n", []string{"creds.yaml:3: secret: decodes to the wrong length", "policy.yaml:3: ratelimitly.credentials:"}},
 		{"bad fail", "ratelimitly: {embedded: true, fail: maybe}\n" + ptService, "", []string{`1: ratelimitly.fail: want open, close or local, got "maybe"`}},
 		{"bad bind", "ratelimitly: {embedded: true, bind: 0.0.0.0:53}\n" + ptService, "", []string{"1: ratelimitly.bind: want an IP address"}},
@@ -344,5 +344,23 @@ func TestRequestPolicyHorizon(t *testing.T) {
 	creds := "tenant: t\nkey_id: 1\nsecret: " + ptSecret + "\nmax_horizon: 60ms\n"
 	if _, err := Load(ptWrite(t, "ratelimitly: {embedded: true, credentials: creds.yaml}\n"+ptService, creds)); err != nil {
 		t.Fatalf("standard 60ms with max_horizon 60ms: %v", err)
+	}
+}
+
+// One mistake gives one error, not a cascade of follow-up errors.
+func TestLoadOneErrorPerMistake(t *testing.T) {
+	for name, src := range map[string]string{
+		"srv wrong type":      "ratelimitly: {srv: 5}\n" + ptService,
+		"embedded wrong type": "ratelimitly: {embedded: \"yes\"}\n" + ptService,
+		"bad zone rate":       ptEmbedded + "zones:\n  z: {bucket: x, rate: fast}\n" + ptService + "    limit: [z]\n",
+		"bad guard threshold": ptEmbedded + "trackers:\n  t: {service: s}\n" + ptService + "    guard: [{tracker: t, threshold: soon}]\n",
+		"bad label":           ptEmbedded + ptService + "    label: \"{nope}\"\n",
+		"bad service port":    ptEmbedded + "services:\n  - {name: a, port: x, upstream: 127.0.0.1:1}\n",
+	} {
+		_, err := Load(ptWrite(t, src, ""))
+		var le *LoadError
+		if !errors.As(err, &le) || len(le.Errs) != 1 {
+			t.Errorf("%s: want exactly one error, got %v", name, err)
+		}
 	}
 }
