@@ -742,3 +742,28 @@ func TestNoSurgeOverlay(t *testing.T) {
 		t.Errorf("overlay broke other invariants: %v", rest)
 	}
 }
+
+// The image recipe matches the DaemonSet: its entrypoint is the binary, the
+// DaemonSet passes only arguments, and the runtime image runs as root (the
+// distroless ":nonroot" variants would not get the added capabilities).
+func TestDockerfileMatchesDaemonSet(t *testing.T) {
+	df := readFile(t, "container/Dockerfile")
+	if !strings.Contains(df, `ENTRYPOINT ["/usr/local/bin/rl-tproxy"]`) {
+		t.Error("Dockerfile ENTRYPOINT must be the rl-tproxy binary")
+	}
+	if !strings.Contains(df, "CGO_ENABLED=0") {
+		t.Error("the binary must be static for a distroless/static runtime image")
+	}
+	for _, line := range strings.Split(df, "\n") {
+		if strings.HasPrefix(line, "FROM gcr.io/distroless/") && strings.Contains(line, "nonroot") {
+			t.Errorf("%q: the DaemonSet runs as uid 0", line)
+		}
+		if strings.HasPrefix(line, "USER ") {
+			t.Errorf("%q: the DaemonSet runs as uid 0", line)
+		}
+	}
+	ds := only[*appsv1.DaemonSet](t, loadManifests(t))
+	if c := ctr(ds); len(c.Command) != 0 {
+		t.Errorf("DaemonSet overrides the entrypoint with %v", c.Command)
+	}
+}
