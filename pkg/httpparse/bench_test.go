@@ -41,10 +41,14 @@ var benchRequests = []struct{ name, in string }{
 	{"POSTWithCL", benchPOST},
 }
 
-func BenchmarkParseRequest(b *testing.B) {
+// BenchmarkRequest parses each request with Request.Parse ("httpparse") and
+// with http.ReadRequest over a reused bufio.Reader on a reset bytes.Reader,
+// as a server would ("nethttp"). The pairs run back to back so that load on a
+// shared machine affects both sides alike.
+func BenchmarkRequest(b *testing.B) {
 	for _, bc := range benchRequests {
-		b.Run(bc.name, func(b *testing.B) {
-			buf := []byte(bc.in)
+		buf := []byte(bc.in)
+		b.Run(bc.name+"/httpparse", func(b *testing.B) {
 			var r Request
 			b.SetBytes(int64(len(buf)))
 			b.ReportAllocs()
@@ -54,15 +58,7 @@ func BenchmarkParseRequest(b *testing.B) {
 				}
 			}
 		})
-	}
-}
-
-// BenchmarkNetHTTPReadRequest parses the same bytes with http.ReadRequest
-// (a reused bufio.Reader over a reset bytes.Reader, as a server would).
-func BenchmarkNetHTTPReadRequest(b *testing.B) {
-	for _, bc := range benchRequests {
-		b.Run(bc.name, func(b *testing.B) {
-			buf := []byte(bc.in)
+		b.Run(bc.name+"/nethttp", func(b *testing.B) {
 			rd := bytes.NewReader(buf)
 			br := bufio.NewReader(rd)
 			b.SetBytes(int64(len(buf)))
@@ -78,17 +74,35 @@ func BenchmarkNetHTTPReadRequest(b *testing.B) {
 	}
 }
 
-func BenchmarkParseResponse(b *testing.B) {
+// BenchmarkResponse is the same pairing for a typical nginx response head
+// against http.ReadResponse.
+func BenchmarkResponse(b *testing.B) {
 	buf := []byte("HTTP/1.1 200 OK\r\nServer: nginx\r\nDate: Mon, 30 Nov 2026 08:00:00 GMT\r\nContent-Type: text/html\r\nContent-Length: 615\r\nConnection: keep-alive\r\nETag: \"5f3c-267\"\r\n\r\n")
-	var r Response
-	method := []byte("GET")
-	b.SetBytes(int64(len(buf)))
-	b.ReportAllocs()
-	for b.Loop() {
-		if err := r.Parse(buf, Limits{}, method); err != nil {
-			b.Fatal(err)
+	b.Run("httpparse", func(b *testing.B) {
+		var r Response
+		method := []byte("GET")
+		b.SetBytes(int64(len(buf)))
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := r.Parse(buf, Limits{}, method); err != nil {
+				b.Fatal(err)
+			}
 		}
-	}
+	})
+	b.Run("nethttp", func(b *testing.B) {
+		rd := bytes.NewReader(buf)
+		br := bufio.NewReader(rd)
+		hreq := &http.Request{Method: "GET"}
+		b.SetBytes(int64(len(buf)))
+		b.ReportAllocs()
+		for b.Loop() {
+			rd.Reset(buf)
+			br.Reset(rd)
+			if _, err := http.ReadResponse(br, hreq); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 func BenchmarkChunkedDecode(b *testing.B) {
