@@ -123,40 +123,57 @@ func (p *Proxy) ServeSteered(ln net.Listener, pick func(cfg *Config, local netip
 }
 
 // ListenAndServe opens every Services[].Listen address (MPTCP off) and
-// serves them until Shutdown. It returns the first listen error (closing
-// what it opened) or the first serve error.
+// serves them until Shutdown; see ListenAll and ServeAll.
 func (p *Proxy) ListenAndServe() error {
-	cfg := p.cfg.Load()
-	type pair struct {
-		ln  net.Listener
-		svc *Service
+	lns, err := p.ListenAll(context.Background())
+	if err != nil {
+		return err
 	}
-	var pairs []pair
+	return p.ServeAll(lns)
+}
+
+// Bound is a listener opened for a service by ListenAll.
+type Bound struct {
+	Listener net.Listener
+	Service  *Service
+}
+
+// ListenAll opens every Services[].Listen address of the current
+// configuration (listener mode). On error it closes what it opened.
+func (p *Proxy) ListenAll(ctx context.Context) ([]Bound, error) {
+	cfg := p.cfg.Load()
+	var out []Bound
 	for _, s := range cfg.Services {
 		for _, a := range s.Listen {
-			ln, err := Listen(context.Background(), a)
+			ln, err := Listen(ctx, a)
 			if err != nil {
-				for _, pr := range pairs {
-					pr.ln.Close()
+				for _, b := range out {
+					b.Listener.Close()
 				}
-				return fmt.Errorf("service %s: %w", s.Name, err)
+				return nil, fmt.Errorf("service %s: %w", s.Name, err)
 			}
-			pairs = append(pairs, pair{ln, s})
+			out = append(out, Bound{ln, s})
 		}
 	}
-	if len(pairs) == 0 {
-		return errors.New("proxy: no service has a listen address")
+	if len(out) == 0 {
+		return nil, errors.New("proxy: no service has a listen address")
 	}
-	errc := make(chan error, len(pairs))
-	for _, pr := range pairs {
-		go func() { errc <- p.Serve(pr.ln, pr.svc) }()
+	return out, nil
+}
+
+// ServeAll serves every bound listener until Shutdown (it returns nil then)
+// or until one fails (it closes the others and returns that error).
+func (p *Proxy) ServeAll(bound []Bound) error {
+	errc := make(chan error, len(bound))
+	for _, b := range bound {
+		go func() { errc <- p.Serve(b.Listener, b.Service) }()
 	}
 	var first error
-	for range pairs {
-		if err := <-errc; err != nil && first == nil {
+	for range bound {
+		if err := <-errc; err != nil && err != ErrClosed && first == nil {
 			first = err
-			for _, pr := range pairs {
-				pr.ln.Close()
+			for _, b := range bound {
+				b.Listener.Close()
 			}
 		}
 	}

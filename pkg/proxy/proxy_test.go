@@ -888,3 +888,41 @@ func TestConfigValidation(t *testing.T) {
 		}
 	}
 }
+
+func TestListenAllServeAll(t *testing.T) {
+	up := keepAliveUpstream(t, 0)
+	p, err := New(Config{Services: []*Service{
+		{Name: "a", Listen: []string{"127.0.0.1:0", "127.0.0.1:0"}, Upstream: up.addr()},
+		{Name: "steered-only", Port: 1, Upstream: up.addr()},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound, err := p.ListenAll(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(bound) != 2 {
+		t.Fatalf("bound %d listeners", len(bound))
+	}
+	served := make(chan error, 1)
+	go func() { served <- p.ServeAll(bound) }()
+	for _, b := range bound {
+		c := dialClient(t, b.Listener.Addr().String())
+		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		if r, _ := c.resp("GET"); r.StatusCode != 200 {
+			t.Fatalf("status %d", r.StatusCode)
+		}
+	}
+	if err := p.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("ServeAll after Shutdown: %v", err)
+	}
+	// A listen error names the service and closes nothing it did not open.
+	q, _ := New(Config{Services: []*Service{{Name: "bad", Listen: []string{"203.0.113.1:1"}, Upstream: up.addr()}}})
+	if _, err := q.ListenAll(context.Background()); err == nil || !strings.Contains(err.Error(), "service bad") {
+		t.Fatalf("ListenAll error %v", err)
+	}
+}
