@@ -482,7 +482,7 @@ func (l *loader) credentials(rlNode, credNode *yaml.Node) {
 		} else {
 			l.errorf(credNode, "ratelimitly.credentials: %v", err)
 		}
-		l.errorf(credNode, "ratelimitly.credentials: %s is invalid (errors above)", rl.CredentialsFile)
+		l.errorf(credNode, "ratelimitly.credentials: %s is invalid (its errors are listed with its name)", rl.CredentialsFile)
 		return
 	}
 	if !rl.Embedded && len(creds) != 1 {
