@@ -52,9 +52,11 @@ var laxerResponse = map[*Error]string{
 
 // diffRequest compares our verdict on in with http.ReadRequest's. It returns
 // a description of a disagreement, or "".
-func diffRequest(in []byte) string {
+func diffRequest(in []byte) string { return diffRequestLim(in, Limits{}) }
+
+func diffRequestLim(in []byte, lim Limits) string {
 	var r Request
-	err := r.Parse(in, Limits{})
+	err := r.Parse(in, lim)
 	if err == ErrNeedMore {
 		return ""
 	}

@@ -11,25 +11,35 @@ import (
 
 var fuzzMethods = []string{"GET", "HEAD", "POST", "CONNECT"}
 
+// fuzzLimits derives small limits from sel (odd values) so that fuzzing
+// reaches the 414/431 paths, or the defaults (even values).
+func fuzzLimits(sel uint8) Limits {
+	if sel&1 == 0 {
+		return Limits{}
+	}
+	return Limits{MaxRequestLine: 8 + int(sel%64), MaxHeaderBytes: 32 + int(sel)*2, MaxHeaders: 1 + int(sel%8)}
+}
+
 func FuzzRequest(f *testing.F) {
-	f.Add([]byte(okGET))
-	f.Fuzz(func(t *testing.T, data []byte) {
+	f.Add([]byte(okGET), uint8(0))
+	f.Fuzz(func(t *testing.T, data []byte, sel uint8) {
+		lim := fuzzLimits(sel)
 		var r Request
-		err := r.Parse(data, Limits{})
+		err := r.Parse(data, lim)
 		if err == nil {
-			if r.HeadLen < 4 || r.HeadLen > len(data) || r.HeadLen > DefaultMaxHeaderBytes {
+			if r.HeadLen < 4 || r.HeadLen > len(data) || r.HeadLen > lim.norm().MaxHeaderBytes {
 				t.Fatalf("HeadLen %d of %d", r.HeadLen, len(data))
 			}
 			// The head alone parses identically; any shorter prefix is
 			// incomplete.
 			var r2 Request
-			if err := r2.Parse(data[:r.HeadLen], Limits{}); err != nil || r2.HeadLen != r.HeadLen || len(r2.Headers) != len(r.Headers) {
+			if err := r2.Parse(data[:r.HeadLen], lim); err != nil || r2.HeadLen != r.HeadLen || len(r2.Headers) != len(r.Headers) {
 				t.Fatalf("head alone: %v", err)
 			}
-			if err := r2.Parse(data[:r.HeadLen-1], Limits{}); err != ErrNeedMore {
+			if err := r2.Parse(data[:r.HeadLen-1], lim); err != ErrNeedMore {
 				t.Fatalf("head minus one byte: %v", err)
 			}
-			if r.Chunked && r.ContentLength != -1 || r.Minor > 1 {
+			if r.Chunked && r.ContentLength != -1 || r.Minor > 1 || len(r.Headers) > lim.norm().MaxHeaders {
 				t.Fatalf("inconsistent facts %+v", r)
 			}
 		} else if err != ErrNeedMore {
@@ -38,12 +48,12 @@ func FuzzRequest(f *testing.F) {
 					continue
 				}
 				var r2 Request
-				if e := r2.Parse(data[:n], Limits{}); e != ErrNeedMore && e != err {
+				if e := r2.Parse(data[:n], lim); e != ErrNeedMore && e != err {
 					t.Fatalf("prefix %d: %v, whole: %v", n, e, err)
 				}
 			}
 		}
-		if d := diffRequest(data); d != "" {
+		if d := diffRequestLim(data, lim); d != "" {
 			t.Fatalf("differential: %s", d)
 		}
 	})
@@ -98,15 +108,19 @@ func TestWriteSeedCorpus(t *testing.T) {
 	var seeds []seed
 	q := func(s string) string { return fmt.Sprintf("[]byte(%q)", s) }
 	for _, tc := range requestRuleCases {
-		if len(tc.in) < 4096 && tc.lim == (Limits{}) {
-			seeds = append(seeds, seed{"FuzzRequest", []string{q(tc.in)}})
+		if len(tc.in) < 4096 {
+			sel := 0
+			if tc.lim != (Limits{}) {
+				sel = 1 // small limits
+			}
+			seeds = append(seeds, seed{"FuzzRequest", []string{q(tc.in), fmt.Sprintf("byte(%d)", sel)}})
 		}
 	}
 	for _, in := range []string{okGET, benchSmallGET, benchBrowserGET, benchPOST,
 		req("GET http://b.example:81/x?y HTTP/1.1", "Host: other"), req("CONNECT a:443 HTTP/1.1", "Host: a:443"),
 		req("PUT / HTTP/1.1", "Host: a", "Expect: 100-continue", "Transfer-Encoding: chunked"),
 		req("GET / HTTP/1.0", "Connection: keep-alive"), req("OPTIONS * HTTP/1.1", "Host: a")} {
-		seeds = append(seeds, seed{"FuzzRequest", []string{q(in)}})
+		seeds = append(seeds, seed{"FuzzRequest", []string{q(in), "byte(0)"}})
 	}
 	for i, tc := range responseRuleCases {
 		if len(tc.in) < 4096 && tc.lim == (Limits{}) {
@@ -128,8 +142,9 @@ func TestWriteSeedCorpus(t *testing.T) {
 		seeds = append(seeds, seed{"FuzzChunked", []string{q(in), fmt.Sprintf("byte(%d)", i)}})
 	}
 	counts := map[string]int{}
-	for i, s := range seeds {
+	for _, s := range seeds {
 		dir := filepath.Join("testdata", "fuzz", s.target)
+		i := counts[s.target]
 		counts[s.target]++
 		if !write {
 			continue
