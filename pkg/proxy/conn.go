@@ -197,11 +197,37 @@ func headNeed(lim httpparse.Limits) int {
 
 func (c *conn) serve() {
 	defer c.finish()
-	for c.serveOne() {
+	for {
+		// The idle wait runs from this shallow frame so that the stack of
+		// an idle connection's goroutine can shrink to the minimum.
+		if c.buf.r == c.buf.w && !c.waitIdle() {
+			return
+		}
+		if !c.serveOne() {
+			return
+		}
 		// Idle connections keep no buffers.
 		c.putWB()
 		c.putScratch()
 	}
+}
+
+// waitIdle waits for the first byte of the next request for up to the
+// idle timeout. It reports false on timeout, close, reset or drain.
+func (c *conn) waitIdle() bool {
+	cfg := c.p.cfg.Load()
+	svc := c.pick(cfg, c.local)
+	if svc == nil {
+		return false
+	}
+	c.buf.r, c.buf.w = 0, 0
+	c.state.Store(stateIdle)
+	if c.p.shutdown.Load() {
+		return false
+	}
+	c.nc.SetReadDeadline(time.Now().Add(svc.idleTimeout()))
+	_, err := c.fill(headNeed(svc.Limits))
+	return c.state.CompareAndSwap(stateIdle, stateActive) && err == nil
 }
 
 func (c *conn) finish() {
@@ -244,18 +270,7 @@ func (c *conn) serveOne() bool {
 	lim := svc.Limits
 	need := headNeed(lim)
 
-	if c.buf.r == c.buf.w {
-		c.buf.r, c.buf.w = 0, 0
-		c.state.Store(stateIdle)
-		if p.shutdown.Load() {
-			return false
-		}
-		c.nc.SetReadDeadline(time.Now().Add(svc.idleTimeout()))
-		_, err := c.fill(need)
-		if !c.state.CompareAndSwap(stateIdle, stateActive) || err != nil {
-			return false // idle timeout, close, reset or drain
-		}
-	} else if c.buf.r > 0 && len(c.buf.b)-c.buf.r < need {
+	if c.buf.r > 0 && len(c.buf.b)-c.buf.r < need {
 		c.buf.compact()
 	}
 	start := cfg.now()
