@@ -1,0 +1,205 @@
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// A burst against a 5/m zone with burst 3: three 200s, then 429 with
+// Retry-After rounded up from retry_after_ms (one token at 5/m = 12s) and
+// the IETF RateLimit fields; the upstream's own fields pass on allows.
+func TestBurstThen429(t *testing.T) {
+	e := newEnv(t, nil, policyOpts{})
+	for i := 0; i < 3; i++ {
+		r := e.get(t, "/api/items", "X-Key: alice")
+		if r.status != 200 {
+			t.Fatalf("request %d: %d", i, r.status)
+		}
+		if got := r.header.Values("RateLimit"); len(got) != 1 || got[0] != `"upstream";r=1;t=9` {
+			t.Fatalf("upstream RateLimit on allow changed: %q", got)
+		}
+	}
+	r := e.get(t, "/api/items", "X-Key: alice")
+	if r.status != 429 {
+		t.Fatalf("4th request: %d", r.status)
+	}
+	if got := r.header.Get("Retry-After"); got != "12" {
+		t.Errorf("Retry-After %q, want 12", got)
+	}
+	if got := r.header.Get("RateLimit-Policy"); got != `"strict";q=5;w=60` {
+		t.Errorf("RateLimit-Policy %q", got)
+	}
+	if got := r.header.Get("RateLimit"); got != `"strict";r=0;t=12` {
+		t.Errorf("RateLimit %q", got)
+	}
+	if !strings.Contains(r.body, `"status":429`) {
+		t.Errorf("deny body %q", r.body)
+	}
+	// Another key has its own bucket.
+	if r := e.get(t, "/api/items", "X-Key: bob"); r.status != 200 {
+		t.Fatalf("other key: %d", r.status)
+	}
+	l := e.p.waitAccess(4)
+	if l["verdict"] != "deny" || l["outcome"] != "deny" || l["cause"] != "deny_resource" || l["status"] != float64(429) || l["location"] != "api" {
+		t.Fatalf("access line of the deny: %v", l)
+	}
+	if e.up.hits.Load() != 4 {
+		t.Fatalf("upstream saw %d requests, want 4 (the deny must not reach it)", e.up.hits.Load())
+	}
+}
+
+// Slow responses are reported, the guard trips, and fast reports (from a
+// report-only location on the same tracker) bring it back.
+func TestGuardTripsAndRecovers(t *testing.T) {
+	e := newEnv(t, nil, policyOpts{})
+	if r := e.get(t, "/guarded"); r.status != 200 {
+		t.Fatalf("fast guarded request: %d", r.status)
+	}
+	e.up.delay.Store(int64(150 * time.Millisecond))
+	tripped := false
+	for i := 0; i < 10 && !tripped; i++ {
+		r := e.get(t, "/guarded")
+		switch r.status {
+		case 429:
+			tripped = true
+			if r.header.Get("Retry-After") != "1" {
+				t.Errorf("guard deny Retry-After %q", r.header.Get("Retry-After"))
+			}
+		case 200:
+		default:
+			t.Fatalf("status %d", r.status)
+		}
+	}
+	if !tripped {
+		t.Fatal("guard never tripped after 10 slow (150ms > 100ms) reported responses")
+	}
+	var deny map[string]any
+	for _, l := range e.p.access() {
+		if l["status"] == float64(429) {
+			deny = l
+		}
+	}
+	if deny == nil || deny["cause"] != "deny_guard" || deny["verdict"] != "deny" {
+		t.Fatalf("guard deny access line %v", deny)
+	}
+	e.up.delay.Store(0)
+	recovered := false
+	for i := 0; i < 400 && !recovered; i++ {
+		if r := e.get(t, "/probe"); r.status != 200 {
+			t.Fatalf("probe %d", r.status)
+		}
+		if i%10 == 9 {
+			recovered = e.get(t, "/guarded").status == 200
+		}
+	}
+	if !recovered {
+		t.Fatal("guard did not recover after fast reports")
+	}
+}
+
+// Every row of the failure table under open, close and local, through
+// the real binary: status, verdict, outcome, cause in the access log, and
+// reports (at most one, only after completed work) counted at the servers.
+// The internal-failure row (500) cannot be caused from outside; the unit
+// table in pkg/admission covers it.
+func TestFailureTable(t *testing.T) {
+	c := startCluster(t)
+	modes := []string{"open", "close", "local"}
+	good, wrongKey, noSRV := map[string]*env{}, map[string]*env{}, map[string]*env{}
+	for _, mode := range modes {
+		good[mode] = newEnv(t, c, policyOpts{fail: mode})
+		bad := newCredential(t, c.cred.KeyID) // same key id, another secret
+		wrongKey[mode] = newEnv(t, c, policyOpts{fail: mode, credentials: writeCredentials(t, t.TempDir(), bad), notReady: true})
+		noSRV[mode] = newEnv(t, c, policyOpts{fail: mode, srv: "_missing._udp.e2e.test.", notReady: true})
+		// Exhaust one key per proxy with valid allows (burst 3).
+		for i := 0; i < 3; i++ {
+			if r := good[mode].get(t, "/api/a", "X-Key: exhausted-"+mode); r.status != 200 {
+				t.Fatalf("%s warm-up %d: %d", mode, i, r.status)
+			}
+		}
+	}
+	failStatus := map[string]int{"open": 200, "close": 429, "local": 200}
+	all := func(s int) map[string]int { return map[string]int{"open": s, "close": s, "local": s} }
+	rows := []struct {
+		name          string
+		envs          map[string]*env
+		toggle        *atomic.Bool
+		path, key     string
+		status        map[string]int
+		verdict       string
+		causes        string // accepted causes, |-separated
+		outcome       string // "" = fail_<mode>
+		serversReport bool   // the servers can receive this row's reports
+	}{
+		{"valid allow", good, nil, "/api/a", "fresh", all(200), "allow", "allow", "allow", true},
+		{"valid resource deny", good, nil, "/api/a", "exhausted", all(429), "deny", "deny_resource", "deny", true},
+		{"no usable discovery target", noSRV, nil, "/api/a", "k", failStatus, "-", "no_endpoints", "", false},
+		{"response timeout", good, &c.dropRequests, "/api/a", "k-timeout", failStatus, "-", "timeout", "", true},
+		// A wrong key fails authentication at the servers, which drop the
+		// datagram: the client sees no valid answer (timeout or protocol).
+		{"authentication failure", wrongKey, nil, "/api/a", "k", failStatus, "-", "timeout|protocol", "", false},
+		{"cardinality mismatch", good, &c.extraResult, "/api/a", "k-card", failStatus, "-", "cardinality", "", true},
+		{"invalid dynamic value: empty bucket", good, nil, "/dyn/a", "", failStatus, "-", "invalid_value", "", true},
+		{"invalid dynamic value: bucket over 1024 bytes", good, nil, "/dyn/a", strings.Repeat("b", 1100), failStatus, "-", "invalid_value", "", true},
+	}
+	for _, rw := range rows {
+		t.Run(rw.name, func(t *testing.T) {
+			if rw.toggle != nil {
+				rw.toggle.Store(true)
+				defer rw.toggle.Store(false)
+			}
+			for _, mode := range modes {
+				e := rw.envs[mode]
+				var hdr []string
+				if rw.key != "" {
+					key := rw.key
+					if len(key) < 100 {
+						key += "-" + mode // the cluster is shared: one bucket per mode
+					}
+					hdr = []string{"X-Key: " + key}
+				}
+				before := c.reports()
+				n := len(e.p.access())
+				r := e.get(t, rw.path, hdr...)
+				if r.status != rw.status[mode] {
+					t.Errorf("%s: status %d, want %d", mode, r.status, rw.status[mode])
+					continue
+				}
+				l := e.p.waitAccess(n + 1)
+				if !strings.Contains("|"+rw.causes+"|", "|"+fmt.Sprint(l["cause"])+"|") {
+					t.Errorf("%s: cause %v, want %s", mode, l["cause"], rw.causes)
+				}
+				outcome := rw.outcome
+				if outcome == "" {
+					outcome = "fail_" + mode
+				}
+				if l["outcome"] != outcome || l["verdict"] != rw.verdict {
+					t.Errorf("%s: verdict %v outcome %v, want %s %s", mode, l["verdict"], l["outcome"], rw.verdict, outcome)
+				}
+				wantReport := r.status == 200 // completed work reports; deny and fail-close never
+				if got := l["report"] == true; got != wantReport {
+					t.Errorf("%s: report %v, want %v", mode, got, wantReport)
+				}
+				if !rw.serversReport {
+					continue
+				}
+				want := uint64(0)
+				if wantReport {
+					// One report, fanned out to each of the 3 servers.
+					want = 3
+					waitFor(t, "the report at the servers", func() bool { return c.reports() >= before+3 })
+				}
+				// Reports are sent in Done, before the access line is
+				// written: by now a report would have been applied or is
+				// in the servers' socket queues, which the next check's
+				// answers follow. Nothing else is in flight.
+				if got := c.reports() - before; got != want {
+					t.Errorf("%s: servers applied %d reports, want %d", mode, got, want)
+				}
+			}
+		})
+	}
+}
