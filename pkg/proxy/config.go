@@ -139,6 +139,11 @@ type Config struct {
 	UpstreamIdleTimeout time.Duration
 	// Now is the clock for timing points; nil = time.Now.
 	Now func() time.Time
+	// OnReject, if set, is called when the proxy itself answers a request
+	// that never reached the Hook: a strictness rule (rule names from
+	// httpparse), "header-timeout" (408), "body-too-large" (413). For
+	// metrics; it must not block.
+	OnReject func(svc *Service, remote netip.AddrPort, rule string, status int)
 }
 
 func (c *Config) validate() error {

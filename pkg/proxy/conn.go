@@ -282,18 +282,17 @@ func (c *conn) serveOne() bool {
 			break
 		}
 		if err != httpparse.ErrNeedMore {
-			return c.reject(cfg, err)
+			return c.reject(cfg, svc, err)
 		}
 		if c.buf.w == len(c.buf.b) {
 			if c.buf.r == 0 {
-				return c.reject(cfg, httpparse.ErrHeaderTooBig)
+				return c.reject(cfg, svc, httpparse.ErrHeaderTooBig)
 			}
 			c.buf.compact()
 		}
 		if _, err := c.fill(need); err != nil {
 			if isTimeout(err) {
-				c.answer(408, "Connection: close\r\n")
-				c.linger = true
+				c.rejectRule(cfg, svc, "header-timeout", 408)
 			}
 			return false
 		}
@@ -310,10 +309,7 @@ func (c *conn) serveOne() bool {
 
 	mode := h.BodyMode()
 	if svc.MaxBodyBytes > 0 && mode == httpparse.BodyLength && h.ContentLength > svc.MaxBodyBytes {
-		cfg.logger().Debug("request rejected", "rule", "body-too-large", "remote", c.remote)
-		c.answer(413, "Connection: close\r\n")
-		c.linger = true
-		return false
+		return c.rejectRule(cfg, svc, "body-too-large", 413)
 	}
 
 	hook := cfg.Hook
@@ -371,14 +367,23 @@ func isTimeout(err error) bool {
 }
 
 // reject answers a parse error with its status and closes.
-func (c *conn) reject(cfg *Config, err error) bool {
+func (c *conn) reject(cfg *Config, svc *Service, err error) bool {
 	status := 400
 	rule := "malformed"
 	var pe *httpparse.Error
 	if errors.As(err, &pe) {
 		status, rule = pe.Status, pe.Rule
 	}
-	cfg.logger().Debug("request rejected", "rule", rule, "status", status, "remote", c.remote)
+	return c.rejectRule(cfg, svc, rule, status)
+}
+
+// rejectRule answers status for a violated rule, logs and reports it, and
+// marks the connection for a graceful close.
+func (c *conn) rejectRule(cfg *Config, svc *Service, rule string, status int) bool {
+	cfg.logger().Debug("request rejected", "service", svc.Name, "rule", rule, "status", status, "remote", c.remote)
+	if cfg.OnReject != nil {
+		cfg.OnReject(svc, c.remote, rule, status)
+	}
 	c.answer(status, "Connection: close\r\n")
 	c.linger = true
 	return false

@@ -145,7 +145,7 @@ func (c *conn) exchange(cfg *Config, svc *Service, u *upConn, base int, retryabl
 			u.close()
 			var pe *httpparse.Error
 			if errors.As(srcErr, &pe) {
-				return c.reject(cfg, srcErr), nil
+				return c.reject(cfg, svc, srcErr), nil
 			}
 			c.res.ClientAborted = true
 			return false, nil

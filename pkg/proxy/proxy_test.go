@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"runtime"
 	"strconv"
 	"strings"
@@ -58,35 +59,41 @@ func echoHandler(w http.ResponseWriter, r *http.Request) {
 func TestStrictnessRulesAnswered(t *testing.T) {
 	up := newRawUpstream(t, func(int, net.Conn) {})
 	hook := newTestHook(nil)
-	_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+	rules := make(chan string, 1)
+	_, addr := startProxy(t, hook, &Service{Upstream: up.addr(), HeaderTimeout: 5 * time.Second}, func(cfg *Config) {
+		cfg.OnReject = func(_ *Service, _ netip.AddrPort, rule string, _ int) { rules <- rule }
+	})
 	long := strings.Repeat("a", 9000)
 	cases := []struct {
 		name, req string
-		status    int
+		rule      *httpparse.Error
 	}{
-		{"te-with-cl", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", 400},
-		{"te-not-chunked", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501},
-		{"cl-sign", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: +3\r\n\r\nabc", 400},
-		{"cl-differs", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabc", 400},
-		{"obs-fold", "GET / HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n", 400},
-		{"space-before-colon", "GET / HTTP/1.1\r\nHost : x\r\n\r\n", 400},
-		{"missing-host", "GET / HTTP/1.1\r\nX: y\r\n\r\n", 400},
-		{"repeated-host", "GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400},
-		{"bare-lf", "GET / HTTP/1.1\nHost: x\r\n\r\n", 400},
-		{"nul", "GET / HTTP/1.1\r\nHost: x\r\nX: a\x00b\r\n\r\n", 400},
-		{"te-http10", "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", 400},
-		{"version", "GET / HTTP/2.0\r\nHost: x\r\n\r\n", 505},
-		{"request-line-too-long", "GET /" + long + " HTTP/1.1\r\nHost: x\r\n\r\n", 414},
-		{"header-block-too-big", "GET / HTTP/1.1\r\nHost: x\r\nX: " + strings.Repeat("b", 17000) + "\r\n\r\n", 431},
-		{"bad-chunk-size", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n", 400},
+		{"te-with-cl", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", httpparse.ErrTEWithCL},
+		{"te-not-chunked", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", httpparse.ErrTEUnsupported},
+		{"cl-sign", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: +3\r\n\r\nabc", httpparse.ErrBadContentLength},
+		{"cl-differs", "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabc", httpparse.ErrConflictingLength},
+		{"obs-fold", "GET / HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n", httpparse.ErrObsFold},
+		{"space-before-colon", "GET / HTTP/1.1\r\nHost : x\r\n\r\n", httpparse.ErrSpaceBeforeColon},
+		{"missing-host", "GET / HTTP/1.1\r\nX: y\r\n\r\n", httpparse.ErrMissingHost},
+		{"repeated-host", "GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", httpparse.ErrRepeatedHost},
+		{"bare-lf", "GET / HTTP/1.1\nHost: x\r\n\r\n", httpparse.ErrBareLF},
+		{"nul", "GET / HTTP/1.1\r\nHost: x\r\nX: a\x00b\r\n\r\n", httpparse.ErrNUL},
+		{"te-http10", "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", httpparse.ErrTEHTTP10},
+		{"version", "GET / HTTP/2.0\r\nHost: x\r\n\r\n", httpparse.ErrVersionUnsupported},
+		{"request-line-too-long", "GET /" + long + " HTTP/1.1\r\nHost: x\r\n\r\n", httpparse.ErrRequestLineTooLong},
+		{"header-block-too-big", "GET / HTTP/1.1\r\nHost: x\r\nX: " + strings.Repeat("b", 17000) + "\r\n\r\n", httpparse.ErrHeaderTooBig},
+		{"bad-chunk-size", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n", httpparse.ErrBadChunkSize},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			c := dialClient(t, addr)
 			c.send(tc.req)
 			r, _ := c.resp("GET")
-			if r.StatusCode != tc.status {
-				t.Fatalf("status %d, want %d", r.StatusCode, tc.status)
+			if r.StatusCode != tc.rule.Status {
+				t.Fatalf("status %d, want %d", r.StatusCode, tc.rule.Status)
+			}
+			if rule := <-rules; rule != tc.rule.Rule {
+				t.Fatalf("rule %q, want %q", rule, tc.rule.Rule)
 			}
 			if !r.Close {
 				t.Fatalf("answer to a malformed request must close the connection")
