@@ -137,16 +137,16 @@ func (r *Request) parseRequestLine(line []byte) error {
 	if line[i] != ' ' {
 		return classify(line[i], ErrBadTarget)
 	}
-	if i == start {
-		return ErrBadRequestLine
-	}
-	r.Target = line[start:i]
 	v := line[i+1:]
 	for _, b := range v {
 		if b == ' ' {
 			return ErrBadRequestLine
 		}
 	}
+	if i == start {
+		return ErrBadTarget // "GET  HTTP/1.1": empty request-target
+	}
+	r.Target = line[start:i]
 	minor, err := parseVersion(v)
 	if err != nil {
 		return err

@@ -86,6 +86,7 @@ var requestRuleCases = []struct {
 	{"method non-ascii", req("G\xc3\xa9T / HTTP/1.1", "Host: a"), Limits{}, ErrBadMethod, 400},
 	{"empty method", req(" / HTTP/1.1", "Host: a"), Limits{}, ErrBadRequestLine, 400},
 	{"double space", req("GET  / HTTP/1.1", "Host: a"), Limits{}, ErrBadRequestLine, 400},
+	{"empty target", req("GET  HTTP/1.1", "Host: a"), Limits{}, ErrBadTarget, 400},
 	{"trailing space", req("GET / HTTP/1.1 ", "Host: a"), Limits{}, ErrBadRequestLine, 400},
 	{"tab separator", req("GET\t/ HTTP/1.1", "Host: a"), Limits{}, ErrBadMethod, 400},
 	{"empty line first", "\r\n" + okGET, Limits{}, ErrBadRequestLine, 400},
