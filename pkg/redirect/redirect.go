@@ -494,6 +494,22 @@ func lpm6(a netip.Addr, bits int) bpf.SkLookupLpmKey6 {
 	return k
 }
 
+// prefixFromLPM4 decodes an IPv4 LPM trie key (the inverse of lpm4).
+func prefixFromLPM4(k bpf.SkLookupLpmKey4) netip.Prefix {
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], k.Addr)
+	return netip.PrefixFrom(netip.AddrFrom4(b), int(k.Prefixlen))
+}
+
+// prefixFromLPM6 decodes an IPv6 LPM trie key (the inverse of lpm6).
+func prefixFromLPM6(k bpf.SkLookupLpmKey6) netip.Prefix {
+	var b [16]byte
+	for i, w := range k.Addr {
+		binary.NativeEndian.PutUint32(b[4*i:], w)
+	}
+	return netip.PrefixFrom(netip.AddrFrom16(b), int(k.Prefixlen))
+}
+
 // SetSteerLoopback sets whether local clients' connections are steered.
 func (r *Redirect) SetSteerLoopback(on bool) error {
 	r.mu.Lock()

@@ -1,7 +1,6 @@
 package redirect
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -110,9 +109,7 @@ func Status(pinRoot string) (*State, error) {
 		var v uint8
 		it := m.Iterate()
 		for it.Next(&k, &v) {
-			var b [4]byte
-			binary.NativeEndian.PutUint32(b[:], k.Addr)
-			st.Prefixes = append(st.Prefixes, netip.PrefixFrom(netip.AddrFrom4(b), int(k.Prefixlen)))
+			st.Prefixes = append(st.Prefixes, prefixFromLPM4(k))
 		}
 		errs = append(errs, it.Err())
 		m.Close()
@@ -124,11 +121,7 @@ func Status(pinRoot string) (*State, error) {
 		var v uint8
 		it := m.Iterate()
 		for it.Next(&k, &v) {
-			var b [16]byte
-			for i, w := range k.Addr {
-				binary.NativeEndian.PutUint32(b[4*i:], w)
-			}
-			st.Prefixes = append(st.Prefixes, netip.PrefixFrom(netip.AddrFrom16(b), int(k.Prefixlen)))
+			st.Prefixes = append(st.Prefixes, prefixFromLPM6(k))
 		}
 		errs = append(errs, it.Err())
 		m.Close()
