@@ -410,10 +410,11 @@ type policyOpts struct {
 	upstream    string
 	rate        string // zone "strict" rate
 	burst       int
-	extra       string // appended to the locations list
-	srv         string // SRV name; "" = the cluster's
-	listen      string // "" = a free loopback port
-	notReady    bool   // do not wait for /readyz (discovery cannot succeed)
+	extra       string   // appended to the locations list
+	srv         string   // SRV name; "" = the cluster's
+	listen      string   // "" = a free loopback port
+	notReady    bool     // do not wait for /readyz (discovery cannot succeed)
+	args        []string // extra `run` flags
 }
 
 func writePolicy(t *testing.T, dir string, c *cluster, o policyOpts) string {
@@ -435,7 +436,7 @@ func writePolicy(t *testing.T, dir string, c *cluster, o policyOpts) string {
   resolver: %s
   resolver_timeout: 1s
   credentials: %s
-  request_policy: {name: standard, unit: 20ms}
+  request_policy: {name: standard, unit: 250ms}  # generous: CI machines are shared
   fail: %s
 zones:
   strict: {bucket: "k:{header.x-key}", rate: %s, burst: %d}
@@ -503,7 +504,7 @@ func newEnv(t *testing.T, c *cluster, o policyOpts) *env {
 	o.upstream = e.up.addr
 	o.listen = freeAddr(t)
 	e.opts = o
-	e.p = startProxy(t, writePolicy(t, e.dir, c, o), !o.notReady)
+	e.p = startProxy(t, writePolicy(t, e.dir, c, o), !o.notReady, o.args...)
 	return e
 }
 
