@@ -115,3 +115,33 @@ func FuzzTemplate(f *testing.F) {
 		}
 	})
 }
+
+// FuzzNormalizePath: a normalized path starts with '/', has no empty, "."
+// or ".." segments, and normalizing it again changes nothing.
+func FuzzNormalizePath(f *testing.F) {
+	for _, s := range []string{"/", "/a//b/./c/../d", "/%61%2e%2E/x", "/x%", "/..", "api"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, p []byte) {
+		out, ok := NormalizePath(nil, p)
+		if !ok {
+			if len(out) != 0 {
+				t.Fatalf("failed normalization wrote %q", out)
+			}
+			return
+		}
+		if len(out) == 0 || out[0] != '/' {
+			t.Fatalf("%q -> %q does not start with /", p, out)
+		}
+		segs := strings.Split(string(out[1:]), "/")
+		for i, s := range segs {
+			if s == "." || s == ".." || (s == "" && i != len(segs)-1) {
+				t.Fatalf("%q -> %q keeps segment %q", p, out, s)
+			}
+		}
+		again, ok := NormalizePath(nil, out)
+		if !ok || string(again) != string(out) {
+			t.Fatalf("not idempotent: %q -> %q -> %q (%v)", p, out, again, ok)
+		}
+	})
+}

@@ -130,3 +130,85 @@ func equalFold(b []byte, p string) bool {
 	}
 	return true
 }
+
+// NormalizePath appends the normalized form of an origin-form path to dst
+// for matching and templates, without allocating when dst has room:
+// percent-encoded unreserved characters (ALPHA DIGIT - . _ ~) are decoded,
+// other escapes keep their encoding with upper-case hex, repeated slashes
+// are merged, and "." and ".." segments are resolved (RFC 3986 5.2.4; ".."
+// never climbs above "/"). So "/%61pi//v1/./x/../items" becomes
+// "/api/v1/items". It returns dst unchanged and false when p does not start
+// with '/' or holds a malformed escape.
+func NormalizePath(dst, p []byte) ([]byte, bool) {
+	base := len(dst)
+	if len(p) == 0 || p[0] != '/' {
+		return dst, false
+	}
+	i := 0
+	for i < len(p) {
+		for i < len(p) && p[i] == '/' {
+			i++
+		}
+		seg := len(dst)
+		dst = append(dst, '/')
+		for i < len(p) && p[i] != '/' {
+			c := p[i]
+			if c != '%' {
+				dst = append(dst, c)
+				i++
+				continue
+			}
+			if i+2 >= len(p) {
+				return dst[:base], false
+			}
+			hi, ok1 := unhex(p[i+1])
+			lo, ok2 := unhex(p[i+2])
+			if !ok1 || !ok2 {
+				return dst[:base], false
+			}
+			if b := hi<<4 | lo; unreserved(b) {
+				dst = append(dst, b)
+			} else {
+				dst = append(dst, '%', upperHex[hi], upperHex[lo])
+			}
+			i += 3
+		}
+		s := dst[seg+1:]
+		dot := len(s) == 1 && s[0] == '.'
+		dotdot := len(s) == 2 && s[0] == '.' && s[1] == '.'
+		if !dot && !dotdot {
+			continue
+		}
+		dst = dst[:seg]
+		if dotdot {
+			if j := bytes.LastIndexByte(dst[base:], '/'); j >= 0 {
+				dst = dst[:base+j]
+			}
+		}
+		if i >= len(p) { // a trailing "." or ".." names a directory
+			dst = append(dst, '/')
+		}
+	}
+	if len(dst) == base {
+		dst = append(dst, '/')
+	}
+	return dst, true
+}
+
+const upperHex = "0123456789ABCDEF"
+
+func unhex(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	case 'A' <= c && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
+}
+
+func unreserved(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_' || c == '~'
+}

@@ -107,3 +107,42 @@ func BenchmarkMatch(b *testing.B) {
 		_ = s.Match(r)
 	}
 }
+
+func TestNormalizePath(t *testing.T) {
+	cases := []struct {
+		in, want string
+		ok       bool
+	}{
+		{"/", "/", true},
+		{"/api/items", "/api/items", true},
+		{"/api/", "/api/", true},
+		{"//api///items", "/api/items", true},
+		{"/%61pi/", "/api/", true},
+		{"/%7euser/%2Fx%2f", "/~user/%2Fx%2F", true},
+		{"/a/./b/.", "/a/b/", true},
+		{"/a/b/../c", "/a/c", true},
+		{"/a/b/..", "/a/", true},
+		{"/../../a", "/a", true},
+		{"/..", "/", true},
+		{"/.", "/", true},
+		{"/%2e%2E/admin", "/admin", true},
+		{"/a/%2e%2e%2fadmin", "/a/..%2Fadmin", true}, // %2F is not a separator
+		{"/a..b/.c", "/a..b/.c", true},
+		{"/x%", "", false},
+		{"/x%4", "", false},
+		{"/x%zz", "", false},
+		{"api", "", false},
+		{"", "", false},
+	}
+	for _, tc := range cases {
+		got, ok := NormalizePath([]byte("k"), []byte(tc.in))
+		if ok != tc.ok || (ok && string(got) != "k"+tc.want) || (!ok && string(got) != "k") {
+			t.Errorf("NormalizePath(%q) = %q, %v; want %q, %v", tc.in, got, ok, tc.want, tc.ok)
+		}
+	}
+	buf := make([]byte, 0, 128)
+	in := []byte("/%61pi//v1/./x/../items")
+	if n := testing.AllocsPerRun(100, func() { buf, _ = NormalizePath(buf[:0], in) }); n != 0 || string(buf) != "/api/v1/items" {
+		t.Fatalf("allocs %v, result %q", n, buf)
+	}
+}
