@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
 )
@@ -419,5 +421,85 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(2 * time.Millisecond) // bounded poll on observable state
+	}
+}
+
+// countingChecker is a Checker that only counts reports (no copies).
+type countingChecker struct {
+	fn      func(context.Context, *wire.RateRequest, *admission.CheckResult)
+	reports atomic.Int64
+}
+
+func (c *countingChecker) Check(ctx context.Context, req *wire.RateRequest, out *admission.CheckResult) {
+	c.fn(ctx, req, out)
+}
+
+func (c *countingChecker) Report([]byte, time.Duration) { c.reports.Add(1) }
+
+// quietGate is a gate whose access log is disabled (level above info).
+func quietGate(t testing.TB, fail string, fn func(context.Context, *wire.RateRequest, *admission.CheckResult)) (*Gate, *proxy.Request) {
+	g := New(Config{AccessLog: slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelError}))})
+	dir, err := os.MkdirTemp("", "gate-bench-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(path, []byte(fmt.Sprintf(testPolicyYAML, fail, "127.0.0.1:9")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := admission.Load(path)
+	os.RemoveAll(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Swap(p)
+	g.SetChecker(&countingChecker{fn: fn}, nil)
+	var head httpparse.Request
+	raw := []byte("GET /api/x HTTP/1.1\r\nHost: example.com\r\nX-Key: alice\r\n\r\n")
+	if err := head.Parse(raw, httpparse.Limits{}); err != nil {
+		t.Fatal(err)
+	}
+	svc := ProxyServices(p)[0]
+	r := &proxy.Request{Remote: netip.MustParseAddrPort("10.0.0.1:4000"), Local: netip.MustParseAddrPort("127.0.0.1:8080"),
+		Service: svc, Head: &head, Path: []byte("/api/x"), Start: time.Now()}
+	return g, r
+}
+
+// Admit and Done allocate nothing in steady state (access log off), for
+// allows and for denies with their answer headers.
+func TestAdmitDoneNoAlloc(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		fn   func(context.Context, *wire.RateRequest, *admission.CheckResult)
+	}{{"allow", allowAll}, {"deny", denyResource}, {"fail", failWith(admission.CauseTimeout)}} {
+		g, r := quietGate(t, "close", c.fn)
+		ctx := context.Background()
+		res := &proxy.Result{Status: 200, End: time.Now()}
+		run := func() {
+			d := g.Admit(ctx, r)
+			g.Done(r, &d, res)
+		}
+		run()
+		if n := testing.AllocsPerRun(200, run); n != 0 {
+			t.Errorf("%s: Admit+Done allocate %v per request", c.name, n)
+		}
+	}
+}
+
+func BenchmarkAdmitDone(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		fn   func(context.Context, *wire.RateRequest, *admission.CheckResult)
+	}{{"allow", allowAll}, {"deny", denyResource}} {
+		b.Run(c.name, func(b *testing.B) {
+			g, r := quietGate(b, "close", c.fn)
+			ctx := context.Background()
+			res := &proxy.Result{Status: 200, End: time.Now()}
+			b.ReportAllocs()
+			for b.Loop() {
+				d := g.Admit(ctx, r)
+				g.Done(r, &d, res)
+			}
+		})
 	}
 }
