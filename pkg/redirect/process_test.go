@@ -21,8 +21,16 @@ import (
 // TestMain lets the test binary act as a minimal proxy process (see
 // helperProxy) so tests can kill -9 a real process holding the redirect.
 func TestMain(m *testing.M) {
-	if os.Getenv("RLTP_REDIRECT_HELPER") == "1" {
+	switch os.Getenv("RLTP_REDIRECT_HELPER") {
+	case "1":
 		os.Exit(helperProxy())
+	case "caps":
+		if err := capsProbe(os.Getenv("RLTP_PIN_ROOT"), os.Getenv("RLTP_UPSTREAM")); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(3)
+		}
+		fmt.Println("caps ok")
+		os.Exit(0)
 	}
 	os.Exit(m.Run())
 }

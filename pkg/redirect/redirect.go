@@ -201,19 +201,27 @@ func (r *Redirect) reuse(spec *ebpf.CollectionSpec, upgrade bool) error {
 	if ns := linfo.NetNs(); ns == nil || uint64(ns.NetnsInode) != r.ino&0xffffffff {
 		return errStaleLink
 	}
-	prog, err := ebpf.NewProgramFromID(linfo.Program)
-	if err != nil {
-		return fmt.Errorf("open attached program %d: %w", linfo.Program, err)
-	}
-	pinfo, err := prog.Info()
-	if err != nil {
-		prog.Close()
-		return fmt.Errorf("attached program info: %w", err)
-	}
-	progSpec := spec.Programs[bpf.SkLookupProgSteer]
+	// The pinned program, not NewProgramFromID: getting a program by id
+	// needs CAP_SYS_ADMIN, opening a pin only CAP_BPF.
 	var problems []string
-	if err := progSpec.Compatible(pinfo); err != nil {
-		problems = append(problems, fmt.Sprintf("program tag %s differs from the embedded program", pinfo.Tag))
+	prog, err := ebpf.LoadPinnedProgram(filepath.Join(r.dir, pinProgram), nil)
+	var pinfo *ebpf.ProgramInfo
+	if err == nil {
+		pinfo, err = prog.Info()
+		if err != nil {
+			prog.Close()
+			prog = nil
+		}
+	}
+	switch {
+	case err != nil:
+		problems = append(problems, fmt.Sprintf("pinned program: %v", err))
+	case !samePinned(pinfo, linfo.Program):
+		problems = append(problems, fmt.Sprintf("pinned program is not the one attached (link runs program %d)", linfo.Program))
+	default:
+		if err := spec.Programs[bpf.SkLookupProgSteer].Compatible(pinfo); err != nil {
+			problems = append(problems, fmt.Sprintf("program tag %s differs from the embedded program", pinfo.Tag))
+		}
 	}
 
 	// Open every pinned map that is still compatible.
@@ -263,7 +271,9 @@ func (r *Redirect) reuse(spec *ebpf.CollectionSpec, upgrade bool) error {
 		assignMaps(&r.maps, compatible)
 		return nil
 	}
-	prog.Close()
+	if prog != nil {
+		prog.Close()
+	}
 	if !upgrade {
 		closeMaps()
 		return fmt.Errorf("%w: %s: %v; start with upgrade enabled to replace it in place, or run 'rl-tproxy redirect detach'",
@@ -299,6 +309,12 @@ func (r *Redirect) reuse(spec *ebpf.CollectionSpec, upgrade bool) error {
 	r.maps = objs.SkLookupMaps
 	r.tag = progTag(objs.Steer)
 	return nil
+}
+
+// samePinned reports whether the pinned program is the link's program.
+func samePinned(pinfo *ebpf.ProgramInfo, attached ebpf.ProgramID) bool {
+	id, ok := pinfo.ID()
+	return ok && id == attached
 }
 
 func progTag(p *ebpf.Program) string {

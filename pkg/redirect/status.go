@@ -78,8 +78,10 @@ func Status(pinRoot string) (*State, error) {
 	}
 	st.LinkID = uint32(info.ID)
 	st.ProgramID = uint32(info.Program)
-	if prog, err := ebpf.NewProgramFromID(info.Program); err == nil {
-		if pinfo, err := prog.Info(); err == nil {
+	// The pinned program (opening a pin needs no CAP_SYS_ADMIN, unlike
+	// getting a program by id); it counts only if the link runs it.
+	if prog, err := ebpf.LoadPinnedProgram(filepath.Join(dir, pinProgram), nil); err == nil {
+		if pinfo, err := prog.Info(); err == nil && samePinned(pinfo, info.Program) {
 			st.ProgramTag = pinfo.Tag
 			if spec, err := bpf.LoadSkLookup(); err == nil {
 				st.MatchesBinary = spec.Programs[bpf.SkLookupProgSteer].Compatible(pinfo) == nil

@@ -21,10 +21,14 @@ func (s *State) WriteText(w io.Writer) error {
 	if s.MatchesBinary {
 		match = "yes"
 	}
+	tag := s.ProgramTag
+	if tag == "" {
+		tag = "unknown (the pinned program is not the attached one)"
+	}
 	fmt.Fprintf(&b, "attached (network namespace inode %d)\n", s.NetnsInode)
 	fmt.Fprintf(&b, "  pins:            %s\n", s.Dir)
 	fmt.Fprintf(&b, "  link id:         %d\n", s.LinkID)
-	fmt.Fprintf(&b, "  program:         id %d, tag %s, matches this binary: %s\n", s.ProgramID, s.ProgramTag, match)
+	fmt.Fprintf(&b, "  program:         id %d, tag %s, matches this binary: %s\n", s.ProgramID, tag, match)
 	ports := make([]string, len(s.Ports))
 	for i, p := range s.Ports {
 		ports[i] = fmt.Sprint(p)

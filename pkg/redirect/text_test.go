@@ -23,6 +23,7 @@ func TestStateWriteText(t *testing.T) {
 			"destinations:    10.0.0.0/8", "local clients:   not steered", "ipv4 listener:   listener present (socket cookie 42)",
 			"ipv6 listener:   empty", "steered       5", "no_socket     2", "assign_error  0"}},
 		{"foreign program", State{Pinned: true, ProgramTag: "ffff"}, []string{"matches this binary: no", "steered ports:   none", "destinations:    any"}},
+		{"unknown program", State{Pinned: true}, []string{"tag unknown (the pinned program is not the attached one)"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
