@@ -137,6 +137,10 @@ type Config struct {
 	// UpstreamIdleTimeout closes pooled connections idle this long
 	// (default 30s).
 	UpstreamIdleTimeout time.Duration
+	// ParkIdleAfter: a keep-alive connection idle this long gives up its
+	// goroutine and waits in a shared epoll set (saves memory per idle
+	// connection). 0 = DefaultParkIdleAfter; negative = never park.
+	ParkIdleAfter time.Duration
 	// Now is the clock for timing points; nil = time.Now.
 	Now func() time.Time
 	// OnReject, if set, is called when the proxy itself answers a request
@@ -144,6 +148,13 @@ type Config struct {
 	// httpparse), "header-timeout" (408), "body-too-large" (413). For
 	// metrics; it must not block.
 	OnReject func(svc *Service, remote netip.AddrPort, rule string, status int)
+}
+
+func (c *Config) parkIdleAfter() time.Duration {
+	if c.ParkIdleAfter == 0 {
+		return DefaultParkIdleAfter
+	}
+	return c.ParkIdleAfter
 }
 
 func (c *Config) validate() error {

@@ -42,11 +42,16 @@ type conn struct {
 	rerr      error
 
 	// admission watcher
-	peekFn    func(uintptr) bool
-	peek      [1]byte
-	gone      bool
-	actx      admitCtx
-	watchDone chan struct{}
+	peekFn func(uintptr) bool
+	peek   [1]byte
+	gone   bool
+	actx   admitCtx
+
+	// idle parking
+	fd           int   // socket descriptor (-1: cannot park)
+	slot         int32 // parker slot while parked
+	idleDeadline time.Time
+	watchDone    chan struct{}
 
 	wb    []byte // write buffer (pooled array while in use)
 	warr  *bufArr
@@ -74,9 +79,11 @@ func newConn(p *Proxy, nc net.Conn, pick func(*Config, netip.AddrPort) *Service)
 	c := connPool.Get().(*conn)
 	c.p, c.nc, c.pick = p, nc, pick
 	c.state.Store(stateActive)
+	c.fd, c.slot = -1, -1
 	if sc, ok := nc.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {
 			c.raw = raw
+			raw.Control(func(fd uintptr) { c.fd = int(fd) })
 		}
 	}
 	if a, ok := nc.RemoteAddr().(*net.TCPAddr); ok {
@@ -196,14 +203,20 @@ func headNeed(lim httpparse.Limits) int {
 }
 
 func (c *conn) serve() {
-	defer c.finish()
 	for {
 		// The idle wait runs from this shallow frame so that the stack of
-		// an idle connection's goroutine can shrink to the minimum.
-		if c.buf.r == c.buf.w && !c.waitIdle() {
-			return
+		// an idle connection's goroutine stays small.
+		if c.buf.r == c.buf.w {
+			switch c.waitIdle() {
+			case idleParked:
+				return // the parker owns c now
+			case idleClose:
+				c.finish()
+				return
+			}
 		}
 		if !c.serveOne() {
+			c.finish()
 			return
 		}
 		// Idle connections keep no buffers.
@@ -212,22 +225,49 @@ func (c *conn) serve() {
 	}
 }
 
+const (
+	idleReady = iota
+	idleClose
+	idleParked
+)
+
 // waitIdle waits for the first byte of the next request for up to the
-// idle timeout. It reports false on timeout, close, reset or drain.
-func (c *conn) waitIdle() bool {
+// idle timeout; after ParkIdleAfter it parks the connection instead.
+func (c *conn) waitIdle() int {
 	cfg := c.p.cfg.Load()
 	svc := c.pick(cfg, c.local)
 	if svc == nil {
-		return false
+		return idleClose
 	}
 	c.buf.r, c.buf.w = 0, 0
 	c.state.Store(stateIdle)
 	if c.p.shutdown.Load() {
-		return false
+		return idleClose
 	}
-	c.nc.SetReadDeadline(time.Now().Add(svc.idleTimeout()))
-	_, err := c.fill(headNeed(svc.Limits))
-	return c.state.CompareAndSwap(stateIdle, stateActive) && err == nil
+	now := time.Now()
+	c.idleDeadline = now.Add(svc.idleTimeout())
+	wait := c.idleDeadline
+	if pa := cfg.parkIdleAfter(); pa > 0 && c.fd >= 0 && now.Add(pa).Before(wait) {
+		wait = now.Add(pa)
+	}
+	need := headNeed(svc.Limits)
+	c.nc.SetReadDeadline(wait)
+	_, err := c.fill(need)
+	if err != nil && wait.Before(c.idleDeadline) && isTimeout(err) && c.buf.w == 0 {
+		parked, closed := c.p.parker.park(c)
+		if parked {
+			return idleParked
+		}
+		if closed {
+			return idleClose
+		}
+		c.nc.SetReadDeadline(c.idleDeadline) // could not park: wait here
+		_, err = c.fill(need)
+	}
+	if err != nil || !c.state.CompareAndSwap(stateIdle, stateActive) {
+		return idleClose // idle timeout, close, reset or drain
+	}
+	return idleReady
 }
 
 func (c *conn) finish() {

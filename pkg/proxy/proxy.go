@@ -22,6 +22,7 @@ type Proxy struct {
 	cfg      atomic.Pointer[Config]
 	pools    upstreams
 	watchers watchers
+	parker   parker
 
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
@@ -265,8 +266,10 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		case <-done:
 			p.pools.closeAll()
 			p.watchers.close()
+			p.parker.stop()
 			return nil
 		case <-ctx.Done():
+			p.parker.closeParked()
 			p.mu.Lock()
 			for c := range p.conns {
 				c.nc.Close()
@@ -275,6 +278,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 			<-done
 			p.pools.closeAll()
 			p.watchers.close()
+			p.parker.stop()
 			return ctx.Err()
 		case <-timer.C:
 			poll = min(2*poll, 100*time.Millisecond)
@@ -284,6 +288,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 }
 
 func (p *Proxy) closeIdle() {
+	p.parker.closeParked()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for c := range p.conns {
@@ -296,6 +301,7 @@ func (p *Proxy) closeIdle() {
 // Stats are point-in-time counts.
 type Stats struct {
 	Conns        int // open client connections
+	Parked       int // idle client connections parked without a goroutine
 	UpstreamIdle int // idle pooled upstream connections
 }
 
@@ -304,5 +310,5 @@ func (p *Proxy) Stats() Stats {
 	p.mu.Lock()
 	n := len(p.conns)
 	p.mu.Unlock()
-	return Stats{Conns: n, UpstreamIdle: p.pools.idleCount()}
+	return Stats{Conns: n, Parked: p.parker.parkedCount(), UpstreamIdle: p.pools.idleCount()}
 }

@@ -933,3 +933,54 @@ func TestListenAllServeAll(t *testing.T) {
 		t.Fatalf("ListenAll error %v", err)
 	}
 }
+
+func TestIdleParking(t *testing.T) {
+	up := keepAliveUpstream(t, 0)
+	parked := make(chan struct{}, 10)
+	p, addr := startProxy(t, nil, &Service{Upstream: up.addr(), IdleTimeout: time.Minute}, func(cfg *Config) {
+		cfg.ParkIdleAfter = time.Millisecond
+	})
+	p.parker.onPark = func() { parked <- struct{}{} }
+	c := dialClient(t, addr)
+	for i := 0; i < 3; i++ {
+		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		if r, body := c.resp("GET"); r.StatusCode != 200 || body != "ok" {
+			t.Fatalf("request %d after parking: %d %q", i, r.StatusCode, body)
+		}
+		<-parked // idle again: parked without a goroutine
+		if s := p.Stats(); s.Parked != 1 || s.Conns != 1 {
+			t.Fatalf("stats %+v", s)
+		}
+	}
+	// A pipelined pair after parking is served in order.
+	c.send("GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n")
+	c.resp("GET")
+	c.resp("GET")
+	<-parked
+	// Drain closes parked connections.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.expectClosed()
+	if s := p.Stats(); s.Parked != 0 || s.Conns != 0 {
+		t.Fatalf("after drain: %+v", s)
+	}
+}
+
+func TestParkedIdleTimeout(t *testing.T) {
+	up := keepAliveUpstream(t, 0)
+	parked := make(chan struct{}, 10)
+	p, addr := startProxy(t, nil, &Service{Upstream: up.addr(), IdleTimeout: 100 * time.Millisecond}, func(cfg *Config) {
+		cfg.ParkIdleAfter = time.Millisecond
+	})
+	p.parker.sweep = 5 * time.Millisecond
+	p.parker.onPark = func() { parked <- struct{}{} }
+
+	c := dialClient(t, addr)
+	c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	c.resp("GET")
+	<-parked
+	c.expectClosed() // the sweeper closes it after the idle timeout
+}

@@ -100,19 +100,20 @@ for port in "$BACKEND" "$NGXPROXY" "$GOPROXY"; do
   [ "$code" = 200 ] || { echo "proxy.sh: port $port answered $code" >&2; exit 1; }
 done
 
-run_wrk() { # $1 port -> req/s
+run_wrk() { # $1 port, $2 label -> req/s (non-2xx answers abort; socket errors are reported)
   local out
-  out=$(taskset -c "$CLIENT_CPU" wrk -t1 -c"$CONNS" -d"$DURATION" "http://127.0.0.1:$1/")
-  if grep -q -e 'Non-2xx' -e 'Socket errors' <<<"$out"; then echo "proxy.sh: wrk errors on $1:" >&2; echo "$out" >&2; exit 1; fi
+  out=$(taskset -c "$CLIENT_CPU" wrk -t1 -c"$CONNS" -d"$DURATION" --timeout 10s "http://127.0.0.1:$1/")
+  if grep -q 'Non-2xx' <<<"$out"; then echo "proxy.sh: non-2xx answers from $2:" >&2; echo "$out" >&2; exit 1; fi
+  if grep -q 'Socket errors' <<<"$out"; then echo "  $2: $(grep 'Socket errors' <<<"$out" | sed 's/^ *//')" >&2; fi
   awk '/Requests\/sec/ {print $2}' <<<"$out"
 }
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 echo "machine: $(nproc) CPUs, $(uname -r), load: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "ulimit -n $NOFILE; wrk -t1 -c$CONNS -d$DURATION, $ROUNDS rounds; servers on CPU $SERVER_CPU, wrk on CPU $CLIENT_CPU"
+echo "ulimit -n $NOFILE; wrk -t1 -c$CONNS -d$DURATION --timeout 10s, $ROUNDS rounds; servers on CPU $SERVER_CPU, wrk on CPU $CLIENT_CPU"
 declare -a A B C
 for r in $(seq 1 "$ROUNDS"); do
-  A+=("$(run_wrk "$BACKEND")"); B+=("$(run_wrk "$NGXPROXY")"); C+=("$(run_wrk "$GOPROXY")")
+  A+=("$(run_wrk "$BACKEND" a)"); B+=("$(run_wrk "$NGXPROXY" b)"); C+=("$(run_wrk "$GOPROXY" c)")
   echo "round $r: (a) ${A[-1]}  (b) ${B[-1]}  (c) ${C[-1]} req/s"
 done
 a=$(printf '%s\n' "${A[@]}" | median); b=$(printf '%s\n' "${B[@]}" | median); c=$(printf '%s\n' "${C[@]}" | median)
