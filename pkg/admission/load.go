@@ -98,6 +98,7 @@ type loader struct {
 	dir      string
 	readFile func(string) ([]byte, error)
 	p        *Policy
+	reported map[*yaml.Node]bool // references already reported (refErrorf)
 }
 
 // serviceSettings are the inheritable service-level settings; nil = unset.

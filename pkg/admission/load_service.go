@@ -200,7 +200,7 @@ func (l *loader) resolveLocation(loc *Location, ctx string, n *yaml.Node, own, s
 				z := l.p.zoneByName[r.name]
 				switch {
 				case z == nil:
-					l.errorf(r.node, "%s: limit: unknown zone %q%s", ctx, short(r.name), l.inherited(s, own))
+					l.refErrorf(r.node, "%s: limit: unknown zone %q%s", ctx, short(r.name), l.inherited(s, own))
 				case seen[r.name]:
 					l.errorf(r.node, "%s: limit: zone %q listed twice", ctx, r.name)
 				default:
@@ -218,7 +218,7 @@ func (l *loader) resolveLocation(loc *Location, ctx string, n *yaml.Node, own, s
 				t := l.p.trackerByName[g.tracker.name]
 				switch {
 				case t == nil:
-					l.errorf(g.tracker.node, "%s: guard: unknown tracker %q%s", ctx, short(g.tracker.name), l.inherited(s, own))
+					l.refErrorf(g.tracker.node, "%s: guard: unknown tracker %q%s", ctx, short(g.tracker.name), l.inherited(s, own))
 				case seen[t.Name]:
 					l.errorf(g.tracker.node, "%s: guard: tracker %q guarded twice", ctx, t.Name)
 				case g.bad:
@@ -241,7 +241,7 @@ func (l *loader) resolveLocation(loc *Location, ctx string, n *yaml.Node, own, s
 			if s.report.name != "" {
 				loc.Report = l.p.trackerByName[s.report.name]
 				if loc.Report == nil {
-					l.errorf(s.report.node, "%s: report: unknown tracker %q%s", ctx, short(s.report.name), l.inherited(s, own))
+					l.refErrorf(s.report.node, "%s: report: unknown tracker %q%s", ctx, short(s.report.name), l.inherited(s, own))
 				}
 			}
 			break
@@ -263,6 +263,19 @@ func (l *loader) resolveLocation(loc *Location, ctx string, n *yaml.Node, own, s
 			l.errorf(n, "%s: the rate request needs at least %d bytes, over the %d-byte datagram limit (fewer zones/guards or shorter templates)", ctx, size, MaxDatagram)
 		}
 	}
+}
+
+// refErrorf reports a bad reference once, even when several locations
+// inherit it from the same service or defaults entry.
+func (l *loader) refErrorf(n *yaml.Node, format string, args ...any) {
+	if l.reported == nil {
+		l.reported = map[*yaml.Node]bool{}
+	}
+	if l.reported[n] {
+		return
+	}
+	l.reported[n] = true
+	l.errorf(n, format, args...)
 }
 
 // inherited explains where an inherited bad reference came from: the

@@ -364,3 +364,13 @@ func TestLoadOneErrorPerMistake(t *testing.T) {
 		}
 	}
 }
+
+// A bad reference inherited by several locations is reported once.
+func TestLoadInheritedRefReportedOnce(t *testing.T) {
+	src := ptEmbedded + ptService + "    limit: [nope]\n    locations:\n      - {match: {path: /a}}\n      - {match: {path: /b}}\n      - {match: {path: /c}}\n"
+	_, err := Load(ptWrite(t, src, ""))
+	var le *LoadError
+	if !errors.As(err, &le) || len(le.Errs) != 1 || le.Errs[0].Line != 6 || !strings.Contains(le.Errs[0].Msg, `unknown zone "nope" (inherited)`) {
+		t.Fatalf("want one error at line 6, got %v", err)
+	}
+}
