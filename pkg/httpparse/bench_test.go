@@ -52,24 +52,28 @@ func BenchmarkRequest(b *testing.B) {
 			var r Request
 			b.SetBytes(int64(len(buf)))
 			b.ReportAllocs()
-			for b.Loop() {
-				if err := r.Parse(buf, Limits{}); err != nil {
-					b.Fatal(err)
+			measureCPU(b, func() {
+				for b.Loop() {
+					if err := r.Parse(buf, Limits{}); err != nil {
+						b.Fatal(err)
+					}
 				}
-			}
+			})
 		})
 		b.Run(bc.name+"/nethttp", func(b *testing.B) {
 			rd := bytes.NewReader(buf)
 			br := bufio.NewReader(rd)
 			b.SetBytes(int64(len(buf)))
 			b.ReportAllocs()
-			for b.Loop() {
-				rd.Reset(buf)
-				br.Reset(rd)
-				if _, err := http.ReadRequest(br); err != nil {
-					b.Fatal(err)
+			measureCPU(b, func() {
+				for b.Loop() {
+					rd.Reset(buf)
+					br.Reset(rd)
+					if _, err := http.ReadRequest(br); err != nil {
+						b.Fatal(err)
+					}
 				}
-			}
+			})
 		})
 	}
 }
@@ -83,11 +87,13 @@ func BenchmarkResponse(b *testing.B) {
 		method := []byte("GET")
 		b.SetBytes(int64(len(buf)))
 		b.ReportAllocs()
-		for b.Loop() {
-			if err := r.Parse(buf, Limits{}, method); err != nil {
-				b.Fatal(err)
+		measureCPU(b, func() {
+			for b.Loop() {
+				if err := r.Parse(buf, Limits{}, method); err != nil {
+					b.Fatal(err)
+				}
 			}
-		}
+		})
 	})
 	b.Run("nethttp", func(b *testing.B) {
 		rd := bytes.NewReader(buf)
@@ -95,13 +101,15 @@ func BenchmarkResponse(b *testing.B) {
 		hreq := &http.Request{Method: "GET"}
 		b.SetBytes(int64(len(buf)))
 		b.ReportAllocs()
-		for b.Loop() {
-			rd.Reset(buf)
-			br.Reset(rd)
-			if _, err := http.ReadResponse(br, hreq); err != nil {
-				b.Fatal(err)
+		measureCPU(b, func() {
+			for b.Loop() {
+				rd.Reset(buf)
+				br.Reset(rd)
+				if _, err := http.ReadResponse(br, hreq); err != nil {
+					b.Fatal(err)
+				}
 			}
-		}
+		})
 	})
 }
 
@@ -117,17 +125,19 @@ func BenchmarkChunkedDecode(b *testing.B) {
 	var d ChunkedDecoder
 	b.SetBytes(int64(len(enc)))
 	b.ReportAllocs()
-	for b.Loop() {
-		d.Reset(Limits{})
-		src := enc
-		for !d.Done() {
-			n, _, err := d.Decode(src)
-			if err != nil {
-				b.Fatal(err)
+	measureCPU(b, func() {
+		for b.Loop() {
+			d.Reset(Limits{})
+			src := enc
+			for !d.Done() {
+				n, _, err := d.Decode(src)
+				if err != nil {
+					b.Fatal(err)
+				}
+				src = src[n:]
 			}
-			src = src[n:]
 		}
-	}
+	})
 }
 
 func TestZeroAllocs(t *testing.T) {

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package httpparse
+
+import "testing"
+
+func measureCPU(b *testing.B, loop func()) { loop() }
