@@ -16,7 +16,9 @@
 //	err = r.Reload(redirect.Config{Ports: []uint16{80, 8080}}) // live reload (or SetPorts/SetPrefixes)
 //	reg.MustRegister(r.Collector()) // rl_tproxy_redirect_* metrics
 //	still, _ := r.ListenerRegistered(ln) // false once another proxy took over: drain and exit
+//	err = r.Check() // readiness: link still pinned, attached here, running our program
 //	r.UnregisterListener(ln) // graceful stop: new connections go to the service, drain ln
+//	conns, _ := redirect.AcceptQueued(ln) // serve what was queued before closing ln
 //
 // The accepted connection's LocalAddr is the client's original destination
 // (service address and port): use it to choose the service and upstream.

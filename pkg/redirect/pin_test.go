@@ -102,10 +102,15 @@ func TestPinReuseUpgradeDetach(t *testing.T) {
 	if !slices.Equal(st2.Ports, []uint16{80, 8080}) {
 		t.Errorf("ports after reattach = %v", st2.Ports)
 	}
-	r2.Close()
+	if err := r2.Check(); err != nil {
+		t.Errorf("Check after reattach: %v", err)
+	}
 
 	// Another build's program is refused without Upgrade...
 	foreignProgram(t, st1.Dir)
+	if err := r2.Check(); err == nil {
+		t.Error("Check passes while the link runs another program")
+	}
 	err := ns.Do(func() error {
 		r, err := Attach(cfg)
 		if err == nil {

@@ -570,3 +570,30 @@ func (r *Redirect) Close() error {
 	}
 	return errors.Join(errs...)
 }
+
+// Check reports whether the redirect is still in force: the link is pinned,
+// attached to this Redirect's network namespace and runs this Redirect's
+// program. It fails after `rl-tproxy redirect detach` or after another
+// build upgraded the program; a readiness probe can call it.
+func (r *Redirect) Check() error {
+	l, err := link.LoadPinnedLink(filepath.Join(r.dir, pinLink), nil)
+	if err != nil {
+		return fmt.Errorf("redirect link pin in %s: %w", r.dir, err)
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		return fmt.Errorf("redirect link info: %w", err)
+	}
+	if ns := info.NetNs(); ns == nil || uint64(ns.NetnsInode) != r.ino&0xffffffff {
+		return fmt.Errorf("redirect link in %s is not attached to network namespace %d", r.dir, r.ino)
+	}
+	pinfo, err := r.prog.Info()
+	if err != nil {
+		return fmt.Errorf("redirect program info: %w", err)
+	}
+	if !samePinned(pinfo, info.Program) {
+		return fmt.Errorf("redirect link runs program %d, not this process's program", info.Program)
+	}
+	return nil
+}

@@ -233,6 +233,9 @@ func TestDualStackListenerAndDetach(t *testing.T) {
 	if err := r.RegisterListener(proxy); err != nil {
 		t.Fatal(err)
 	}
+	if err := r.Check(); err != nil {
+		t.Fatalf("Check while attached: %v", err)
+	}
 	// Detach removes the program even though this Redirect still holds descriptors.
 	if err := p.Node.Do(func() error { return Detach(root) }); err != nil {
 		t.Fatalf("Detach: %v", err)
@@ -241,5 +244,8 @@ func TestDualStackListenerAndDetach(t *testing.T) {
 		if got := mustAsk(t, p.Client, a, nil); got != "service "+a {
 			t.Fatalf("after Detach %s: %q", a, got)
 		}
+	}
+	if err := r.Check(); err == nil {
+		t.Fatal("Check after Detach: nil")
 	}
 }
