@@ -513,7 +513,7 @@ func (c *conn) deny(cfg *Config, svc *Service) bool {
 	h := &c.head
 	d := &c.dec
 	status := d.Status
-	if status == 0 {
+	if status < 200 || status > 599 {
 		status = 429
 	}
 	keep := c.keepClient(svc)

@@ -17,6 +17,9 @@ import (
 // before anything was sent or received, so it can be replayed once.
 var errRetry = errors.New("proxy: pooled upstream connection broken")
 
+// errBodyTooLarge: a chunked request body exceeded Service.MaxBodyBytes.
+var errBodyTooLarge = errors.New("proxy: request body too large")
+
 func idempotent(m []byte) bool {
 	switch string(m) {
 	case "GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE":
@@ -139,10 +142,13 @@ func (c *conn) exchange(cfg *Config, svc *Service, u *upConn, base int, retryabl
 		c.chunk.Reset(svc.Limits)
 		need := headNeed(svc.Limits)
 		in, _, srcErr, dstErr := c.relayChunked(&c.buf, base, c.nc, func() (int, error) { return c.fill(need) },
-			u.nc, true, idle)
+			u.nc, true, idle, svc.MaxBodyBytes)
 		c.res.BytesIn += in
 		if srcErr != nil {
 			u.close()
+			if srcErr == errBodyTooLarge {
+				return c.rejectRule(cfg, svc, "body-too-large", 413), nil
+			}
 			var pe *httpparse.Error
 			if errors.As(srcErr, &pe) {
 				return c.reject(cfg, svc, srcErr), nil
@@ -172,7 +178,7 @@ func (c *conn) exchange(cfg *Config, svc *Service, u *upConn, base int, retryabl
 				u.buf.compact()
 			}
 			if _, err := u.fill(); err != nil {
-				if retryable && u.buf.w == 0 {
+				if retryable && u.buf.w == 0 && !isTimeout(err) {
 					return false, errRetry
 				}
 				u.close()
@@ -285,7 +291,7 @@ func (c *conn) exchange(cfg *Config, svc *Service, u *upConn, base int, retryabl
 			break
 		}
 		c.chunk.Reset(lim)
-		_, n, srcErr, dstErr := c.relayChunked(&u.buf, 0, u.nc, u.fill, c.nc, chunkedOut, idle)
+		_, n, srcErr, dstErr := c.relayChunked(&u.buf, 0, u.nc, u.fill, c.nc, chunkedOut, idle, 0)
 		c.res.BytesOut += n
 		if dstErr != nil {
 			err = dstErr
@@ -418,7 +424,8 @@ func peerGone(nc net.Conn) bool {
 // relayChunked decodes a chunked body from src (bytes already buffered in
 // sb; compaction keeps sb.b[:base]) and writes it to dst, re-encoded as
 // chunked when chunkedOut (trailers are dropped) or as raw bytes otherwise.
-func (c *conn) relayChunked(sb *buffer, base int, src net.Conn, fill func() (int, error), dst net.Conn, chunkedOut bool, timeout time.Duration) (in, out int64, srcErr, dstErr error) {
+// A body longer than limit (> 0) fails with errBodyTooLarge.
+func (c *conn) relayChunked(sb *buffer, base int, src net.Conn, fill func() (int, error), dst net.Conn, chunkedOut bool, timeout time.Duration, limit int64) (in, out int64, srcErr, dstErr error) {
 	dec := &c.chunk
 	o := c.getWB()
 	flush := func() error {
@@ -437,6 +444,9 @@ func (c *conn) relayChunked(sb *buffer, base int, src net.Conn, fill func() (int
 		switch {
 		case err == nil && len(data) > 0:
 			in += int64(len(data))
+			if limit > 0 && in > limit {
+				return in, out, errBodyTooLarge, nil
+			}
 			if cap(o)-len(o) < 32 {
 				if err := flush(); err != nil {
 					return in, out, nil, err

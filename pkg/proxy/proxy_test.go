@@ -984,3 +984,24 @@ func TestParkedIdleTimeout(t *testing.T) {
 	<-parked
 	c.expectClosed() // the sweeper closes it after the idle timeout
 }
+
+func TestMaxBodyBytesChunked(t *testing.T) {
+	up := httpUpstream(t, http.HandlerFunc(echoHandler))
+	rules := make(chan string, 1)
+	_, addr := startProxy(t, nil, &Service{Upstream: up, MaxBodyBytes: 8}, func(cfg *Config) {
+		cfg.OnReject = func(_ *Service, _ netip.AddrPort, rule string, _ int) { rules <- rule }
+	})
+	c := dialClient(t, addr)
+	c.send("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n5\r\nworld\r\n0\r\n\r\n")
+	if r, _ := c.resp("POST"); r.StatusCode != 413 || !r.Close {
+		t.Fatalf("status %d close %v", r.StatusCode, r.Close)
+	}
+	if rule := <-rules; rule != "body-too-large" {
+		t.Fatalf("rule %q", rule)
+	}
+	c2 := dialClient(t, addr)
+	c2.send("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+	if r, body := c2.resp("POST"); r.StatusCode != 200 || body != "POST / body=hello" {
+		t.Fatalf("within limit: %d %q", r.StatusCode, body)
+	}
+}
