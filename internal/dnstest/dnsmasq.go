@@ -106,19 +106,26 @@ func (d *Dnsmasq) waitReady(name string, exited <-chan struct{}) error {
 	return fmt.Errorf("no SRV answer from %s", d.Addr)
 }
 
+// freePort finds a loopback port free for both UDP and TCP (bounded
+// retries: the UDP port's TCP twin may be taken).
 func freePort() (int, error) {
-	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	var lastErr error
+	for i := 0; i < 50; i++ {
+		pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := pc.LocalAddr().(*net.UDPAddr).Port
+		ln, err := net.Listen("tcp4", pc.LocalAddr().String())
+		pc.Close()
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		ln.Close()
+		return port, nil
 	}
-	defer pc.Close()
-	port := pc.LocalAddr().(*net.UDPAddr).Port
-	ln, err := net.Listen("tcp4", pc.LocalAddr().String())
-	if err != nil {
-		return 0, err
-	}
-	ln.Close()
-	return port, nil
+	return 0, lastErr
 }
 
 func trimDot(s string) string {

@@ -253,6 +253,7 @@ func (c *Client) Close() error {
 type request struct {
 	mu    sync.Mutex
 	gen   uint64
+	hidx  int // index in es.heap, -1 = no pending deadline (guarded by es.mu)
 	id    uint64
 	state uint8
 	c     *Client
@@ -345,6 +346,7 @@ func (c *Client) Check(ctx context.Context, req *wire.RateRequest, out *Decision
 		r.es.schedule(r, r.start.Add(c.policy.Unit))
 	}
 	r.mu.Unlock()
+	c.ring.Flush(shard) // after unlocking: datagrams were only queued under r.mu
 
 	select {
 	case <-r.done:
@@ -354,6 +356,7 @@ func (c *Client) Check(ctx context.Context, req *wire.RateRequest, out *Decision
 			r.state = stateCancelled
 			r.cause = CauseCancelled
 			c.table.remove(r.id)
+			r.es.unschedule(r)
 			r.mu.Unlock()
 		} else {
 			r.mu.Unlock()
@@ -397,8 +400,9 @@ func (c *Client) finish(r *request, out *Decision) error {
 const tokenMask = 63
 
 // sendRound seals the request for the current attempt and queues it to
-// every endpoint that has not answered. r.mu is held. It returns the number
-// of datagrams queued.
+// every endpoint that has not answered. r.mu is held, so it only pushes:
+// the caller flushes the shard after unlocking. It returns the number of
+// datagrams queued.
 func (r *request) sendRound() int {
 	c := r.c
 	h := &r.hdr
@@ -422,7 +426,7 @@ func (r *request) sendRound() int {
 			r.sendFailed |= bit
 			continue
 		}
-		if err := c.ring.Send(r.sock, ep.Addr, pkt, r.id|uint64(i)); err != nil {
+		if err := c.ring.Push(r.sock, ep.Addr, pkt, r.id|uint64(i)); err != nil {
 			r.sendFailed |= bit
 			continue
 		}
@@ -443,6 +447,7 @@ func (r *request) finishLocked(cause Cause) {
 	r.state = stateDone
 	r.cause = cause
 	r.c.table.remove(r.id)
+	r.es.unschedule(r)
 	if cause.Decided() && r.c.policy.Completion {
 		r.sendCompletions()
 	}
@@ -473,7 +478,7 @@ func (r *request) sendCompletions() {
 		if err != nil {
 			continue
 		}
-		if c.ring.Send(r.sock, r.mem.eps[i].Addr, pkt, 0) == nil {
+		if c.ring.Push(r.sock, r.mem.eps[i].Addr, pkt, 0) == nil {
 			c.c.completions.Add(1)
 		}
 	}
@@ -482,10 +487,18 @@ func (r *request) sendCompletions() {
 // onTimer runs at the end of a round.
 func (r *request) onTimer(gen uint64) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.gen != gen || r.state != statePending {
+		r.mu.Unlock()
 		return
 	}
+	shard := r.sock.Shard()
+	r.roundEndLocked()
+	r.mu.Unlock()
+	r.c.ring.Flush(shard)
+}
+
+// roundEndLocked applies the end-of-round rules (r.mu held).
+func (r *request) roundEndLocked() {
 	p := &r.c.policy
 	if r.valid != 0 {
 		r.decideLocked()
@@ -594,11 +607,12 @@ func (c *Client) onSendError(token uint64, _ error) {
 
 // eshard is the engine side of a shard: deadlines and receive scratch.
 type eshard struct {
-	c    *Client
-	idx  int
-	mu   sync.Mutex
-	heap []timerEntry
-	wake chan struct{}
+	c     *Client
+	idx   int
+	mu    sync.Mutex
+	heap  []timerEntry
+	armed time.Time // deadline the timer goroutine sleeps for (zero = none)
+	wake  chan struct{}
 
 	rxMu sync.Mutex
 	hdr  wire.Header
@@ -610,8 +624,8 @@ type eshard struct {
 }
 
 // onDatagram handles every datagram received by any shard socket.
-func (c *Client) onDatagram(shard int, pkt []byte, from netip.AddrPort) {
-	es := c.shards[shard]
+func (c *Client) onDatagram(rx *udpring.Socket, pkt []byte, from netip.AddrPort) {
+	es := c.shards[rx.Shard()]
 	es.rxMu.Lock()
 	defer es.rxMu.Unlock()
 	h := &es.hdr
@@ -644,14 +658,14 @@ func (c *Client) onDatagram(shard int, pkt []byte, from netip.AddrPort) {
 	resp := &es.resp
 	bodyErr := resp.DecodeBody(pt)
 	if r == nil {
-		c.lateAnswer(bodyErr, resp, from)
+		c.lateAnswer(rx, h, bodyErr, resp, from)
 		return
 	}
 	steer := false
 	r.mu.Lock()
 	if r.id != id || r.state != statePending {
 		r.mu.Unlock()
-		c.lateAnswer(bodyErr, resp, from)
+		c.lateAnswer(rx, h, bodyErr, resp, from)
 		return
 	}
 	i := r.mem.indexOf(from)
@@ -681,17 +695,23 @@ func (c *Client) onDatagram(shard int, pkt []byte, from netip.AddrPort) {
 	}
 	sock := r.sock
 	r.mu.Unlock()
+	c.ring.Flush(sock.Shard()) // completions queued by a decision
 	if steer {
 		c.c.steers.Add(1)
-		c.ring.Rebind(sock)
+		c.ring.Rebind(rx) // the socket the server saw; ignored unless current
 	}
 }
 
-// lateAnswer learns the server epoch from an authenticated answer that
-// arrived after its request was retired, so that "oldest known endpoint"
-// converges even when early decisions cut requests short.
-func (c *Client) lateAnswer(bodyErr error, resp *wire.RateResponse, from netip.AddrPort) {
+// lateAnswer handles an authenticated answer that arrived after its
+// request was retired: it still carries steering feedback, and its epoch
+// is learned so that "oldest known endpoint" converges even when early
+// decisions cut requests short.
+func (c *Client) lateAnswer(rx *udpring.Socket, h *wire.Header, bodyErr error, resp *wire.RateResponse, from netip.AddrPort) {
 	c.c.unknownID.Add(1)
+	if !h.Steering() {
+		c.c.steers.Add(1)
+		c.ring.Rebind(rx)
+	}
 	if bodyErr != nil || resp.Status != wire.StatusOK {
 		return
 	}
@@ -752,10 +772,11 @@ func (c *Client) Report(service []byte, d time.Duration) {
 		return
 	}
 	for _, ep := range m.eps {
-		if c.ring.SendCurrent(shard, ep.Addr, pkt, 0) != nil {
+		if c.ring.PushCurrent(shard, ep.Addr, pkt, 0) != nil {
 			c.c.reportsDropped.Add(1)
 			continue
 		}
 		c.c.reports.Add(1)
 	}
+	c.ring.Flush(shard)
 }

@@ -10,11 +10,13 @@ type Clock interface {
 	NewTimer(d time.Duration) Timer
 }
 
-// Timer is a resettable one-shot timer of a Clock. Reset and Stop follow
-// the Go 1.23+ time.Timer semantics: no stale value is received after them.
+// Timer is a resettable one-shot timer of a Clock. ResetAt takes an
+// absolute deadline (so a clock that moves between computing and arming a
+// deadline cannot push it later). ResetAt and Stop follow the Go 1.23+
+// time.Timer semantics: no stale value is received after them.
 type Timer interface {
 	C() <-chan time.Time
-	Reset(d time.Duration)
+	ResetAt(at time.Time)
 	Stop()
 }
 
@@ -26,6 +28,6 @@ func (realClock) NewTimer(d time.Duration) Timer { return realTimer{time.NewTime
 
 type realTimer struct{ t *time.Timer }
 
-func (t realTimer) C() <-chan time.Time   { return t.t.C }
-func (t realTimer) Reset(d time.Duration) { t.t.Reset(d) }
-func (t realTimer) Stop()                 { t.t.Stop() }
+func (t realTimer) C() <-chan time.Time  { return t.t.C }
+func (t realTimer) ResetAt(at time.Time) { t.t.Reset(time.Until(at)) }
+func (t realTimer) Stop()                { t.t.Stop() }

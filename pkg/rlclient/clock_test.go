@@ -22,7 +22,7 @@ func (c *manualClock) Now() time.Time {
 
 func (c *manualClock) NewTimer(d time.Duration) Timer {
 	t := &manualTimer{clk: c, ch: make(chan time.Time, 1)}
-	t.Reset(d)
+	t.ResetAt(c.Now().Add(d))
 	c.mu.Lock()
 	c.timers = append(c.timers, t)
 	c.mu.Unlock()
@@ -51,18 +51,16 @@ type manualTimer struct {
 
 func (t *manualTimer) C() <-chan time.Time { return t.ch }
 
-func (t *manualTimer) Reset(d time.Duration) {
+func (t *manualTimer) ResetAt(at time.Time) {
 	t.mu.Lock()
-	select { // no stale value after Reset
+	select { // no stale value after a reset
 	case <-t.ch:
 	default:
 	}
-	t.when = t.clk.Now().Add(d)
+	t.when = at
 	t.active = true
 	t.mu.Unlock()
-	if d <= 0 {
-		t.fireIfDue(t.clk.Now())
-	}
+	t.fireIfDue(t.clk.Now())
 }
 
 func (t *manualTimer) Stop() {

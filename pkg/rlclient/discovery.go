@@ -320,7 +320,7 @@ func (d *discovery) run() {
 	fails := 0
 	for {
 		next := d.refresh(&fails)
-		t.Reset(next)
+		t.ResetAt(d.clock.Now().Add(next))
 		select {
 		case <-d.ctx.Done():
 			return

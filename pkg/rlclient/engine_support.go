@@ -13,22 +13,20 @@ type timerEntry struct {
 	gen uint64
 }
 
-// schedule adds a deadline for r (r.mu is held; lock order r.mu -> es.mu).
+// schedule sets r's next deadline (r.mu is held; lock order r.mu ->
+// es.mu). A request has at most one entry; it is removed when the request
+// ends, so the timer goroutine wakes only for real deadlines, and is kicked
+// only when the new deadline is earlier than the one it sleeps for.
 func (es *eshard) schedule(r *request, at time.Time) {
 	es.mu.Lock()
-	es.heap = append(es.heap, timerEntry{at: at, r: r, gen: r.gen})
-	i := len(es.heap) - 1
-	for i > 0 {
-		p := (i - 1) / 2
-		if !es.heap[i].at.Before(es.heap[p].at) {
-			break
-		}
-		es.heap[i], es.heap[p] = es.heap[p], es.heap[i]
-		i = p
+	if r.hidx >= 0 {
+		es.removeLocked(r.hidx)
 	}
-	first := i == 0
+	es.heap = append(es.heap, timerEntry{at: at, r: r, gen: r.gen})
+	i := es.up(len(es.heap) - 1)
+	kick := i == 0 && (es.armed.IsZero() || at.Before(es.armed))
 	es.mu.Unlock()
-	if first {
+	if kick {
 		select {
 		case es.wake <- struct{}{}:
 		default:
@@ -36,33 +34,75 @@ func (es *eshard) schedule(r *request, at time.Time) {
 	}
 }
 
-// popLocked removes the earliest entry (es.mu held).
-func (es *eshard) popLocked() timerEntry {
+// unschedule drops r's pending deadline (r.mu held).
+func (es *eshard) unschedule(r *request) {
+	es.mu.Lock()
+	if r.hidx >= 0 {
+		es.removeLocked(r.hidx)
+	}
+	es.mu.Unlock()
+}
+
+func (es *eshard) swap(i, j int) {
 	h := es.heap
-	top := h[0]
-	n := len(h) - 1
-	h[0] = h[n]
-	h[n] = timerEntry{}
-	h = h[:n]
-	i := 0
+	h[i], h[j] = h[j], h[i]
+	h[i].r.hidx = i
+	h[j].r.hidx = j
+}
+
+func (es *eshard) up(i int) int {
+	es.heap[i].r.hidx = i
+	for i > 0 {
+		p := (i - 1) / 2
+		if !es.heap[i].at.Before(es.heap[p].at) {
+			break
+		}
+		es.swap(i, p)
+		i = p
+	}
+	return i
+}
+
+func (es *eshard) down(i int) {
+	n := len(es.heap)
 	for {
 		l := 2*i + 1
 		if l >= n {
-			break
+			return
 		}
 		m := l
-		if r := l + 1; r < n && h[r].at.Before(h[l].at) {
+		if r := l + 1; r < n && es.heap[r].at.Before(es.heap[l].at) {
 			m = r
 		}
-		if !h[m].at.Before(h[i].at) {
-			break
+		if !es.heap[m].at.Before(es.heap[i].at) {
+			return
 		}
-		h[i], h[m] = h[m], h[i]
+		es.swap(i, m)
 		i = m
 	}
-	es.heap = h
-	return top
 }
+
+// removeLocked removes entry i (es.mu held).
+func (es *eshard) removeLocked(i int) timerEntry {
+	h := es.heap
+	e := h[i]
+	e.r.hidx = -1
+	n := len(h) - 1
+	if i != n {
+		h[i] = h[n]
+		h[i].r.hidx = i
+	}
+	h[n] = timerEntry{}
+	es.heap = h[:n]
+	if i < n {
+		es.down(i)
+		es.up(i)
+	}
+	return e
+}
+
+// popLocked removes the earliest entry (es.mu held).
+func (es *eshard) popLocked() timerEntry { return es.removeLocked(0) }
 
 // timerLoop is the shard's only timer: it sleeps until the earliest
 // deadline and runs the due round ends.
@@ -81,13 +121,15 @@ func (es *eshard) timerLoop() {
 			now := es.c.clock.Now()
 			es.mu.Lock()
 			if len(es.heap) == 0 {
+				es.armed = time.Time{}
 				es.mu.Unlock()
-				t.Reset(time.Hour)
+				t.Stop()
 				break
 			}
-			if d := es.heap[0].at.Sub(now); d > 0 {
+			if at := es.heap[0].at; at.After(now) {
+				es.armed = at
 				es.mu.Unlock()
-				t.Reset(d)
+				t.ResetAt(at)
 				break
 			}
 			e := es.popLocked()
@@ -175,7 +217,7 @@ func (p *reqPool) get(c *Client) *request {
 		return r
 	}
 	p.mu.Unlock()
-	return &request{c: c, done: make(chan struct{}, 1)}
+	return &request{c: c, done: make(chan struct{}, 1), hidx: -1}
 }
 
 func (p *reqPool) put(r *request) {

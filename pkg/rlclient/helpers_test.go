@@ -3,6 +3,7 @@ package rlclient
 import (
 	"context"
 	"fmt"
+	"math/bits"
 	"net"
 	"net/netip"
 	"sync"
@@ -194,6 +195,11 @@ func newTestClient(t testing.TB, dnsAddr string, o clientOpts) *Client {
 	if o.shards == 0 {
 		o.shards = 2
 	}
+	if o.policy.Name == "" {
+		// Real-clock tests decide early; a generous unit keeps a loaded CI
+		// machine from turning a slow answer into a timeout.
+		o.policy = Standard(2 * time.Second)
+	}
 	c, err := New(Config{SRV: testSRV, Resolver: dnsAddr, ResolverTimeout: time.Second, Credential: o.cred,
 		Policy: o.policy, Bind: netip.MustParseAddr("127.0.0.1"), Shards: o.shards, Clock: o.clock})
 	if err != nil {
@@ -251,4 +257,26 @@ func assertPending(t testing.TB, ch <-chan checkResult, when string) {
 		t.Fatalf("%s: check returned early: cause %v err %v", when, r.d.Cause, r.err)
 	default:
 	}
+}
+
+// waitValid waits until the single live request holds n valid answers.
+func waitValid(t testing.TB, c *Client, n int) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%d valid answers", n), func() bool {
+		for i := range c.table.stripes {
+			st := &c.table.stripes[i]
+			st.mu.Lock()
+			for _, r := range st.m {
+				r.mu.Lock()
+				got := bits.OnesCount64(r.valid)
+				r.mu.Unlock()
+				if got >= n {
+					st.mu.Unlock()
+					return true
+				}
+			}
+			st.mu.Unlock()
+		}
+		return false
+	})
 }

@@ -82,7 +82,7 @@ func (rd *reader) run() {
 				continue
 			}
 			delivered++
-			rd.h(s.idx, rd.bufs[i][:m.Len], getSockaddr(&rd.names[i]))
+			rd.h(rd.sock, rd.bufs[i][:m.Len], getSockaddr(&rd.names[i]))
 		}
 		s.c.received.Add(uint64(delivered))
 		if rd.n == MaxBatch {

@@ -5,10 +5,13 @@
 // demultiplexes by request id, never by socket), and transactional
 // source-port rebinds on steering feedback.
 //
-// Threading model. Each shard runs one loop goroutine that flushes the
-// shard's send queue with sendmmsg, performs rebinds and retires old
-// sockets, and one reader goroutine per open socket that receives with
-// recvmmsg. Both park in the netpoller (syscall.RawConn callbacks return
+// Threading model. Each shard has a send queue, one loop goroutine that
+// performs rebinds, retires old sockets and delivers send errors, and one
+// reader goroutine per open socket that receives with recvmmsg. The queue
+// is flushed with sendmmsg by whichever goroutine calls Flush (or Send)
+// while no other flush of that shard runs (flat combining): datagrams
+// queued during a flush go out in the flusher's next batch, so concurrent
+// senders share system calls without a goroutine hand-off. Both park in the netpoller (syscall.RawConn callbacks return
 // false on EAGAIN), so no goroutine spins or blocks a P in a syscall. A
 // reader hands at most MaxBatch datagrams to the handler per read turn and
 // yields (runtime.Gosched) after a full batch, so a flood of datagrams
@@ -59,8 +62,10 @@ var (
 )
 
 // Handler receives one datagram. It runs on a reader goroutine; pkt is valid
-// only during the call. shard is the shard whose socket received it.
-type Handler func(shard int, pkt []byte, from netip.AddrPort)
+// only during the call (the handler may overwrite it). sock is the socket
+// that received it (sock.Shard() its shard); the handler may pass it to
+// Rebind but must not keep it.
+type Handler func(sock *Socket, pkt []byte, from netip.AddrPort)
 
 // Config configures a Ring.
 type Config struct {
@@ -70,8 +75,9 @@ type Config struct {
 	QueueLen         int           // per-shard send queue in datagrams; 0 = 1024
 	RebindBackoffMin time.Duration // first retry after a failed rebind; 0 = 10ms
 	RebindBackoffMax time.Duration // cap of the retry backoff; 0 = 5s
-	// OnSendError, if set, is called from the shard loop for each datagram
-	// the kernel refused, with the token given to Send.
+	// OnSendError, if set, is called from the shard loop goroutine (never
+	// from a Send/Flush caller) for each datagram the kernel refused, with
+	// the token given to Send.
 	OnSendError func(token uint64, err error)
 	Logger      *slog.Logger
 }
@@ -157,6 +163,11 @@ func (s *Socket) Release() {
 	}
 }
 
+type sendErr struct {
+	token uint64
+	err   syscall.Errno
+}
+
 type sendSlot struct {
 	sock  *Socket
 	to    netip.AddrPort
@@ -176,6 +187,9 @@ type shard struct {
 	q             []sendSlot // pending datagrams, len = queued
 	qn            int
 	rebindPending bool
+	flushing      bool      // a goroutine is sending: others only queue
+	errs          []sendErr // refused datagrams awaiting OnSendError (loop)
+	errTmp        []sendErr // loop-owned copy
 
 	wake chan struct{}
 
@@ -226,6 +240,7 @@ func New(cfg Config) (*Ring, error) {
 			q:     make([]sendSlot, cfg.QueueLen),
 			spare: make([]sendSlot, cfg.QueueLen),
 			wake:  make(chan struct{}, 1),
+			errs:  make([]sendErr, 0, MaxBatch),
 		}
 		s.writeFn = s.write
 		for j := range s.msgs {
@@ -272,17 +287,43 @@ func (r *Ring) Hold(shard int) *Socket {
 	return sock
 }
 
-// Send queues one datagram on sock for the shard loop's next sendmmsg
-// batch. It copies pkt and never blocks. token is handed back to
+// Push queues one datagram on sock (copying pkt) without sending it; a
+// later Flush of sock's shard sends it. token is handed back to
 // Config.OnSendError if the kernel refuses the datagram.
-func (r *Ring) Send(sock *Socket, to netip.AddrPort, pkt []byte, token uint64) error {
+func (r *Ring) Push(sock *Socket, to netip.AddrPort, pkt []byte, token uint64) error {
 	return sock.sh.enqueue(sock, to, pkt, token)
 }
 
-// SendCurrent queues one datagram on the shard's current socket (for
+// Flush sends the shard's queued datagrams with sendmmsg now, unless
+// another goroutine is already flushing that shard (it then sends them in
+// its next batch). It does not block on the network except when the socket
+// buffer is full, and then parks in the netpoller.
+func (r *Ring) Flush(shard int) { r.shards[shard].flush() }
+
+// Send is Push followed by Flush.
+func (r *Ring) Send(sock *Socket, to netip.AddrPort, pkt []byte, token uint64) error {
+	if err := sock.sh.enqueue(sock, to, pkt, token); err != nil {
+		return err
+	}
+	sock.sh.flush()
+	return nil
+}
+
+// PushCurrent queues one datagram on the shard's current socket without
+// sending it (see Push and Flush).
+func (r *Ring) PushCurrent(shard int, to netip.AddrPort, pkt []byte, token uint64) error {
+	return r.shards[shard].enqueue(nil, to, pkt, token)
+}
+
+// SendCurrent sends one datagram on the shard's current socket (for
 // fire-and-forget traffic that holds no socket).
 func (r *Ring) SendCurrent(shard int, to netip.AddrPort, pkt []byte, token uint64) error {
-	return r.shards[shard].enqueue(nil, to, pkt, token)
+	s := r.shards[shard]
+	if err := s.enqueue(nil, to, pkt, token); err != nil {
+		return err
+	}
+	s.flush()
+	return nil
 }
 
 // Rebind asks for a safe source-port change of sock's shard if sock is still
@@ -418,11 +459,7 @@ func (s *shard) enqueue(sock *Socket, to netip.AddrPort, pkt []byte, token uint6
 	sl.to = to
 	sl.token = token
 	sl.n = copy(sl.buf[:], pkt)
-	first := s.qn == 1
 	s.mu.Unlock()
-	if first {
-		s.kick()
-	}
 	return nil
 }
 
@@ -452,6 +489,7 @@ func (s *shard) loop() {
 		case <-s.retry.C:
 		}
 		s.flush()
+		s.deliverErrors()
 		s.maybeRebind()
 		s.retire()
 	}
@@ -469,13 +507,25 @@ func (s *shard) dropQueued() {
 }
 
 // flush sends everything queued, in sendmmsg batches of consecutive
-// datagrams for the same socket.
+// datagrams for the same socket. Only one goroutine flushes a shard at a
+// time; a concurrent caller returns at once and its datagrams go out in the
+// active flusher's next round.
 func (s *shard) flush() {
+	s.mu.Lock()
+	if s.flushing {
+		s.mu.Unlock()
+		return
+	}
+	s.flushing = true
 	for {
-		s.mu.Lock()
 		n := s.qn
 		if n == 0 {
+			s.flushing = false
+			wake := len(s.old) > 0 || len(s.errs) > 0
 			s.mu.Unlock()
+			if wake {
+				s.kick() // retire / error delivery happen on the loop
+			}
 			return
 		}
 		batch := s.q
@@ -485,6 +535,20 @@ func (s *shard) flush() {
 		s.sendSlots(batch[:n])
 		for i := range batch[:n] {
 			batch[i].sock = nil
+		}
+		s.mu.Lock()
+	}
+}
+
+// deliverErrors runs OnSendError for refused datagrams (loop goroutine).
+func (s *shard) deliverErrors() {
+	s.mu.Lock()
+	s.errTmp = append(s.errTmp[:0], s.errs...)
+	s.errs = s.errs[:0]
+	s.mu.Unlock()
+	if cb := s.r.cfg.OnSendError; cb != nil {
+		for _, e := range s.errTmp {
+			cb(e.token, e.err)
 		}
 	}
 }
@@ -527,8 +591,12 @@ func (s *shard) sendBatch(sock *Socket, slots []sendSlot, cnt int) {
 		}
 		if s.werr != 0 {
 			s.c.sendErr.Add(1)
-			if cb := s.r.cfg.OnSendError; cb != nil {
-				cb(slots[s.slotIdx[off]].token, s.werr)
+			if s.r.cfg.OnSendError != nil {
+				s.mu.Lock()
+				if len(s.errs) < cap(s.errs) {
+					s.errs = append(s.errs, sendErr{token: slots[s.slotIdx[off]].token, err: s.werr})
+				}
+				s.mu.Unlock()
 			}
 			off++
 			continue
@@ -593,7 +661,7 @@ func (s *shard) maybeRebind() {
 func (s *shard) retire() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.old) == 0 {
+	if len(s.old) == 0 || s.flushing { // a flusher may be sending on it
 		return
 	}
 	keep := s.old[:0]

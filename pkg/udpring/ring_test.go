@@ -73,7 +73,8 @@ func TestSendReceiveAcrossShards(t *testing.T) {
 	srv, _ := echoServer(t)
 	got := make(chan uint64, 1024)
 	var shardsSeen [4]atomic.Uint64
-	r := newTestRing(t, 4, func(shard int, pkt []byte, from netip.AddrPort) {
+	r := newTestRing(t, 4, func(sock *Socket, pkt []byte, from netip.AddrPort) {
+		shard := sock.Shard()
 		if from != srv {
 			t.Errorf("datagram from %v, want %v", from, srv)
 		}
@@ -113,7 +114,7 @@ func TestSendReceiveAcrossShards(t *testing.T) {
 }
 
 func TestSendRejects(t *testing.T) {
-	r := newTestRing(t, 1, func(int, []byte, netip.AddrPort) {})
+	r := newTestRing(t, 1, func(*Socket, []byte, netip.AddrPort) {})
 	if err := r.SendCurrent(0, netip.MustParseAddrPort("[::1]:9"), []byte("x"), 0); !errors.Is(err, ErrFamily) {
 		t.Errorf("v6 dest from v4 socket: err = %v, want ErrFamily", err)
 	}
@@ -136,7 +137,7 @@ func TestSendRejects(t *testing.T) {
 func TestSendErrorCallback(t *testing.T) {
 	var tokens []uint64
 	errc := make(chan uint64, 4)
-	r, err := New(Config{Bind: netip.MustParseAddr("127.0.0.1"), Shards: 1, Handler: func(int, []byte, netip.AddrPort) {},
+	r, err := New(Config{Bind: netip.MustParseAddr("127.0.0.1"), Shards: 1, Handler: func(*Socket, []byte, netip.AddrPort) {},
 		OnSendError: func(tok uint64, err error) { errc <- tok }})
 	if err != nil {
 		t.Fatal(err)
@@ -158,7 +159,7 @@ func TestSendErrorCallback(t *testing.T) {
 
 func TestTruncatedDropped(t *testing.T) {
 	got := make(chan uint64, 4)
-	r := newTestRing(t, 1, func(_ int, pkt []byte, _ netip.AddrPort) { got <- uint64(len(pkt)) })
+	r := newTestRing(t, 1, func(_ *Socket, pkt []byte, _ netip.AddrPort) { got <- uint64(len(pkt)) })
 	c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(r.LocalAddr(0)))
 	if err != nil {
 		t.Fatal(err)
@@ -181,7 +182,7 @@ func TestTruncatedDropped(t *testing.T) {
 func TestRebindTransactional(t *testing.T) {
 	srv, _ := echoServer(t)
 	got := make(chan uint64, 16)
-	r := newTestRing(t, 1, func(_ int, pkt []byte, _ netip.AddrPort) { got <- binary.BigEndian.Uint64(pkt) })
+	r := newTestRing(t, 1, func(_ *Socket, pkt []byte, _ netip.AddrPort) { got <- binary.BigEndian.Uint64(pkt) })
 	held := r.Hold(0)
 	before := held.LocalAddr()
 	r.Rebind(held)
@@ -220,7 +221,7 @@ func TestRebindTransactional(t *testing.T) {
 func TestRebindFailureKeepsWorkingSocket(t *testing.T) {
 	srv, _ := echoServer(t)
 	got := make(chan uint64, 16)
-	r := newTestRing(t, 1, func(_ int, pkt []byte, _ netip.AddrPort) { got <- binary.BigEndian.Uint64(pkt) })
+	r := newTestRing(t, 1, func(_ *Socket, pkt []byte, _ netip.AddrPort) { got <- binary.BigEndian.Uint64(pkt) })
 	var fails atomic.Int32
 	fails.Store(3)
 	failed := make(chan struct{}, 8)
@@ -258,11 +259,9 @@ func TestRebindFromHandler(t *testing.T) {
 	srv, _ := echoServer(t)
 	got := make(chan uint64, 16)
 	var r *Ring
-	r = newTestRing(t, 1, func(shard int, pkt []byte, _ netip.AddrPort) {
+	r = newTestRing(t, 1, func(sock *Socket, pkt []byte, _ netip.AddrPort) {
 		if bytes.Equal(pkt, []byte("steer")) {
-			s := r.Hold(shard)
-			r.Rebind(s) // on the read path: must only schedule
-			s.Release()
+			r.Rebind(sock) // on the read path: must only schedule
 		}
 		got <- uint64(len(pkt))
 	})
@@ -282,7 +281,7 @@ func TestRebindFromHandler(t *testing.T) {
 func TestCloseLeavesNoGoroutines(t *testing.T) {
 	base := runtime.NumGoroutine()
 	for i := 0; i < 5; i++ {
-		r, err := New(Config{Bind: netip.MustParseAddr("127.0.0.1"), Shards: 3, Handler: func(int, []byte, netip.AddrPort) {}})
+		r, err := New(Config{Bind: netip.MustParseAddr("127.0.0.1"), Shards: 3, Handler: func(*Socket, []byte, netip.AddrPort) {}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -298,7 +297,7 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 func TestSteadyStateAllocs(t *testing.T) {
 	srv, _ := echoServer(t)
 	got := make(chan uint64, 1)
-	r := newTestRing(t, 1, func(_ int, pkt []byte, _ netip.AddrPort) { got <- uint64(len(pkt)) })
+	r := newTestRing(t, 1, func(_ *Socket, pkt []byte, _ netip.AddrPort) { got <- uint64(len(pkt)) })
 	pkt := make([]byte, 200)
 	roundTrip := func() {
 		if err := r.SendCurrent(0, srv, pkt, 0); err != nil {
@@ -318,7 +317,7 @@ func TestNewRequiresHandler(t *testing.T) {
 	if _, err := New(Config{}); err == nil {
 		t.Fatal("New without handler succeeded")
 	}
-	if _, err := New(Config{Bind: netip.MustParseAddr("192.0.2.77"), Handler: func(int, []byte, netip.AddrPort) {}}); err == nil {
+	if _, err := New(Config{Bind: netip.MustParseAddr("192.0.2.77"), Handler: func(*Socket, []byte, netip.AddrPort) {}}); err == nil {
 		t.Fatal("bind to a non-local address succeeded")
 	}
 }

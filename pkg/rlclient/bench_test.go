@@ -1,0 +1,160 @@
+package rlclient
+
+import (
+	"context"
+	"net"
+	"runtime"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+)
+
+// latencies records per-check durations without allocating.
+type latencies struct {
+	d [1 << 20]int64
+	n atomic.Int64
+}
+
+func (l *latencies) add(d time.Duration) {
+	if i := l.n.Add(1) - 1; i < int64(len(l.d)) {
+		l.d[i] = int64(d)
+	}
+}
+
+func (l *latencies) report(b *testing.B) {
+	n := min(l.n.Load(), int64(len(l.d)))
+	if n == 0 {
+		return
+	}
+	s := slices.Clone(l.d[:n])
+	slices.Sort(s)
+	b.ReportMetric(float64(s[n/2])/1e3, "p50-µs")
+	b.ReportMetric(float64(s[n*99/100])/1e3, "p99-µs")
+}
+
+// BenchmarkCheckSerial is one check at a time against a 3-node cluster on
+// loopback: latency and allocations per Check.
+func BenchmarkCheckSerial(b *testing.B) {
+	cl := startCluster(b, 3, nil)
+	c := newTestClient(b, cl.dns.Addr(), clientOpts{shards: 1})
+	waitReady(b, c)
+	req := testRequest()
+	var dec Decision
+	for i := 0; i < 200; i++ {
+		c.Check(context.Background(), req, &dec)
+	}
+	lat := new(latencies)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		if err := c.Check(context.Background(), req, &dec); err != nil {
+			b.Fatal(err)
+		}
+		lat.add(time.Since(t0))
+	}
+	b.StopTimer()
+	lat.report(b)
+}
+
+// BenchmarkRings256 keeps 256 checks in flight through the batched rings
+// against one node (one datagram out, one in per decision).
+func BenchmarkRings256(b *testing.B) { benchRings(b, 1) }
+
+// BenchmarkRings256x3 is the same against a 3-node cluster (fan-out).
+func BenchmarkRings256x3(b *testing.B) { benchRings(b, 3) }
+
+func benchRings(b *testing.B, nodes int) {
+	cl := startCluster(b, nodes, nil)
+	c := newTestClient(b, cl.dns.Addr(), clientOpts{shards: runtimeProcs(), policy: Standard(time.Second)})
+	waitReady(b, c)
+	lat := new(latencies)
+	b.ReportAllocs()
+	b.SetParallelism(256 / runtimeProcs())
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		req := testRequest()
+		var dec Decision
+		for pb.Next() {
+			t0 := time.Now()
+			if err := c.Check(context.Background(), req, &dec); err != nil {
+				b.Error(err)
+				return
+			}
+			lat.add(time.Since(t0))
+		}
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+	lat.report(b)
+	st := c.Stats().Ring
+	if st.SendBatches > 0 && st.RecvBatches > 0 {
+		b.ReportMetric(float64(st.Sent)/float64(st.SendBatches), "dgrams/sendmmsg")
+		b.ReportMetric(float64(st.Received)/float64(st.RecvBatches), "dgrams/recvmmsg")
+	}
+}
+
+// BenchmarkNaive256 is the baseline: 256 goroutines, each with its own
+// connected UDP socket, one write and one read system call per datagram,
+// against one node (the same server as BenchmarkRings256).
+func BenchmarkNaive256(b *testing.B) {
+	cl := startCluster(b, 1, nil)
+	addr := cl.servers[0].Addr()
+	cred := testCred()
+	key, err := wire.NewKey(cred.KeyID, cred.Secret)
+	if err != nil {
+		b.Fatal(err)
+	}
+	lat := new(latencies)
+	b.ReportAllocs()
+	b.SetParallelism(256 / runtimeProcs())
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		conn, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(addr))
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		defer conn.Close()
+		req := testRequest()
+		out := make([]byte, 0, wire.MaxDatagram)
+		in := make([]byte, 2048)
+		var h, rh wire.Header
+		var resp wire.RateResponse
+		var id uint64
+		for pb.Next() {
+			t0 := time.Now()
+			id++
+			h = wire.Header{TTLms: 3000, RequestID: id<<20 | uint64(time.Now().UnixNano()&0xfffff), Timestamp: uint64(time.Now().UnixMilli())}
+			pkt, err := key.Seal(out[:0], &h, req)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			if _, err := conn.Write(pkt); err != nil {
+				b.Error(err)
+				return
+			}
+			conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+			for {
+				n, err := conn.Read(in)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if key.OpenBody(in[:n], &rh, &resp) == nil && rh.RequestID == h.RequestID {
+					break
+				}
+			}
+			lat.add(time.Since(t0))
+		}
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+	lat.report(b)
+}
+
+func runtimeProcs() int { return runtime.GOMAXPROCS(0) }

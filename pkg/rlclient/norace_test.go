@@ -1,0 +1,5 @@
+//go:build !race
+
+package rlclient
+
+const raceEnabled = false
