@@ -113,7 +113,8 @@ func BenchmarkLoopback(b *testing.B) {
 func benchLoopback(b *testing.B, batch int) {
 	const clients, window = 4, 64
 	clk := &realClock{}
-	s, err := Start(Config{Listen: "127.0.0.1:0", Credentials: []credentialT{testCred("acme", 1, 1)}, Now: clk.Now, Batch: batch})
+	s, err := Start(Config{Listen: "127.0.0.1:0", Credentials: []credentialT{testCred("acme", 1, 1)}, Now: clk.Now, Batch: batch,
+		DedupCapacity: 8192}) // small ring: wraps early, so the run shows steady state
 	if err != nil {
 		b.Fatal(err)
 	}
