@@ -28,13 +28,21 @@ func newFlagSet(name, synopsis, description string, stderr io.Writer) *flag.Flag
 // parseFlags parses args. When it returns done, the caller returns code:
 // exitOK after --help (printed to stdout), exitInvalid after a flag error.
 func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) (done bool, code int) {
+	// The flag package prints its own message and the usage on any error;
+	// silence it and print once, to the right stream.
+	errOut := fs.Output()
+	fs.SetOutput(io.Discard)
 	err := fs.Parse(args)
+	fs.SetOutput(errOut)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
 		fs.SetOutput(stdout)
 		fs.Usage()
+		fs.SetOutput(errOut)
 		return true, exitOK
 	case err != nil:
+		fmt.Fprintf(errOut, "rl-tproxy %s: %v\n", fs.Name(), err)
+		fs.Usage()
 		return true, exitInvalid
 	}
 	return false, exitOK

@@ -42,3 +42,22 @@ func TestVersionPrintsCommitAndGo(t *testing.T) {
 		t.Fatalf("version output %q lacks commit or Go version", s)
 	}
 }
+
+// --help prints the usage once, to stdout only; a bad flag prints it once to stderr.
+func TestHelpPrintsUsageOnce(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := dispatch([]string{"version", "--help"}, &out, &errb); code != exitOK {
+		t.Fatalf("exit %d", code)
+	}
+	if n := strings.Count(out.String(), "Usage:"); n != 1 || errb.Len() != 0 {
+		t.Fatalf("usage on stdout %d times, stderr %q", n, errb.String())
+	}
+	out.Reset()
+	errb.Reset()
+	if code := dispatch([]string{"version", "--bogus"}, &out, &errb); code != exitInvalid {
+		t.Fatalf("exit %d", code)
+	}
+	if n := strings.Count(errb.String(), "Usage:"); n != 1 || out.Len() != 0 || !strings.Contains(errb.String(), "bogus") {
+		t.Fatalf("bad flag: stderr %q stdout %q", errb.String(), out.String())
+	}
+}
