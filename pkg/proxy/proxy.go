@@ -3,6 +3,35 @@
 // denies, forwards admitted requests to a pooled upstream connection and
 // relays the responses, with timeouts, keep-alive, pipelining, upgrades and
 // graceful drain.
+//
+// Behaviour worth knowing:
+//   - A head the parser rejects is answered with the rule's status
+//     (400/414/417/431/501/505) and the connection closes; the Hook never
+//     sees it (Config.OnReject does). 408 after Service.HeaderTimeout from
+//     the first byte; 413 above Service.MaxBodyBytes.
+//   - The upstream always gets a re-serialised HTTP/1.1 head: hop-by-hop
+//     fields and fields named in Connection are dropped, one framing field
+//     (Content-Length or chunked, re-encoded by the proxy) is written,
+//     forwarding fields are added per Service. Chunk extensions and
+//     trailers are not forwarded.
+//   - Expect: 100-continue is answered by the proxy itself, only after the
+//     Hook allowed and an upstream connection is ready; Expect is not
+//     forwarded (a 100 from the upstream is then dropped). A deny never
+//     sends 100 and closes unless the whole body was already received.
+//   - After a deny the connection stays open when the request body was
+//     fully read (or absent); otherwise it closes gracefully.
+//   - HTTP/1.0 clients get Connection: close; a close-delimited upstream
+//     response closes the client connection too.
+//   - Upgrade requests are admitted once; on 101 bytes are relayed both
+//     ways until both directions end (after one side ends, the other gets
+//     a bounded grace period).
+//   - A pooled upstream connection that fails before any response byte is
+//     retried once on a fresh connection, only for idempotent requests
+//     without a body.
+//   - Idle keep-alive connections hold no buffers; after
+//     Config.ParkIdleAfter they also give up their goroutine (see park.go).
+//   - Update swaps the configuration for new requests; a request keeps the
+//     configuration it started with.
 package proxy
 
 import (
