@@ -39,7 +39,11 @@ func TestMain(m *testing.M) {
 		fmt.Println("probe ok")
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
 }
 
 // capProbe runs in a child process with reduced capabilities, in its own
