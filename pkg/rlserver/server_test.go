@@ -690,3 +690,32 @@ func TestIPv6(t *testing.T) {
 	cl := newClient(t, s, clk, testCred("acme", 1, 1))
 	check(t, "v6", cl.do(oneRes(res("b", 2, 1000, 2, 1))), want{true, 1, 0, 0})
 }
+
+// Close answers what is already queued: loopback delivery is synchronous,
+// so every request written before Close is either decided already or
+// waiting in a socket queue that Close drains.
+func TestCloseDrainsQueued(t *testing.T) {
+	clk := newClock()
+	s := startServer(t, clk, func(cfg *Config) { cfg.Workers = 1 })
+	c := newClient(t, s, clk, testCred("acme", 1, 1))
+	const n = 200
+	r := oneRes(res("b", 1000, 1000, 1000, 1))
+	for i := 0; i < n; i++ {
+		h := c.header(uint64(10_000 + i))
+		c.send(c.seal(&h, r))
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[uint64]bool{}
+	for i := 0; i < n; i++ {
+		h, _, _ := c.recv()
+		seen[h.RequestID] = true
+	}
+	if len(seen) != n {
+		t.Fatalf("%d distinct answers, want %d", len(seen), n)
+	}
+	if st := s.Stats(); st.Responses != n {
+		t.Fatalf("responses %d", st.Responses)
+	}
+}
