@@ -11,6 +11,7 @@ package httpparse
 
 import (
 	"bytes"
+	"encoding/binary"
 	"math"
 )
 
@@ -226,12 +227,39 @@ func splitField(line []byte) (name, value []byte, err error) {
 	}
 	name = line[:j]
 	v := line[j+1:]
-	for k := 0; k < len(v); k++ {
-		if class[v[k]]&cValue == 0 {
-			return nil, nil, classify(v[k], ErrBadHeaderValue)
-		}
+	if k := invalidValueByte(v); k >= 0 {
+		return nil, nil, classify(v[k], ErrBadHeaderValue)
 	}
 	return name, trimOWS(v), nil
+}
+
+const (
+	lsb = 0x0101010101010101
+	msb = 0x8080808080808080
+)
+
+// invalidValueByte returns the index of the first byte of v that may not
+// appear in a field value (a control byte other than HTAB, or DEL), or -1.
+// It checks eight bytes at a time: a word with no byte below 0x20 and no
+// 0x7F is valid as a whole (obs-text bytes have the high bit set and are
+// never flagged); otherwise it falls back to the table.
+func invalidValueByte(v []byte) int {
+	i := 0
+	for ; i+8 <= len(v); i += 8 {
+		w := binary.LittleEndian.Uint64(v[i:])
+		below := (w - 0x20*lsb) &^ w & msb
+		x := w ^ (0x7f * lsb)
+		del := (x - lsb) &^ x & msb
+		if below|del != 0 {
+			break
+		}
+	}
+	for ; i < len(v); i++ {
+		if class[v[i]]&cValue == 0 {
+			return i
+		}
+	}
+	return -1
 }
 
 // field records the framing facts a known field carries.

@@ -280,3 +280,24 @@ func checkPrefixes(t *testing.T, in string, final error, parse func([]byte) erro
 		}
 	}
 }
+
+func TestInvalidValueByte(t *testing.T) {
+	// Compare the word-at-a-time scan with the byte table for every byte
+	// value at every position of a 20-byte value.
+	for c := 0; c < 256; c++ {
+		for pos := 0; pos < 20; pos++ {
+			v := []byte(strings.Repeat("a\xff b", 5))
+			v[pos] = byte(c)
+			want := -1
+			for i, b := range v {
+				if class[b]&cValue == 0 {
+					want = i
+					break
+				}
+			}
+			if got := invalidValueByte(v); got != want {
+				t.Fatalf("byte %#x at %d: got %d want %d", c, pos, got, want)
+			}
+		}
+	}
+}
