@@ -323,6 +323,17 @@ func (rt *product) setClient(pol *admission.Policy) error {
 		}
 		return fmt.Errorf("ratelimitly client: %w", err)
 	}
+	if rt.client != nil {
+		// Swap only to a client that can decide: wait (bounded) for its
+		// first discovery, else keep the old one.
+		if err := waitReady(c, discoveryWait(rl.ResolverTimeout)); err != nil {
+			_ = c.Close()
+			if newEmb {
+				_ = emb.Close()
+			}
+			return fmt.Errorf("new RateLimitly client (srv %s): %w; keeping the current one", srvName, err)
+		}
+	}
 	gc := gate.NewClient(c)
 	oldEmb := rt.emb
 	replacedEmb := newEmb && oldEmb != nil
@@ -358,6 +369,29 @@ func (rt *product) setClient(pol *admission.Policy) error {
 		}
 		return errors.New("discovery not done yet")
 	})
+	return nil
+}
+
+// discoveryWait bounds the wait for a rebuilt client's first discovery.
+func discoveryWait(resolverTimeout time.Duration) time.Duration {
+	if resolverTimeout <= 0 {
+		resolverTimeout = rlclient.DefaultResolverTimeout
+	}
+	return 2*resolverTimeout + time.Second
+}
+
+// waitReady polls c until its first discovery succeeded or d passed.
+func waitReady(c *rlclient.Client, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for !c.Ready() {
+		if time.Now().After(deadline) {
+			if err := c.DiscoveryError(); err != nil {
+				return fmt.Errorf("discovery not done within %s: %w", d, err)
+			}
+			return fmt.Errorf("discovery not done within %s", d)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	return nil
 }
 

@@ -90,6 +90,7 @@ type cluster struct {
 	servers []*rlserver.Server
 	dns     *dnstest.Server
 	cred    credentials.Credential
+	cred2   credentials.Credential // a second key the servers accept (rotation)
 	// Toggles read by the servers' hooks.
 	dropRequests atomic.Bool // drop RATE_REQUESTs and COMPLETIONs (client times out)
 	extraResult  atomic.Bool // answer with one resource result too many
@@ -106,7 +107,7 @@ func newCredential(t *testing.T, keyID uint32) credentials.Credential {
 
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
-	c := &cluster{cred: newCredential(t, 11)}
+	c := &cluster{cred: newCredential(t, 11), cred2: newCredential(t, 12)}
 	hooks := &rlserver.TestHooks{
 		DropRequest: func(h *wire.Header) bool {
 			return c.dropRequests.Load() && (h.Kind == wire.KindRateRequest || h.Kind == wire.KindCompletion)
@@ -121,7 +122,7 @@ func startCluster(t *testing.T) *cluster {
 	var targets []dnstest.Target
 	for i := 0; i < 3; i++ {
 		ip := fmt.Sprintf("127.0.0.%d", 2+i)
-		s, err := rlserver.Start(rlserver.Config{Listen: ip + ":0", Credentials: []credentials.Credential{c.cred}, Workers: 1, Hooks: hooks})
+		s, err := rlserver.Start(rlserver.Config{Listen: ip + ":0", Credentials: []credentials.Credential{c.cred, c.cred2}, Workers: 1, Hooks: hooks})
 		if err != nil {
 			t.Fatalf("rlserver %s: %v", ip, err)
 		}

@@ -182,6 +182,54 @@ func TestReloadUnderLoad(t *testing.T) {
 	t.Logf("wrk statuses %v", counts)
 }
 
+// Rotating the credentials file under load rebuilds the RateLimitly
+// client without dropping a request: every response is 200 or 429, every
+// request got a valid decision (no fail_* outcome), and requests after the
+// rotation are decided with the new key.
+func TestCredentialRotationUnderLoad(t *testing.T) {
+	wrk := needTool(t, "wrk")
+	e := newEnv(t, nil, policyOpts{rate: "100/s", burst: 50})
+	script := filepath.Join(e.dir, "count.lua")
+	if err := os.WriteFile(script, []byte(wrkScript), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(wrk, "-t1", "-c4", "-d3s", "--timeout", "10s", "-s", script, "-H", "X-Key: rot", e.p.base+"/api/load")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "load reaching the proxy", func() bool { return len(e.p.access()) >= 50 })
+	writeCredentials(t, e.dir, e.c.cred2) // the watcher sees the credentials file change
+	waitFor(t, "client rebuilt", func() bool { return e.p.metric(`rl_tproxy_ratelimitly_client_rebuilds_total`) == 1 })
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("wrk: %v\n%s", err, out.String())
+	}
+	for _, m := range regexp.MustCompile(`STATUS (\d+) (\d+)`).FindAllStringSubmatch(out.String(), -1) {
+		if m[1] != "200" && m[1] != "429" {
+			t.Errorf("%s responses with status %s during the rotation", m[2], m[1])
+		}
+	}
+	if m := regexp.MustCompile(`ERRORS (\d+) (\d+) (\d+) (\d+) (\d+)`).FindStringSubmatch(out.String()); m == nil || m[1] != "0" || m[2] != "0" || m[3] != "0" || m[5] != "0" {
+		t.Errorf("wrk socket errors: %v\n%s", m, out.String())
+	}
+	outcomes := map[string]int{}
+	for _, l := range e.p.access() {
+		outcomes[fmt.Sprint(l["outcome"])]++
+	}
+	for o, n := range outcomes {
+		// client_abort: wrk closes its connections mid-request when it stops.
+		if o != "allow" && o != "deny" && o != "client_abort" {
+			t.Errorf("%d requests without a valid decision (%s) during the rotation", n, o)
+		}
+	}
+	// Decisions keep coming from the rebuilt client.
+	if r := e.get(t, "/api/after", "X-Key: after-rotation"); r.status != 200 {
+		t.Fatalf("after rotation: %d", r.status)
+	}
+	t.Logf("outcomes %v", outcomes)
+}
+
 // With the watch off, only SIGHUP reloads.
 func TestSighupReload(t *testing.T) {
 	e := newEnv(t, nil, policyOpts{args: []string{"--watch=false"}})
