@@ -1,0 +1,342 @@
+#!/usr/bin/env bash
+# Side-by-side HTTP benchmark (`make bench`): one run on this machine, every
+# setup pinned alike, wrk against
+#   direct      nginx serving a 612-byte static body (the backend of all rows)
+#   proxy_pass  nginx proxy_pass, upstream keepalive            -> backend
+#   limit_req   the proxy_pass server plus limit_req at a rate that never
+#               denies (the cost of the check)                  -> backend
+#   haproxy     HAProxy 2.x, mode http, keep-alive + http-reuse -> backend
+#   unprotected rl-tproxy listener mode, location without admission -> backend
+#   admission   rl-tproxy listener mode, every request admitted by the
+#               embedded RateLimitly server on loopback (zone never denies)
+#   steered     rl-tproxy with admission, steered by sk_lookup: nginx on :80
+#               and the proxy (`port: 80`) in a "node" netns, wrk in a
+#               "client" netns over a veth (root only; with a reference row
+#               `veth direct` = wrk -> nginx :80 over the same veth, no proxy)
+#
+# Pinning: every server process (nginx: 1 worker; HAProxy: 1 thread;
+# rl-tproxy: GOMAXPROCS=1, embedded RateLimitly in the same process) runs on
+# CPU $SERVER_CPU; wrk runs on CPU $CLIENT_CPU. Rounds alternate the rows to
+# spread machine noise; each row reports the round with the median req/s
+# (its p50/p99 from wrk --latency) and the ratio to nginx proxy_pass.
+# Access logs are off everywhere (rl-tproxy: --log-level warn).
+#
+# Assumes bin/rl-tproxy is built (`make build`) and nginx, haproxy, wrk,
+# curl, taskset are installed (`make deps`). Writes $OUT (Markdown).
+#
+# Env: DURATION=10s CONNS=32 THREADS=1 ROUNDS=3 SERVER_CPU=1 CLIENT_CPU=0
+#      OUT=docs/bench/sidebyside.md BIN=bin/rl-tproxy STEERED=1 (0 skips it)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+DURATION=${DURATION:-10s}
+CONNS=${CONNS:-32}
+THREADS=${THREADS:-1}
+ROUNDS=${ROUNDS:-3}
+SERVER_CPU=${SERVER_CPU:-1}
+CLIENT_CPU=${CLIENT_CPU:-0}
+OUT=${OUT:-docs/bench/sidebyside.md}
+BIN=${BIN:-bin/rl-tproxy}
+STEERED=${STEERED:-1}
+if [ "$(nproc)" -lt 2 ]; then SERVER_CPU=0 CLIENT_CPU=0; fi
+WRK="wrk -t$THREADS -c$CONNS -d$DURATION --latency --timeout 10s"
+
+for tool in nginx haproxy wrk curl taskset python3; do
+  command -v "$tool" >/dev/null || { echo "run.sh: needs $tool (make deps installs it)" >&2; exit 1; }
+done
+[ -x "$BIN" ] || { echo "run.sh: $BIN missing (make build)" >&2; exit 1; }
+BIN=$(realpath "$BIN")
+
+work=$(mktemp -d /tmp/rl-sidebyside.XXXXXX)
+pids=()
+NS_NODE="rlbench-node-$$"
+NS_CLI="rlbench-cli-$$"
+netns_made=0
+cleanup() {
+  set +e
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+  if [ "$netns_made" = 1 ]; then
+    # Remove the pinned sk_lookup program, link and maps of the node netns.
+    nsenter --net="/run/netns/$NS_NODE" "$BIN" redirect detach >/dev/null 2>&1
+    ip netns del "$NS_CLI" 2>/dev/null
+    ip netns del "$NS_NODE" 2>/dev/null
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+# wait_http URL [ns]: bounded readiness poll (curl answers 2xx).
+wait_http() {
+  local pre=()
+  [ -n "${2:-}" ] && pre=(nsenter --net="/run/netns/$2")
+  for _ in $(seq 1 1000); do
+    if "${pre[@]}" curl -fsS -o /dev/null --max-time 2 "$1" 2>/dev/null; then return 0; fi
+    sleep 0.02
+  done
+  echo "run.sh: $1 not answering 2xx" >&2
+  exit 1
+}
+
+user_line=""; [ "$(id -u)" = 0 ] && user_line="user root;"
+mkdir -p "$work/www"
+head -c 612 /dev/zero | tr '\0' 'x' >"$work/www/index.html" # nginx default page size
+
+nginx_conf() { # $1 dir, $2 http-level body
+  mkdir -p "$1"
+  cat >"$1/nginx.conf" <<EOF
+$user_line
+daemon off;
+worker_processes 1;
+pid $1/nginx.pid;
+error_log $1/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_timeout 300s;
+    keepalive_requests 1000000;
+    client_body_temp_path $1/tmp_body;
+    proxy_temp_path $1/tmp_proxy;
+    fastcgi_temp_path $1/tmp_fcgi;
+    uwsgi_temp_path $1/tmp_uwsgi;
+    scgi_temp_path $1/tmp_scgi;
+    $2
+}
+EOF
+}
+proxy_loc='proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection "";
+        proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;'
+
+BACKEND=$(free_port); NGXPROXY=$(free_port); NGXLIMIT=$(free_port); HAPROXY=$(free_port)
+RLOPEN=$(free_port); RLADM=$(free_port); RLADMIN=$(free_port)
+
+nginx_conf "$work/backend" "server { listen 127.0.0.1:$BACKEND; root $work/www; open_file_cache max=16; location / { index index.html; } }"
+nginx_conf "$work/nproxy" "upstream backend { server 127.0.0.1:$BACKEND; keepalive 64; }
+    server { listen 127.0.0.1:$NGXPROXY; location / { $proxy_loc } }"
+# limit_req: one key for all of wrk's connections (one client address); the
+# rate is far above what this machine reaches, so it never denies.
+nginx_conf "$work/nlimit" "upstream backend { server 127.0.0.1:$BACKEND; keepalive 64; }
+    limit_req_zone \$binary_remote_addr zone=bench:1m rate=10000000r/s;
+    server { listen 127.0.0.1:$NGXLIMIT; location / { limit_req zone=bench burst=100000 nodelay; $proxy_loc } }"
+
+cat >"$work/haproxy.cfg" <<EOF
+global
+    nbthread 1
+    maxconn 4096
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+    option http-keep-alive
+    option forwardfor
+    http-reuse always
+frontend fe
+    bind 127.0.0.1:$HAPROXY
+    default_backend be
+backend be
+    server s1 127.0.0.1:$BACKEND maxconn 64
+EOF
+
+# rl-tproxy: one process, two services (unprotected / admission), embedded
+# RateLimitly with a generated key; the zone (one bucket per client address)
+# is so large that it always allows.
+rl_policy() { # $1 service block
+  cat <<EOF
+ratelimitly:
+  embedded: true
+  request_policy: {name: standard, unit: 20ms}
+  fail: close
+defaults:
+  forwarded_headers: {x_forwarded_for: true}
+zones:
+  huge: {bucket: "bench:{remote_addr}", rate: 4000000000/s, burst: 4000000000}
+services:
+$1
+EOF
+}
+rl_policy "  - name: open
+    listen: 127.0.0.1:$RLOPEN
+    upstream: 127.0.0.1:$BACKEND
+    locations:
+      - name: open
+  - name: adm
+    listen: 127.0.0.1:$RLADM
+    upstream: 127.0.0.1:$BACKEND
+    locations:
+      - name: adm
+        limit: [huge]" >"$work/policy.yaml"
+"$BIN" check --policy "$work/policy.yaml" >/dev/null
+
+start() { # pinned server in the background; remember its pid
+  taskset -c "$SERVER_CPU" "$@" &
+  pids+=($!)
+}
+start nginx -p "$work/backend" -c "$work/backend/nginx.conf" -e "$work/backend/error.log"
+start nginx -p "$work/nproxy" -c "$work/nproxy/nginx.conf" -e "$work/nproxy/error.log"
+start nginx -p "$work/nlimit" -c "$work/nlimit/nginx.conf" -e "$work/nlimit/error.log"
+start haproxy -db -f "$work/haproxy.cfg"
+start env GOMAXPROCS=1 "$BIN" run --policy "$work/policy.yaml" --admin "127.0.0.1:$RLADMIN" --log-level warn --watch=false
+for port in "$BACKEND" "$NGXPROXY" "$NGXLIMIT" "$HAPROXY" "$RLOPEN"; do wait_http "http://127.0.0.1:$port/"; done
+wait_http "http://127.0.0.1:$RLADMIN/readyz"
+wait_http "http://127.0.0.1:$RLADM/"
+
+rows=(direct proxy_pass limit_req haproxy unprotected admission)
+declare -A URL NS DESC
+URL[direct]="http://127.0.0.1:$BACKEND/";      DESC[direct]="nginx static backend, direct"
+URL[proxy_pass]="http://127.0.0.1:$NGXPROXY/"; DESC[proxy_pass]="nginx proxy_pass, upstream keepalive"
+URL[limit_req]="http://127.0.0.1:$NGXLIMIT/";  DESC[limit_req]="nginx proxy_pass + limit_req (never denies)"
+URL[haproxy]="http://127.0.0.1:$HAPROXY/";     DESC[haproxy]="HAProxy, http mode, keep-alive to backend"
+URL[unprotected]="http://127.0.0.1:$RLOPEN/";  DESC[unprotected]="rl-tproxy, unprotected location"
+URL[admission]="http://127.0.0.1:$RLADM/";     DESC[admission]="rl-tproxy + admission (embedded RateLimitly)"
+
+steer_note=""
+if [ "$STEERED" != 1 ]; then
+  steer_note="steered row skipped: STEERED=$STEERED"
+elif [ "$(id -u)" != 0 ]; then
+  steer_note="steered row skipped: needs root (network namespaces, eBPF sk_lookup)"
+else
+  ip netns add "$NS_NODE"; ip netns add "$NS_CLI"; netns_made=1
+  ip link add "rlbn$$" type veth peer name "rlbc$$"
+  ip link set "rlbn$$" netns "$NS_NODE"; ip link set "rlbc$$" netns "$NS_CLI"
+  ip -n "$NS_NODE" addr add 10.213.0.1/24 dev "rlbn$$"; ip -n "$NS_CLI" addr add 10.213.0.2/24 dev "rlbc$$"
+  for ns in "$NS_NODE" "$NS_CLI"; do ip -n "$ns" link set lo up; done
+  ip -n "$NS_NODE" link set "rlbn$$" up; ip -n "$NS_CLI" link set "rlbc$$" up
+  nginx_conf "$work/nsbackend" "server { listen 0.0.0.0:80; root $work/www; open_file_cache max=16; location / { index index.html; } }"
+  rl_policy "  - name: web
+    port: 80
+    upstream: 127.0.0.1:80
+    locations:
+      - name: adm
+        limit: [huge]" >"$work/steered.yaml"
+  # nsenter --net keeps the host's mount namespace (bpffs at /sys/fs/bpf).
+  start nsenter --net="/run/netns/$NS_NODE" nginx -p "$work/nsbackend" -c "$work/nsbackend/nginx.conf" -e "$work/nsbackend/error.log"
+  wait_http "http://10.213.0.1/" "$NS_CLI"
+  URL[veth]="http://10.213.0.1/"; NS[veth]=$NS_CLI; DESC[veth]="veth direct: nginx :80 in a netns, no proxy (reference)"
+  # Measure the reference before the proxy steers port 80.
+  rows_pre=(veth)
+  URL[steered]="http://10.213.0.1/"; NS[steered]=$NS_CLI; DESC[steered]="rl-tproxy + admission, sk_lookup steered (netns, veth)"
+fi
+
+rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
+to_ms() { # wrk latency ("612.00us", "1.23ms", "1.02s") -> ms
+  awk -v v="$1" 'BEGIN { if (v ~ /us$/) printf "%.3f", v*0.001; else if (v ~ /ms$/) printf "%.3f", v+0; else if (v ~ /s$/) printf "%.3f", v*1000; else print "?" }'
+}
+# run_wrk ROW -> "req/s p50ms p99ms errors" (non-2xx answers and socket errors are counted)
+run_wrk() {
+  local row=$1 out pre=()
+  [ -n "${NS[$row]:-}" ] && pre=(nsenter --net="/run/netns/${NS[$row]}")
+  out=$("${pre[@]}" taskset -c "$CLIENT_CPU" $WRK "${URL[$row]}")
+  echo "$out" >>"$work/wrk.$row.log"
+  local rps p50 p99 non2xx sockerr
+  rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+  p50=$(to_ms "$(awk '$1=="50%" {print $2}' <<<"$out")")
+  p99=$(to_ms "$(awk '$1=="99%" {print $2}' <<<"$out")")
+  non2xx=$(awk '/Non-2xx/ {print $NF}' <<<"$out"); non2xx=${non2xx:-0}
+  sockerr=$(awk -F'[ ,]+' '/Socket errors/ {print $4+$6+$8+$10}' <<<"$out"); sockerr=${sockerr:-0}
+  echo "$rps $p50 $p99 $((non2xx + sockerr))"
+}
+
+declare -A RES
+measure() { # rows... : ROUNDS alternating rounds
+  local r row
+  for r in $(seq 1 "$ROUNDS"); do
+    local line="round $r:"
+    for row in "$@"; do
+      local res
+      res=$(run_wrk "$row")
+      RES[$row]+="$res;"
+      line+=" $row ${res%% *}"
+    done
+    echo "$line req/s"
+  done
+}
+
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+echo "machine: $(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)), kernel $(uname -r), load $load_before"
+echo "$WRK, $ROUNDS alternating rounds; servers on CPU $SERVER_CPU, wrk on CPU $CLIENT_CPU"
+measure "${rows[@]}"
+if [ -n "${URL[steered]:-}" ]; then
+  measure "${rows_pre[@]}"
+  start nsenter --net="/run/netns/$NS_NODE" env GOMAXPROCS=1 "$BIN" run --policy "$work/steered.yaml" --admin 127.0.0.1:9901 --log-level warn --watch=false
+  wait_http "http://127.0.0.1:9901/readyz" "$NS_NODE"
+  # Steering is in place once the proxy counts a steered lookup.
+  steered_ok=0
+  for _ in $(seq 1 500); do
+    nsenter --net="/run/netns/$NS_CLI" curl -fsS -o /dev/null --max-time 2 http://10.213.0.1/ || true
+    if nsenter --net="/run/netns/$NS_NODE" curl -fsS --max-time 2 http://127.0.0.1:9901/metrics \
+        | grep -Eq '^rl_tproxy_redirect_lookups_total\{result="steered"\} [1-9]'; then steered_ok=1; break; fi
+    sleep 0.02
+  done
+  [ "$steered_ok" = 1 ] || { echo "run.sh: steering never took effect" >&2; exit 1; }
+  measure steered
+  adm_count=$(nsenter --net="/run/netns/$NS_NODE" curl -fsS http://127.0.0.1:9901/metrics | awk '/^rl_tproxy_requests_total\{.*outcome="allow"/ {s+=$2} END {print s+0}')
+  echo "steered: $adm_count requests admitted by RateLimitly (allow) in the node namespace"
+  rows+=(veth steered)
+fi
+adm_total=$(curl -fsS "http://127.0.0.1:$RLADMIN/metrics" | awk '/^rl_tproxy_requests_total\{.*outcome="allow"/ {s+=$2} END {print s+0}')
+echo "admission: $adm_total requests admitted by RateLimitly (allow) in listener mode"
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+
+pick() { # row -> the round with the median req/s: "rps p50 p99 errors"
+  tr ';' '\n' <<<"${RES[$1]}" | sed '/^$/d' | sort -g -k1,1 | awk '{a[NR]=$0} END {print a[int((NR+1)/2)]}'
+}
+base=$(pick proxy_pass | cut -d' ' -f1)
+table="| setup | req/s (median of $ROUNDS) | p50 ms | p99 ms | vs nginx proxy_pass | errors/non-2xx |
+|---|---:|---:|---:|---:|---:|"
+for row in "${rows[@]}"; do
+  read -r rps p50 p99 errs <<<"$(pick "$row")"
+  ratio=$(awk -v a="$rps" -v b="$base" 'BEGIN {printf "%.2f", a/b}')
+  table+="
+| ${DESC[$row]} | $rps | $p50 | $p99 | $ratio | $errs |"
+done
+echo
+echo "$table"
+[ -n "$steer_note" ] && echo "$steer_note"
+
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+dirty=$(git status --porcelain -- cmd pkg internal 2>/dev/null | grep -q . && echo " (working tree had uncommitted changes in cmd/pkg/internal)" || true)
+{
+  echo "# Side-by-side benchmark"
+  echo
+  echo "Written by \`test/bench/run.sh\` (\`make bench\`); do not edit by hand."
+  echo
+  echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "- commit: $commit$dirty"
+  echo "- kernel: $(uname -r); CPU: $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo), $(nproc) CPUs"
+  echo "- load average before/after: $load_before / $load_after (the machine was shared with other jobs: numbers are noisy)"
+  echo "- command: \`DURATION=$DURATION CONNS=$CONNS THREADS=$THREADS ROUNDS=$ROUNDS SERVER_CPU=$SERVER_CPU CLIENT_CPU=$CLIENT_CPU test/bench/run.sh\`"
+  echo "- wrk: \`taskset -c $CLIENT_CPU $WRK URL\`; servers \`taskset -c $SERVER_CPU\`: nginx $(nginx -v 2>&1 | sed 's/.*\///') 1 worker, $(haproxy -v | awk 'NR==1 {print "HAProxy " $3}') nbthread 1, rl-tproxy GOMAXPROCS=1 (embedded RateLimitly in the same process)"
+  echo "- body: 612 bytes static (nginx default page size); access logs off everywhere (rl-tproxy \`--log-level warn\`)"
+  echo "- rounds alternate the rows; each row shows its median round"
+  echo
+  echo "$table"
+  echo
+  [ -n "$steer_note" ] && { echo "$steer_note"; echo; }
+  cat <<'EOF'
+Rows:
+
+- *nginx proxy_pass* is the reference (ratio 1.00): `upstream { keepalive 64; }`,
+  HTTP/1.1 to the backend, `X-Forwarded-For` added.
+- *limit_req*: the same server with `limit_req_zone $binary_remote_addr
+  rate=10000000r/s` and `limit_req burst=100000 nodelay`: the check runs on
+  every request and never denies.
+- *HAProxy*: `mode http`, `option http-keep-alive`, `http-reuse always`,
+  `option forwardfor`.
+- *rl-tproxy unprotected*: a location without `limit`/`guard`: parse, match,
+  forward, no RateLimitly request.
+- *rl-tproxy + admission*: every request renders the bucket
+  `bench:{remote_addr}` and is checked by the embedded RateLimitly server
+  over loopback UDP (standard request policy, unit 20ms, sealed datagrams)
+  before it is forwarded; the zone is so large that it always allows (the
+  script prints the allow count from `/metrics`).
+- *steered*: nginx listens on :80 in a "node" namespace; `rl-tproxy run`
+  with `port: 80` attaches the sk_lookup program there; wrk runs in a
+  "client" namespace and connects to 10.213.0.1:80 over a veth. *veth
+  direct* is the same path before the proxy started (wrk -> nginx :80), so
+  compare the steered row with it as well as with the loopback rows.
+EOF
+} >"$OUT"
+echo "wrote $OUT"
