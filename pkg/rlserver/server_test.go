@@ -628,8 +628,7 @@ func TestWorkersShareOnePort(t *testing.T) {
 			t.Fatalf("worker on %s, want %s", got, s.Addr())
 		}
 	}
-	// a fixed port works too, and a second server cannot steal it without
-	// SO_REUSEPORT (plain bind fails)
+	// a socket without SO_REUSEPORT cannot bind the port
 	if _, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(s.Addr())); err == nil {
 		t.Fatal("a plain socket could bind the server's port")
 	}
