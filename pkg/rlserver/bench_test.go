@@ -196,6 +196,7 @@ func benchLoopback(b *testing.B, batch int) {
 	b.ReportMetric(float64(answered.Load())/el.Seconds(), "decisions/s")
 	b.ReportMetric(float64(lost.Load()), "lost")
 	st := s.Stats()
+	b.ReportMetric(float64(st.Steered), "steered")
 	if st.ReadBatches > 0 {
 		b.ReportMetric(float64(st.Received)/float64(st.ReadBatches), "dgrams/read")
 	}
