@@ -47,10 +47,3 @@ func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) (done bool, c
 	}
 	return false, exitOK
 }
-
-// notImplemented is the answer of a subcommand whose capability has not
-// landed yet: a clear error and the runtime-failure exit code.
-func notImplemented(name string, stderr io.Writer) int {
-	fmt.Fprintf(stderr, "rl-tproxy %s: not implemented yet\n", name)
-	return exitRuntime
-}
