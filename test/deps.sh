@@ -16,6 +16,9 @@ declare -A need=(
   [ip]=iproute2
   [systemd-analyze]=systemd
   [bpftool]=bpftool
+  [kubectl]=kubernetes-client
+  [setpriv]=util-linux
+  [nsenter]=util-linux
 )
 missing=()
 for cmd in "${!need[@]}"; do
