@@ -75,6 +75,11 @@ type Config struct {
 	QueueLen         int           // per-shard send queue in datagrams; 0 = 1024
 	RebindBackoffMin time.Duration // first retry after a failed rebind; 0 = 10ms
 	RebindBackoffMax time.Duration // cap of the retry backoff; 0 = 5s
+	// RebindMinInterval spaces successful rebinds of one shard: steering
+	// feedback arriving sooner is remembered and served when the interval
+	// has passed, so an overloaded server cannot cause a rebind storm.
+	// 0 = 1s; negative = no spacing.
+	RebindMinInterval time.Duration
 	// OnSendError, if set, is called from the shard loop goroutine (never
 	// from a Send/Flush caller) for each datagram the kernel refused, with
 	// the token given to Send.
@@ -104,6 +109,7 @@ type Stats struct {
 	Rebinds        uint64 // completed source-port switches
 	RebindFailures uint64 // replacement sockets that failed to open
 	Retired        uint64 // old sockets closed after a rebind
+	LoopWakes      uint64 // shard loop iterations (rebind, retire, error delivery)
 	Dropped        DropCounts
 }
 
@@ -111,7 +117,7 @@ type counters struct {
 	sent, received, sendBatches, recvBatches     atomic.Uint64
 	rebinds, rebindFailures, retired             atomic.Uint64
 	queueFull, tooLarge, family, sendErr, closed atomic.Uint64
-	truncated, recvErr                           atomic.Uint64
+	truncated, recvErr, loopWakes                atomic.Uint64
 }
 
 // Ring is a set of per-CPU UDP shards.
@@ -194,18 +200,22 @@ type shard struct {
 	wake chan struct{}
 
 	// loop-owned
-	spare   []sendSlot
-	msgs    [MaxBatch]unix.Mmsghdr
-	iov     [MaxBatch]unix.Iovec
-	names   [MaxBatch]unix.RawSockaddrInet6
-	slotIdx [MaxBatch]int
-	wbase   int
-	wcnt    int
-	wn      int
-	werr    syscall.Errno
-	writeFn func(fd uintptr) bool
-	backoff time.Duration
-	retry   *time.Timer
+	spare      []sendSlot
+	msgs       [MaxBatch]unix.Mmsghdr
+	iov        [MaxBatch]unix.Iovec
+	names      [MaxBatch]unix.RawSockaddrInet6
+	slotIdx    [MaxBatch]int
+	wbase      int
+	wcnt       int
+	wn         int
+	werr       syscall.Errno
+	writeFn    func(fd uintptr) bool
+	backoff    time.Duration
+	retry      *time.Timer
+	lastRebind time.Time
+	// retireWanted: retire was skipped because a flush was running; the
+	// flusher wakes the loop when it ends.
+	retireWanted bool // guarded by mu
 }
 
 // New opens one socket per shard and starts the shard loops.
@@ -218,6 +228,9 @@ func New(cfg Config) (*Ring, error) {
 	}
 	if cfg.QueueLen <= 0 {
 		cfg.QueueLen = 1024
+	}
+	if cfg.RebindMinInterval == 0 {
+		cfg.RebindMinInterval = time.Second
 	}
 	if cfg.RebindBackoffMin <= 0 {
 		cfg.RebindBackoffMin = 10 * time.Millisecond
@@ -353,6 +366,7 @@ func (r *Ring) Stats() Stats {
 		st.Rebinds += c.rebinds.Load()
 		st.RebindFailures += c.rebindFailures.Load()
 		st.Retired += c.retired.Load()
+		st.LoopWakes += c.loopWakes.Load()
 		st.Dropped.QueueFull += c.queueFull.Load()
 		st.Dropped.TooLarge += c.tooLarge.Load()
 		st.Dropped.Family += c.family.Load()
@@ -488,6 +502,7 @@ func (s *shard) loop() {
 		case <-s.wake:
 		case <-s.retry.C:
 		}
+		s.c.loopWakes.Add(1)
 		s.flush()
 		s.deliverErrors()
 		s.maybeRebind()
@@ -521,7 +536,8 @@ func (s *shard) flush() {
 		n := s.qn
 		if n == 0 {
 			s.flushing = false
-			wake := len(s.old) > 0 || len(s.errs) > 0
+			wake := s.retireWanted || len(s.errs) > 0
+			s.retireWanted = false
 			s.mu.Unlock()
 			if wake {
 				s.kick() // retire / error delivery happen on the loop
@@ -633,6 +649,12 @@ func (s *shard) maybeRebind() {
 	if !pending || s.r.closed.Load() {
 		return
 	}
+	if gap := s.r.cfg.RebindMinInterval; gap > 0 && !s.lastRebind.IsZero() {
+		if wait := gap - time.Since(s.lastRebind); wait > 0 {
+			s.retry.Reset(wait)
+			return
+		}
+	}
 	sock, err := s.r.open(s)
 	if err != nil {
 		s.c.rebindFailures.Add(1)
@@ -646,6 +668,7 @@ func (s *shard) maybeRebind() {
 		return
 	}
 	s.backoff = 0
+	s.lastRebind = time.Now()
 	s.mu.Lock()
 	old := s.cur
 	s.cur = sock
@@ -661,7 +684,11 @@ func (s *shard) maybeRebind() {
 func (s *shard) retire() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.old) == 0 || s.flushing { // a flusher may be sending on it
+	if len(s.old) == 0 {
+		return
+	}
+	if s.flushing { // a flusher may be sending on an old socket
+		s.retireWanted = true
 		return
 	}
 	keep := s.old[:0]
