@@ -42,7 +42,9 @@ type Gate struct {
 	pool    sync.Pool
 	causes  []counter
 	genSeq  atomic.Uint64
-	mu      sync.Mutex // serialises Swap/SetChecker
+	// lastLocalWarn is when the fail: local warning was last logged (unix ns).
+	lastLocalWarn atomic.Int64
+	mu            sync.Mutex // serialises Swap/SetChecker
 }
 
 type counter interface{ Inc() }
@@ -242,6 +244,7 @@ func (g *Gate) Done(r *proxy.Request, d *proxy.Decision, res *proxy.Result) {
 		}
 		if dec.Local {
 			g.m.LocalFallback(dec.LocalAllowed)
+			g.warnLocal(dec.Cause)
 		}
 	}
 	g.logAccess(r, d, res, st, outcome, reported)
@@ -249,6 +252,20 @@ func (g *Gate) Done(r *proxy.Request, d *proxy.Decision, res *proxy.Result) {
 	st.ref, st.gen, st.info = nil, nil, nil
 	st.areq = admission.Request{}
 	g.pool.Put(st)
+}
+
+// localWarnEvery bounds the fail: local warning to one per interval.
+const localWarnEvery = 10 * time.Second
+
+// warnLocal says, at most once per localWarnEvery, that decisions are
+// being taken by the local token buckets.
+func (g *Gate) warnLocal(c admission.Cause) {
+	now := g.now().UnixNano()
+	last := g.lastLocalWarn.Load()
+	if now-last < int64(localWarnEvery) || !g.lastLocalWarn.CompareAndSwap(last, now) {
+		return
+	}
+	g.log.Warn("RateLimitly unusable: deciding with the local token buckets of this node (fail: local)", "cause", c.String())
 }
 
 func (g *Gate) logAccess(r *proxy.Request, d *proxy.Decision, res *proxy.Result, st *state, outcome admission.Outcome, reported bool) {

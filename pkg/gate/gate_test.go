@@ -506,3 +506,36 @@ func BenchmarkAdmitDone(b *testing.B) {
 		})
 	}
 }
+
+// fail: local says so in the log (rate-limited) and in the metrics.
+func TestLocalFallbackLogsAndCounts(t *testing.T) {
+	g, r := quietGate(t, "local", failWith(admission.CauseNoEndpoints))
+	var buf lockedBuf
+	g.log = slog.New(slog.NewTextHandler(&buf, nil))
+	res := &proxy.Result{Status: 200, End: time.Now()}
+	for i := 0; i < 4; i++ { // burst 2: allow, allow, deny, deny
+		d := g.Admit(context.Background(), r)
+		if d.Allow != (i < 2) {
+			t.Fatalf("request %d: allow %v", i, d.Allow)
+		}
+		g.Done(r, &d, res)
+	}
+	if n := strings.Count(buf.String(), "deciding with the local token buckets"); n != 1 {
+		t.Fatalf("%d warnings, want 1:\n%s", n, buf.String())
+	}
+	fams, err := g.Metrics().Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range fams {
+		if f.GetName() == "rl_tproxy_local_fallback_total" {
+			for _, m := range f.GetMetric() {
+				got[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	if got["allow"] != 2 || got["deny"] != 2 {
+		t.Fatalf("local fallback counters %v", got)
+	}
+}
