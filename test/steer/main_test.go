@@ -1,0 +1,298 @@
+// Package steer runs end-to-end tests of sk_lookup steering with a real
+// nginx: a "node" network namespace runs an unchanged nginx on port 80, a
+// 3-node RateLimitly cluster (`rl-tproxy ratelimitly-server`) found through
+// dnsmasq SRV records, and the real `rl-tproxy run` binary steering port
+// 80; a "client" namespace joined by a veth pair sends curl, wrk and Go
+// client traffic to nginx's address. The tests check admission (200 then
+// 429), forwarded headers in nginx's access log, the absence of request
+// loops, kill -9 fall-through, restart and takeover without refused
+// connections, for IPv4 and IPv6.
+//
+// Everything needs root, eBPF, nsenter/unshare, nginx, curl, wrk and
+// dnsmasq; each test skips with the reason when something is missing.
+package steer
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// binPath is the rl-tproxy binary built by TestMain.
+var binPath string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "rl-tproxy-steer-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "go env GOMOD:", err)
+		os.Exit(1)
+	}
+	binPath = filepath.Join(dir, "rl-tproxy")
+	build := exec.Command("go", "build", "-o", binPath, "./cmd/rl-tproxy")
+	build.Dir = filepath.Dir(strings.TrimSpace(string(out)))
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build rl-tproxy:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// needTools skips t unless every named program is installed.
+func needTools(t testing.TB, names ...string) {
+	t.Helper()
+	for _, name := range names {
+		if _, err := exec.LookPath(name); err != nil {
+			for _, dir := range []string{"/usr/sbin", "/sbin"} {
+				if _, e := os.Stat(filepath.Join(dir, name)); e == nil {
+					err = nil
+					break
+				}
+			}
+			if err != nil {
+				t.Skipf("needs %s (test/deps.sh installs it): %v", name, err)
+			}
+		}
+	}
+}
+
+// Bounds for polling observable state. Generous: the CI machine has two
+// cores shared with other jobs.
+const (
+	waitBound = 60 * time.Second
+	pollEvery = 10 * time.Millisecond
+)
+
+// waitFor polls cond until it holds, failing t after waitBound.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitBound)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", waitBound, what)
+		}
+		time.Sleep(pollEvery)
+	}
+}
+
+// proc is a child process whose stdout and stderr lines are collected.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{} // closed once the process was reaped
+
+	mu    sync.Mutex
+	lines []string
+	err   error // Wait's result, valid after done
+}
+
+// startProc starts cmd, collects its output and kills it (bounded) when
+// the test ends if it is still running.
+func startProc(t testing.TB, name string, cmd *exec.Cmd) *proc {
+	t.Helper()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = pw, pw
+	if err := cmd.Start(); err != nil {
+		pr.Close()
+		pw.Close()
+		t.Fatalf("start %s: %v", name, err)
+	}
+	pw.Close()
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.lines = append(p.lines, sc.Text())
+			p.mu.Unlock()
+		}
+		_, _ = io.Copy(io.Discard, pr) // a line over 1 MiB: keep draining
+	}()
+	go func() {
+		err := cmd.Wait()
+		p.mu.Lock()
+		p.err = err
+		p.mu.Unlock()
+		close(p.done)
+		// Children (nginx workers) may hold the pipe; the reader ends
+		// when they do. Close our end after a bound so it cannot leak.
+		select {
+		case <-scanned:
+		case <-time.After(waitBound):
+		}
+		pr.Close()
+	}()
+	t.Cleanup(func() {
+		if p.exited() {
+			return
+		}
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		select {
+		case <-p.done:
+		case <-time.After(waitBound):
+			t.Errorf("%s (pid %d) did not exit after SIGKILL", name, cmd.Process.Pid)
+		}
+	})
+	return p
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// snapshot returns a copy of the lines so far.
+func (p *proc) snapshot() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.lines...)
+}
+
+// tail is the last n lines, for failure messages.
+func (p *proc) tail(n int) string {
+	l := p.snapshot()
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
+}
+
+// waitLine waits for the first line (from line index from on) that match
+// accepts and returns it with its index; the test fails if the process
+// exits first or after waitBound.
+func (p *proc) waitLine(t testing.TB, what string, from int, match func(string) bool) (string, int) {
+	t.Helper()
+	deadline := time.Now().Add(waitBound)
+	for {
+		exited := p.exited() // before reading: lines are complete once exited
+		lines := p.snapshot()
+		for i := from; i < len(lines); i++ {
+			if match(lines[i]) {
+				return lines[i], i
+			}
+		}
+		if exited {
+			t.Fatalf("%s exited (%v) before %s; output:\n%s", p.name, p.waitErr(), what, p.tail(40))
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: no %s within %v; output:\n%s", p.name, what, waitBound, p.tail(40))
+		}
+		time.Sleep(pollEvery)
+	}
+}
+
+func (p *proc) waitErr() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
+// waitExit waits up to bound for the process to exit and reports whether
+// it did.
+func (p *proc) waitExit(bound time.Duration) bool {
+	select {
+	case <-p.done:
+		return true
+	case <-time.After(bound):
+		return false
+	}
+}
+
+// jsonLog decodes the JSON log lines (rl-tproxy run --log-format json).
+func jsonLog(lines []string) []map[string]any {
+	var out []map[string]any
+	for _, l := range lines {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// msgIs matches a JSON log line by its msg.
+func msgIs(msg string) func(string) bool {
+	return func(line string) bool {
+		var m struct {
+			Msg string `json:"msg"`
+		}
+		return json.Unmarshal([]byte(line), &m) == nil && m.Msg == msg
+	}
+}
+
+// holdMountNS starts a holder process in a new private mount namespace
+// with its own bpffs on /sys/fs/bpf (as a host mounts it at boot) and
+// returns the namespace's path for nsenter. Every proxy of a test runs in
+// that mount namespace, so a restarted or second proxy finds the pins the
+// first one left; the holder, and with it the bpffs and its pins, goes
+// away when the test ends. (`ip netns exec` would give each process its
+// own sysfs and so its own bpffs: no pins would be shared.)
+func holdMountNS(t testing.TB) string {
+	t.Helper()
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "--",
+		"sh", "-c", "mount -t bpf -o mode=0700 bpf /sys/fs/bpf && echo ready && exec cat")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start mount namespace holder: %v", err)
+	}
+	t.Cleanup(func() {
+		stdin.Close()
+		_ = cmd.Wait()
+	})
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || line != "ready\n" {
+		t.Skipf("needs a mountable bpffs in a private mount namespace: %q %v", line, err)
+	}
+	return fmt.Sprintf("/proc/%d/ns/mnt", cmd.Process.Pid)
+}
+
+// runBounded runs cmd with a deadline and returns its stdout.
+func runBounded(t testing.TB, bound time.Duration, name string, args ...string) ([]byte, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, stderr.String())
+	}
+	return out, nil
+}
