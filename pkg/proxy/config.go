@@ -148,6 +148,9 @@ type Config struct {
 	// httpparse), "header-timeout" (408), "body-too-large" (413). For
 	// metrics; it must not block.
 	OnReject func(svc *Service, remote netip.AddrPort, rule string, status int)
+
+	testOnPark    func()        // called after a connection parked
+	testParkSweep time.Duration // parked idle-timeout sweep interval (default 1s)
 }
 
 func (c *Config) parkIdleAfter() time.Duration {

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -20,6 +21,9 @@ type testHook struct {
 	admits []string // "METHOD PATH?QUERY"
 	dones  []doneRec
 	doneCh chan doneRec
+	// Admit calls minus Done calls; must end at 0 and never go negative.
+	pending  atomic.Int64
+	overDone atomic.Bool
 }
 
 type doneRec struct {
@@ -48,10 +52,14 @@ func (h *testHook) Admit(ctx context.Context, r *Request) Decision {
 	}
 	h.admits = append(h.admits, string(r.Head.Method)+" "+t)
 	h.mu.Unlock()
+	h.pending.Add(1)
 	return h.decide(ctx, r)
 }
 
 func (h *testHook) Done(r *Request, d *Decision, res *Result) {
+	if h.pending.Add(-1) < 0 {
+		h.overDone.Store(true)
+	}
 	rec := doneRec{target: string(r.Head.Target), allow: d.Allow, status: res.Status,
 		clientAborted: res.ClientAborted, upstreamErr: res.UpstreamErr,
 		bytesIn: res.BytesIn, bytesOut: res.BytesOut, startBeforeEnd: !res.End.Before(r.Start)}
@@ -107,6 +115,10 @@ func startProxy(t testing.TB, hook Hook, svc *Service, mod func(*Config)) (*Prox
 		defer cancel()
 		if err := p.Shutdown(ctx); err != nil {
 			t.Errorf("shutdown: %v", err)
+		}
+		// Every request that reached Admit got exactly one Done.
+		if th, ok := hook.(*testHook); ok && (th.pending.Load() != 0 || th.overDone.Load()) {
+			t.Errorf("Admit/Done imbalance: pending %d, Done without Admit %v", th.pending.Load(), th.overDone.Load())
 		}
 		if err := <-served; err != ErrClosed {
 			t.Errorf("Serve returned %v, want ErrClosed", err)

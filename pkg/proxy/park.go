@@ -38,11 +38,10 @@ type parker struct {
 	sweep   time.Duration // parked idle-timeout sweep interval
 	stopped chan struct{} // closed when both parker goroutines ended
 	quit    chan struct{}
-	onPark  func() // test hook, called after a connection parked
 }
 
 // start creates the epoll set and its goroutines (once).
-func (pk *parker) start() error {
+func (pk *parker) start(sweep time.Duration) error {
 	if pk.started {
 		return nil
 	}
@@ -63,7 +62,7 @@ func (pk *parker) start() error {
 	pk.epfd, pk.file, pk.raw, pk.started = epfd, f, raw, true
 	pk.quit = make(chan struct{})
 	pk.stopped = make(chan struct{})
-	if pk.sweep == 0 {
+	if pk.sweep = sweep; pk.sweep <= 0 {
 		pk.sweep = time.Second
 	}
 	var wg sync.WaitGroup
@@ -83,7 +82,7 @@ func (pk *parker) park(c *conn) (parked, closed bool) {
 	if pk.closed || c.fd < 0 {
 		return false, false
 	}
-	if err := pk.start(); err != nil {
+	if err := pk.start(c.p.cfg.Load().testParkSweep); err != nil {
 		return false, false
 	}
 	var slot int32
@@ -106,8 +105,8 @@ func (pk *parker) park(c *conn) (parked, closed bool) {
 	}
 	pk.slots[slot] = c
 	c.slot = slot
-	if pk.onPark != nil {
-		pk.onPark()
+	if f := c.p.cfg.Load().testOnPark; f != nil {
+		f()
 	}
 	return true, false
 }

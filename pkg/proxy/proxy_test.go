@@ -939,24 +939,39 @@ func TestIdleParking(t *testing.T) {
 	parked := make(chan struct{}, 10)
 	p, addr := startProxy(t, nil, &Service{Upstream: up.addr(), IdleTimeout: time.Minute}, func(cfg *Config) {
 		cfg.ParkIdleAfter = time.Millisecond
+		cfg.testOnPark = func() {
+			select {
+			case parked <- struct{}{}:
+			default:
+			}
+		}
 	})
-	p.parker.onPark = func() { parked <- struct{}{} }
+	// waitParked consumes park signals until the connection is parked now
+	// (it may also have parked while waiting for its first request).
+	waitParked := func() {
+		for {
+			<-parked
+			if s := p.Stats(); s.Parked == 1 {
+				if s.Conns != 1 {
+					t.Fatalf("stats %+v", s)
+				}
+				return
+			}
+		}
+	}
 	c := dialClient(t, addr)
 	for i := 0; i < 3; i++ {
 		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 		if r, body := c.resp("GET"); r.StatusCode != 200 || body != "ok" {
 			t.Fatalf("request %d after parking: %d %q", i, r.StatusCode, body)
 		}
-		<-parked // idle again: parked without a goroutine
-		if s := p.Stats(); s.Parked != 1 || s.Conns != 1 {
-			t.Fatalf("stats %+v", s)
-		}
+		waitParked() // idle again: parked without a goroutine
 	}
 	// A pipelined pair after parking is served in order.
 	c.send("GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n")
 	c.resp("GET")
 	c.resp("GET")
-	<-parked
+	waitParked()
 	// Drain closes parked connections.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -972,11 +987,16 @@ func TestIdleParking(t *testing.T) {
 func TestParkedIdleTimeout(t *testing.T) {
 	up := keepAliveUpstream(t, 0)
 	parked := make(chan struct{}, 10)
-	p, addr := startProxy(t, nil, &Service{Upstream: up.addr(), IdleTimeout: 100 * time.Millisecond}, func(cfg *Config) {
+	_, addr := startProxy(t, nil, &Service{Upstream: up.addr(), IdleTimeout: 100 * time.Millisecond}, func(cfg *Config) {
 		cfg.ParkIdleAfter = time.Millisecond
+		cfg.testParkSweep = 5 * time.Millisecond
+		cfg.testOnPark = func() {
+			select {
+			case parked <- struct{}{}:
+			default:
+			}
+		}
 	})
-	p.parker.sweep = 5 * time.Millisecond
-	p.parker.onPark = func() { parked <- struct{}{} }
 
 	c := dialClient(t, addr)
 	c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")

@@ -64,7 +64,7 @@ worker_processes 1;
 worker_rlimit_nofile $NOFILE;
 pid $1/nginx.pid;
 error_log $1/error.log warn;
-events { worker_connections 30000; }
+events { worker_connections $((NOFILE - 100)); }
 http {
     access_log off;
     keepalive_timeout 300s;
