@@ -3,6 +3,7 @@ package admission
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func reloadPolicy(rate string) string {
@@ -206,5 +209,53 @@ func TestWatchFileAndConfigMapSwap(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// FuzzReloadEvents: the inotify event decoder never panics on any bytes.
+func FuzzReloadEvents(f *testing.F) {
+	ev := func(wd int32, mask uint32, name string) []byte {
+		n := (len(name) + 1 + 3) &^ 3
+		b := make([]byte, 16+n)
+		binary.NativeEndian.PutUint32(b[0:], uint32(wd))
+		binary.NativeEndian.PutUint32(b[4:], mask)
+		binary.NativeEndian.PutUint32(b[12:], uint32(n))
+		copy(b[16:], name)
+		return b
+	}
+	f.Add(ev(1, unix.IN_CLOSE_WRITE, "policy.yaml"))
+	f.Add(append(ev(1, unix.IN_CREATE, "..data_tmp"), ev(1, unix.IN_MOVED_TO, "..data")...))
+	f.Add([]byte{1, 2, 3})
+	names := map[int32]map[string]bool{1: {"policy.yaml": true}}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		relevant(b, names)
+	})
+}
+
+func TestRelevantEvents(t *testing.T) {
+	ev := func(wd int32, mask uint32, name string) []byte {
+		n := (len(name) + 1 + 3) &^ 3
+		b := make([]byte, 16+n)
+		binary.NativeEndian.PutUint32(b[0:], uint32(wd))
+		binary.NativeEndian.PutUint32(b[4:], mask)
+		binary.NativeEndian.PutUint32(b[12:], uint32(n))
+		copy(b[16:], name)
+		return b
+	}
+	names := map[int32]map[string]bool{1: {"policy.yaml": true}}
+	for _, c := range []struct {
+		b    []byte
+		want bool
+	}{
+		{ev(1, unix.IN_CLOSE_WRITE, "policy.yaml"), true},
+		{ev(1, unix.IN_CLOSE_WRITE, "other.yaml"), false},
+		{ev(2, unix.IN_CLOSE_WRITE, "policy.yaml"), false},
+		{ev(1, unix.IN_MOVED_TO, "..data"), true},
+		{append(ev(1, unix.IN_CREATE, "x"), ev(1, unix.IN_MOVED_TO, "policy.yaml")...), true},
+		{ev(1, unix.IN_Q_OVERFLOW, ""), true},
+	} {
+		if got := relevant(c.b, names); got != c.want {
+			t.Errorf("%x: %v, want %v", c.b, got, c.want)
+		}
 	}
 }
