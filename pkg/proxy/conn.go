@@ -43,7 +43,7 @@ type conn struct {
 
 	// admission watcher
 	peekFn func(uintptr) bool
-	peek   [1]byte
+	pfd    [1]unix.PollFd
 	gone   bool
 	actx   admitCtx
 
@@ -496,16 +496,21 @@ func (c *conn) watch() {
 	c.watchDone <- struct{}{}
 }
 
-// peekReady waits for the client socket to become readable without
-// consuming: EOF or an error means the client went away; data (a pipelined
-// request or body) ends the watch without a verdict.
+// peekReady runs inside the poller while admission waits: it reports the
+// client gone on a hang-up, reset or half-close (POLLRDHUP), and otherwise
+// keeps waiting, also while request body or pipelined bytes sit unread
+// (each new arrival or the FIN wakes it again).
 func (c *conn) peekReady(fd uintptr) bool {
-	n, err := recvPeek(fd, c.peek[:])
-	if err == unix.EAGAIN {
+	c.pfd[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}
+	n, err := unix.Poll(c.pfd[:], 0)
+	if err != nil || n == 0 {
 		return false
 	}
-	c.gone = n == 0 || err != nil
-	return true
+	if c.pfd[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0 {
+		c.gone = true
+		return true
+	}
+	return false
 }
 
 // deny answers the Decision's status, fields and body.

@@ -1025,3 +1025,30 @@ func TestMaxBodyBytesChunked(t *testing.T) {
 		t.Fatalf("within limit: %d %q", r.StatusCode, body)
 	}
 }
+
+// A client that goes away while admission waits is noticed even when its
+// request body is already queued unread.
+func TestClientAbortDuringAdmissionWithBody(t *testing.T) {
+	entered := make(chan struct{})
+	hook := newTestHook(func(ctx context.Context, r *Request) Decision {
+		close(entered)
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Second):
+		}
+		return Decision{Allow: true}
+	})
+	up := newRawUpstream(t, func(int, net.Conn) {})
+	_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+	c := dialClient(t, addr)
+	c.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+	<-entered
+	c.send(strings.Repeat("b", 1000)) // unread body bytes while Admit waits
+	c.c.Close()
+	if d := hook.waitDone(t); !d.clientAborted || d.status != 0 {
+		t.Fatalf("done %+v", d)
+	}
+	if up.count() != 0 {
+		t.Fatal("aborted request reached the upstream")
+	}
+}
