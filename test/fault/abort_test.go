@@ -1,0 +1,287 @@
+package fault
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// procFDs returns the number of open fds of pid and how many of them are
+// TCP connections to remotePort (the upstream pool), from /proc.
+func procFDs(t testing.TB, pid int, remotePort uint16) (fds, upstream int) {
+	t.Helper()
+	fdDir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(fdDir)
+	if err != nil {
+		t.Fatalf("read %s: %v", fdDir, err)
+	}
+	inodes := map[string]bool{}
+	for _, e := range ents {
+		if l, err := os.Readlink(filepath.Join(fdDir, e.Name())); err == nil && strings.HasPrefix(l, "socket:[") {
+			inodes[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
+		}
+	}
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		fh, err := os.Open(f)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(fh)
+		for sc.Scan() {
+			fs := strings.Fields(sc.Text())
+			if len(fs) < 10 || fs[0] == "sl" || !inodes[fs[9]] {
+				continue
+			}
+			i := strings.LastIndexByte(fs[2], ':')
+			if port, err := strconv.ParseUint(fs[2][i+1:], 16, 16); err == nil && uint16(port) == remotePort {
+				upstream++
+			}
+		}
+		fh.Close()
+	}
+	return len(ents), upstream
+}
+
+// abortMode is how one request ends.
+type abortMode int
+
+const (
+	modeComplete     abortMode = iota // full exchange, connection reused for the next request
+	modeMidHead                       // part of the head, then close
+	modeAfterHead                     // whole head, close at once (during admission)
+	modeAfterHeadRST                  // whole head, close with RST
+	modeMidBody                       // POST with a partial body, then close
+	modeMidResponse                   // read 1 KiB of a 256 KiB response, then close
+	numModes
+)
+
+var modeNames = [...]string{"complete", "mid_head", "after_head", "after_head_rst", "mid_body", "mid_response"}
+
+// aborter runs one client connection's share of the requests.
+type aborter struct {
+	addr string
+	rng  *rand.Rand
+	conn net.Conn
+	br   *bufio.Reader
+}
+
+func (a *aborter) close(rst bool) {
+	if a.conn == nil {
+		return
+	}
+	if rst {
+		if tc, ok := a.conn.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
+	}
+	_ = a.conn.Close()
+	a.conn, a.br = nil, nil
+}
+
+func (a *aborter) dial() error {
+	if a.conn != nil {
+		return nil
+	}
+	c, err := net.Dial("tcp", a.addr)
+	if err != nil {
+		return err
+	}
+	a.conn, a.br = c, bufio.NewReader(c)
+	return nil
+}
+
+// one performs one request in mode m. It returns the HTTP status for a
+// complete exchange (0 for an abort).
+func (a *aborter) one(m abortMode) (int, error) {
+	if err := a.dial(); err != nil {
+		return 0, err
+	}
+	_ = a.conn.SetDeadline(time.Now().Add(30 * time.Second))
+	path := "/api/x"
+	if a.rng.IntN(4) == 0 {
+		path = "/open/x" // unprotected
+	}
+	head := "GET " + path + " HTTP/1.1\r\nHost: fault\r\nX-Key: abort\r\n\r\n"
+	switch m {
+	case modeComplete:
+		if _, err := io.WriteString(a.conn, head); err != nil {
+			return 0, err
+		}
+		resp, err := http.ReadResponse(a.br, nil)
+		if err != nil {
+			return 0, err
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return 0, err
+		}
+		if a.rng.IntN(8) == 0 {
+			a.close(false)
+		}
+		return resp.StatusCode, nil
+	case modeMidHead:
+		_, _ = io.WriteString(a.conn, head[:1+a.rng.IntN(len(head)-2)])
+		a.close(a.rng.IntN(2) == 0)
+	case modeAfterHead:
+		_, _ = io.WriteString(a.conn, head)
+		a.close(false)
+	case modeAfterHeadRST:
+		_, _ = io.WriteString(a.conn, head)
+		a.close(true)
+	case modeMidBody:
+		_, _ = io.WriteString(a.conn, "POST "+path+" HTTP/1.1\r\nHost: fault\r\nX-Key: abort\r\nContent-Length: 100000\r\n\r\n"+strings.Repeat("b", 1000))
+		a.close(a.rng.IntN(2) == 0)
+	case modeMidResponse:
+		_, _ = io.WriteString(a.conn, "GET "+path+"/big HTTP/1.1\r\nHost: fault\r\nX-Key: abort\r\n\r\n")
+		_, _ = io.ReadFull(a.br, make([]byte, 1024))
+		a.close(a.rng.IntN(2) == 0)
+	}
+	return 0, nil
+}
+
+// faultN is the number of requests of the abort test: 20000, or RL_FAULT_N.
+func faultN(t testing.TB) int {
+	n := 20000
+	if s := os.Getenv("RL_FAULT_N"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 {
+			t.Fatalf("RL_FAULT_N=%q: want a positive integer", s)
+		}
+		n = v
+	}
+	return n
+}
+
+// (e) Many requests, a random share of them aborted by the client at a
+// random point (mid-head, during admission, mid-body, mid-response, with
+// FIN or RST). Afterwards the proxy's goroutines (go_goroutines) and
+// non-upstream fds (/proc/PID/fd) are back to their baseline, no client
+// connection or admission is left open, and the upstream pool stays
+// within its bound (the clients' concurrency).
+func TestRandomClientAborts(t *testing.T) {
+	n := faultN(t)
+	const conc = 32
+	c := startCluster(t)
+	up := startUpstream(t)
+	dir := t.TempDir()
+	creds := writeFile(t, filepath.Join(dir, "credentials.yaml"), credentialYAML(c.cred))
+	pol, listen := writePolicy(t, dir, c, policyOpts{fail: "close", unit: "100ms", creds: creds, upstream: up.addr})
+	p := startProxy(t, pol, listen, "warn", false) // no access log: RL_FAULT_N can be 1M
+	_, upPortS, _ := net.SplitHostPort(up.addr)
+	upPort64, _ := strconv.ParseUint(upPortS, 10, 16)
+	upPort := uint16(upPort64)
+
+	settled := func() (goroutines float64, fds, upConns int, open float64, inflight float64) {
+		body := p.scrape()
+		fds, upConns = procFDs(t, p.pid(), upPort)
+		return seriesValue(body, "go_goroutines"), fds, upConns,
+			seriesValue(body, "rl_tproxy_open_connections"), seriesValue(body, "rl_tproxy_admission_inflight")
+	}
+	// Warm-up at the same concurrency fills the upstream pool and the
+	// runtime's pools; the client closes its connections afterwards.
+	if st := load(t, p.base+"/api/x", 2000, conc, nil); st[200] != 2000 {
+		t.Fatalf("warm-up statuses %v", st)
+	}
+	waitFor(t, 30*time.Second, "no open client connection after the warm-up", func() bool {
+		_, _, _, open, inflight := settled()
+		return open == 0 && inflight == 0
+	})
+	g0, fd0, up0, _, _ := settled()
+	t.Logf("baseline: %v goroutines, %d fds (%d upstream connections)", g0, fd0, up0)
+
+	var next atomic.Int64
+	var mu sync.Mutex
+	byMode := make([]int, numModes)
+	statuses := map[int]int{}
+	var errs atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < conc; w++ {
+		wg.Add(1)
+		go func(seed uint64) {
+			defer wg.Done()
+			a := &aborter{addr: strings.TrimPrefix(p.base, "http://"), rng: rand.New(rand.NewPCG(seed, 42))}
+			defer a.close(false)
+			modes := make([]int, numModes)
+			st := map[int]int{}
+			for next.Add(1) <= int64(n) {
+				m := modeComplete
+				if a.rng.IntN(2) == 0 { // half the requests abort
+					m = abortMode(1 + a.rng.IntN(int(numModes)-1))
+				}
+				modes[m]++
+				code, err := a.one(m)
+				if err != nil {
+					errs.Add(1)
+					firstErr.CompareAndSwap(nil, fmt.Sprintf("%s: %v", modeNames[m], err))
+					a.close(false)
+					continue
+				}
+				if m == modeComplete {
+					st[code]++
+				}
+			}
+			mu.Lock()
+			for i, v := range modes {
+				byMode[i] += v
+			}
+			for k, v := range st {
+				statuses[k] += v
+			}
+			mu.Unlock()
+		}(uint64(w) + 1)
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if e := errs.Load(); e != 0 {
+		t.Fatalf("%d client errors on complete exchanges (first: %v)", e, firstErr.Load())
+	}
+	if statuses[200] != byMode[modeComplete] {
+		t.Fatalf("complete exchanges: statuses %v, want %d × 200", statuses, byMode[modeComplete])
+	}
+
+	var g, fds, upConns int
+	var open, inflight float64
+	waitFor(t, 120*time.Second, "goroutines, fds, connections and admissions back to baseline", func() bool {
+		var gf float64
+		gf, fds, upConns, open, inflight = settled()
+		g = int(gf)
+		return open == 0 && inflight == 0 && gf <= g0 && fds-upConns <= fd0-up0 && upConns <= conc
+	})
+	body := p.scrape()
+	var outcomes []string
+	for _, o := range []string{"allow", "bypass", "client_abort", "fail_close", "fail_open", "deny"} {
+		v := 0.0
+		for _, loc := range []string{"adm", "open"} {
+			v += seriesValue(body, `rl_tproxy_requests_total{location="`+loc+`",outcome="`+o+`",service="web"}`)
+		}
+		outcomes = append(outcomes, fmt.Sprintf("%s=%v", o, v))
+	}
+	var modes []string
+	for i, v := range byMode {
+		modes = append(modes, fmt.Sprintf("%s=%d", modeNames[i], v))
+	}
+	t.Logf("%d requests in %v with %d connections: %s", n, elapsed.Round(time.Millisecond), conc, strings.Join(modes, " "))
+	t.Logf("proxy outcomes (warm-up included): %s; client causes: cancelled=%v timeout=%v",
+		strings.Join(outcomes, " "),
+		seriesValue(body, `rl_tproxy_ratelimitly_checks_total{cause="cancelled"}`),
+		seriesValue(body, `rl_tproxy_ratelimitly_checks_total{cause="timeout"}`))
+	t.Logf("after: %d goroutines (baseline %v), %d fds of which %d upstream (baseline %d, %d), open connections %v, admissions in flight %v",
+		g, g0, fds, upConns, fd0, up0, open, inflight)
+	if v := seriesValue(body, `rl_tproxy_requests_total{location="adm",outcome="fail_close",service="web"}`); v != 0 {
+		t.Fatalf("%v fail_close outcomes: aborts must not turn into RateLimitly failures", v)
+	}
+}

@@ -1,0 +1,242 @@
+package fault
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// accessLine is the part of an access-log line these tests read.
+type accessLine struct {
+	Msg         string  `json:"msg"`
+	Outcome     string  `json:"outcome"`
+	Cause       string  `json:"cause"`
+	Status      int     `json:"status"`
+	AdmissionMs float64 `json:"admission_ms"`
+}
+
+func accessLines(p *proc) []accessLine {
+	var out []accessLine
+	for _, l := range p.lines() {
+		var a accessLine
+		if json.Unmarshal([]byte(l), &a) == nil && a.Msg == "access" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// admissionStats summarises admission_ms of lines: p50, p99, max.
+func admissionStats(lines []accessLine) string {
+	if len(lines) == 0 {
+		return "no lines"
+	}
+	ms := make([]float64, len(lines))
+	for i, l := range lines {
+		ms[i] = l.AdmissionMs
+	}
+	sort.Float64s(ms)
+	q := func(f float64) float64 { return ms[int(f*float64(len(ms)-1))] }
+	return fmt.Sprintf("n=%d admission_ms p50=%.1f p99=%.1f max=%.1f", len(ms), q(0.5), q(0.99), ms[len(ms)-1])
+}
+
+// (a) One of three RateLimitly nodes is killed (SIGKILL) under load. Every
+// request still gets a valid allow decision from the two live nodes: no
+// fail_open/fail_close outcome, no timeout cause, before or after the kill.
+// The killed node is the oldest (started first), the one the client
+// prefers, so the proxy must decide without its preferred endpoint.
+func TestNodeKilledUnderLoad(t *testing.T) {
+	c := startCluster(t)
+	up := startUpstream(t)
+	dir := t.TempDir()
+	creds := writeFile(t, filepath.Join(dir, "credentials.yaml"), credentialYAML(c.cred))
+	pol, listen := writePolicy(t, dir, c, policyOpts{fail: "close", unit: "100ms", creds: creds, upstream: up.addr})
+	p := startProxy(t, pol, listen, "info", true)
+	waitFor(t, 30*time.Second, "3 endpoints discovered", func() bool {
+		return p.metric("rl_tproxy_ratelimitly_endpoints") == 3
+	})
+
+	const n, conc, killAt = 3000, 32, 1000
+	var done atomic.Bool
+	res := make(chan map[int]int, 1)
+	go func() { res <- load(t, p.base+"/api", n, conc, nil); done.Store(true) }()
+	waitFor(t, 120*time.Second, fmt.Sprintf("%d requests logged before the kill", killAt), func() bool {
+		return p.accN.Load() >= killAt || done.Load()
+	})
+	atKill := p.accN.Load()
+	c.nodes[0].p.kill()
+	statuses := <-res
+	waitFor(t, 30*time.Second, "every request logged", func() bool { return p.accN.Load() >= n })
+
+	if statuses[200] != n {
+		t.Fatalf("statuses %v, want %d × 200", statuses, n)
+	}
+	lines := accessLines(p.proc)
+	if len(lines) != n {
+		t.Fatalf("%d access lines, want %d", len(lines), n)
+	}
+	if after := int64(n) - atKill; after < n/2 {
+		t.Fatalf("only %d requests after the kill: the load ended too early to show anything", after)
+	}
+	outcomes, causes := p.counts()
+	if outcomes["allow"] != n || causes["allow"] != n {
+		t.Fatalf("outcomes %v causes %v: want every one of %d requests allowed by RateLimitly", outcomes, causes, n)
+	}
+	if got := p.metric(`rl_tproxy_ratelimitly_checks_total{cause="allow"}`); got != n {
+		t.Fatalf("client counted %v allow checks, want %d", got, n)
+	}
+	t.Logf("killed node 0 (%s) after %d of %d requests; outcomes %v", c.nodes[0].ip, atKill, n, outcomes)
+	t.Logf("before the kill: %s", admissionStats(lines[:atKill]))
+	t.Logf("after the kill:  %s", admissionStats(lines[atKill:]))
+}
+
+// (b) All nodes down: every request follows the failure policy. A
+// fail-open proxy admits (200, outcome fail_open), a fail-close proxy
+// answers 429 (outcome fail_close), both with cause timeout and an
+// admission time of at least the horizon (the client waited the whole
+// request policy: 3 × 100ms). When the nodes come back on the same
+// addresses, admissions are allowed again.
+func TestAllNodesDown(t *testing.T) {
+	c := startCluster(t)
+	up := startUpstream(t)
+	type side struct {
+		fail   string
+		status int
+		p      *proxyProc
+	}
+	sides := []*side{{fail: "open", status: 200}, {fail: "close", status: 429}}
+	for _, s := range sides {
+		dir := t.TempDir()
+		creds := writeFile(t, filepath.Join(dir, "credentials.yaml"), credentialYAML(c.cred))
+		pol, listen := writePolicy(t, dir, c, policyOpts{fail: s.fail, unit: "100ms", creds: creds, upstream: up.addr})
+		s.p = startProxy(t, pol, listen, "info", true)
+		if st := load(t, s.p.base+"/api", 20, 4, nil); st[200] != 20 {
+			t.Fatalf("fail %s: warm-up statuses %v", s.fail, st)
+		}
+	}
+	for _, nd := range c.nodes {
+		nd.p.kill()
+	}
+	const horizon = 300.0 // ms: standard policy, unit 100ms
+	const n = 100
+	for _, s := range sides {
+		before := len(accessLines(s.p.proc))
+		s.p.resetCounts()
+		st := load(t, s.p.base+"/api", n, 10, nil)
+		if st[s.status] != n {
+			t.Fatalf("fail %s: statuses %v, want %d × %d", s.fail, st, n, s.status)
+		}
+		waitFor(t, 30*time.Second, "access lines", func() bool { return len(accessLines(s.p.proc)) >= before+n })
+		lines := accessLines(s.p.proc)[before:]
+		for i, l := range lines {
+			if l.Outcome != "fail_"+s.fail || l.Cause != "timeout" || l.Status != s.status {
+				t.Fatalf("fail %s: access line %d: %+v, want outcome fail_%s cause timeout status %d", s.fail, i, l, s.fail, s.status)
+			}
+			if l.AdmissionMs < horizon {
+				t.Fatalf("fail %s: access line %d: admission_ms %.1f < horizon %v: decided before the request policy ran out", s.fail, i, l.AdmissionMs, horizon)
+			}
+		}
+		if got := s.p.metric(`rl_tproxy_requests_total{location="adm",outcome="fail_` + s.fail + `",service="web"}`); got != n {
+			t.Fatalf("fail %s: requests_total fail_%s = %v, want %d", s.fail, s.fail, got, n)
+		}
+		t.Logf("all nodes down, fail %s: %d × %d, %s", s.fail, n, s.status, admissionStats(lines))
+	}
+	// The nodes come back on the same addresses: decisions resume.
+	for i := range c.nodes {
+		c.restart(i)
+	}
+	for _, s := range sides {
+		waitFor(t, 30*time.Second, "an allow after the restart", func() bool {
+			resp, err := http.Get(s.p.base + "/api")
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			_, causes := s.p.counts()
+			return resp.StatusCode == 200 && causes["allow"] > 0
+		})
+		s.p.resetCounts()
+		if st := load(t, s.p.base+"/api", 50, 5, nil); st[200] != 50 {
+			t.Fatalf("fail %s after restart: statuses %v", s.fail, st)
+		}
+		waitFor(t, 30*time.Second, "access lines", func() bool { o, _ := s.p.counts(); return o["allow"] >= 50 })
+		if o, causes := s.p.counts(); o["allow"] != 50 || causes["allow"] != 50 {
+			t.Fatalf("fail %s after restart: outcomes %v causes %v", s.fail, o, causes)
+		}
+	}
+}
+
+// (c) The DNS server stops after start. Refreshes fail (counted in
+// rl_tproxy_ratelimitly_resolve_errors_total), the last-known-good
+// membership stays in use: 3 endpoints, every admission allowed, /readyz
+// still 200.
+func TestDNSStoppedLastKnownGood(t *testing.T) {
+	c := startCluster(t)
+	up := startUpstream(t)
+	dir := t.TempDir()
+	creds := writeFile(t, filepath.Join(dir, "credentials.yaml"), credentialYAML(c.cred))
+	pol, listen := writePolicy(t, dir, c, policyOpts{fail: "close", unit: "100ms", creds: creds, upstream: up.addr})
+	p := startProxy(t, pol, listen, "info", true)
+	if st := load(t, p.base+"/api", 20, 4, nil); st[200] != 20 {
+		t.Fatalf("warm-up statuses %v", st)
+	}
+	queries := c.dns.Queries()
+	c.dns.Close()
+	// SRV and A TTLs are 1s (refresh clamped to 5s); failed lookups retry
+	// from 500ms. Wait for two failed refreshes.
+	waitFor(t, 60*time.Second, "two failed discovery refreshes", func() bool {
+		return p.metric("rl_tproxy_ratelimitly_resolve_errors_total") >= 2
+	})
+	p.resetCounts()
+	const n = 200
+	if st := load(t, p.base+"/api", n, 8, nil); st[200] != n {
+		t.Fatalf("statuses %v, want %d × 200", st, n)
+	}
+	waitFor(t, 30*time.Second, "access lines", func() bool { o, _ := p.counts(); return total2(o) >= n })
+	if o, causes := p.counts(); o["allow"] != n || causes["allow"] != n {
+		t.Fatalf("outcomes %v causes %v: want %d allows from the last-known-good membership", o, causes, n)
+	}
+	body := p.scrape()
+	if got := seriesValue(body, "rl_tproxy_ratelimitly_endpoints"); got != 3 {
+		t.Fatalf("endpoints %v after DNS stopped, want 3 (last known good)", got)
+	}
+	resp, err := http.Get("http://" + p.admin + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("/readyz %d after DNS stopped", resp.StatusCode)
+	}
+	t.Logf("DNS stopped after %d queries; %v resolve errors; %d requests allowed; warnings: %s", queries,
+		seriesValue(body, "rl_tproxy_ratelimitly_resolve_errors_total"), n, firstMatching(p.lines(), "resolve", "discovery", "lookup"))
+}
+
+func total2(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+// firstMatching returns the first non-access line containing any of words.
+func firstMatching(lines []string, words ...string) string {
+	for _, l := range lines {
+		if strings.Contains(l, `"msg":"access"`) {
+			continue
+		}
+		for _, w := range words {
+			if strings.Contains(l, w) && strings.Contains(l, `"level":"WARN"`) {
+				return l
+			}
+		}
+	}
+	return "(none)"
+}
