@@ -1052,3 +1052,46 @@ func TestClientAbortDuringAdmissionWithBody(t *testing.T) {
 		t.Fatal("aborted request reached the upstream")
 	}
 }
+
+func TestLargeBodiesAndCloseDelimited(t *testing.T) {
+	big := strings.Repeat("0123456789abcdef", 20000) // 320 000 bytes: the splice path
+	up := newRawUpstream(t, func(_ int, c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			head, err := readRequestHead(br)
+			if err != nil {
+				return
+			}
+			n, _ := strconv.Atoi(headerOf(head, "Content-Length"))
+			body := make([]byte, n)
+			if _, err := io.ReadFull(br, body); err != nil {
+				return
+			}
+			if strings.HasPrefix(head, "GET /close") {
+				// HTTP/1.0-style close-delimited body.
+				io.WriteString(c, "HTTP/1.1 200 OK\r\n\r\n"+big)
+				return
+			}
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body)+len(big), body)
+			io.WriteString(c, big)
+		}
+	})
+	hook := newTestHook(nil)
+	_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+	c := dialClient(t, addr)
+	c.send(fmt.Sprintf("POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(big), big))
+	r, body := c.resp("POST")
+	if r.StatusCode != 200 || body != big+big || r.Close {
+		t.Fatalf("big: %d len %d close %v", r.StatusCode, len(body), r.Close)
+	}
+	if d := hook.waitDone(t); d.bytesIn != int64(len(big)) || d.bytesOut < int64(2*len(big)) {
+		t.Fatalf("done %+v", d)
+	}
+	c.send("GET /close HTTP/1.1\r\nHost: x\r\n\r\n")
+	r, body = c.resp("GET")
+	if r.StatusCode != 200 || body != big || !r.Close {
+		t.Fatalf("close-delimited: %d len %d close %v", r.StatusCode, len(body), r.Close)
+	}
+	hook.waitDone(t)
+	c.expectClosed()
+}
