@@ -2,10 +2,13 @@ package e2e
 
 import (
 	"fmt"
+	"net/netip"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
 )
 
 // A burst against a 5/m zone with burst 3: three 200s, then 429 with
@@ -108,12 +111,16 @@ func TestGuardTripsAndRecovers(t *testing.T) {
 func TestFailureTable(t *testing.T) {
 	c := startCluster(t)
 	modes := []string{"open", "close", "local"}
-	good, wrongKey, noSRV := map[string]*env{}, map[string]*env{}, map[string]*env{}
+	good, wrongKey, noSRV, bcast := map[string]*env{}, map[string]*env{}, map[string]*env{}, map[string]*env{}
+	// An endpoint the kernel refuses to send to: the limited broadcast
+	// address without SO_BROADCAST (sendto fails with EACCES).
+	c.dns.SetSRV("_bcast._udp.e2e.test.", dnstest.Target{Name: "bcast.e2e.test.", Port: 9, Addrs: []netip.Addr{netip.MustParseAddr("255.255.255.255")}})
 	for _, mode := range modes {
 		good[mode] = newEnv(t, c, policyOpts{fail: mode})
 		bad := newCredential(t, c.cred.KeyID) // same key id, another secret
 		wrongKey[mode] = newEnv(t, c, policyOpts{fail: mode, credentials: writeCredentials(t, t.TempDir(), bad), notReady: true})
 		noSRV[mode] = newEnv(t, c, policyOpts{fail: mode, srv: "_missing._udp.e2e.test.", notReady: true})
+		bcast[mode] = newEnv(t, c, policyOpts{fail: mode, srv: "_bcast._udp.e2e.test."})
 		// Exhaust one key per proxy with valid allows (burst 3).
 		for i := 0; i < 3; i++ {
 			if r := good[mode].get(t, "/api/a", "X-Key: exhausted-"+mode); r.status != 200 {
@@ -137,6 +144,7 @@ func TestFailureTable(t *testing.T) {
 		{"valid allow", good, nil, "/api/a", "fresh", all(200), "allow", "allow", "allow", true},
 		{"valid resource deny", good, nil, "/api/a", "exhausted", all(429), "deny", "deny_resource", "deny", true},
 		{"no usable discovery target", noSRV, nil, "/api/a", "k", failStatus, "-", "no_endpoints", "", false},
+		{"UDP send failure", bcast, nil, "/api/a", "k", failStatus, "-", "send_failure", "", false},
 		{"response timeout", good, &c.dropRequests, "/api/a", "k-timeout", failStatus, "-", "timeout", "", true},
 		// A wrong key fails authentication at the servers, which drop the
 		// datagram: the client sees no valid answer (timeout or protocol).
