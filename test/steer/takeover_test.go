@@ -34,7 +34,7 @@ type load struct {
 	// proxy was reaped (afterKill set): there must be none.
 	lateReset atomic.Int64
 	afterKill atomic.Bool
-	other    atomic.Int64 // anything else (unexpected answer, timeout)
+	other     atomic.Int64 // anything else (unexpected answer, timeout)
 
 	mu      sync.Mutex
 	phase   string   // what the test is doing now
