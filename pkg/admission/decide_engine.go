@@ -178,6 +178,11 @@ func (e *Engine) Decide(ctx context.Context, p *Policy, svc *Service, r *Request
 	fail := p.RateLimitly.Fail
 	if c := Build(loc, r, d); c != CauseAllow {
 		d.Cause = c
+		if len(d.local) != len(loc.Limits) {
+			// A zone's bucket could not be rendered: there is no key to
+			// limit locally either, so fail: local admits like open.
+			d.local = d.local[:0]
+		}
 	} else {
 		e.Checker.Check(ctx, &d.Req, &d.Result)
 		switch {
