@@ -97,7 +97,9 @@ func benchRings(b *testing.B, nodes int) {
 	b.ReportMetric(float64(failed.Load())/float64(b.N), "failed/op")
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
 	lat.report(b)
-	st := c.Stats().Ring
+	cst := c.Stats()
+	b.ReportMetric(float64(cst.Replays)/float64(b.N), "replays/op")
+	st := cst.Ring
 	b.ReportMetric(float64(st.LoopWakes)/float64(b.N), "loopwakes/op")
 	if st.SendBatches > 0 && st.RecvBatches > 0 {
 		b.ReportMetric(float64(st.Sent)/float64(st.SendBatches), "dgrams/sendmmsg")

@@ -339,6 +339,12 @@ func (c *Client) Check(ctx context.Context, req *wire.RateRequest, out *Decision
 	r.cause = CauseNone
 	r.state = statePending
 	c.table.put(r)
+	if c.closed.Load() { // Close ran between the check above and put
+		r.finishLocked(CauseCancelled)
+		r.mu.Unlock()
+		<-r.done
+		return c.finish(r, out)
+	}
 	sent := r.sendRound()
 	if sent == 0 {
 		r.finishLocked(CauseSendFailure)

@@ -478,3 +478,27 @@ func TestCauseStrings(t *testing.T) {
 		}
 	}
 }
+
+func TestCloseEndsChecksInFlight(t *testing.T) {
+	d, nodes := fakeCluster(t, 2)
+	for _, n := range nodes {
+		n.set(func(n *fakeNode) { n.drop = true })
+	}
+	clk := newManualClock(time.Now())
+	c := newTestClient(t, d.Addr(), clientOpts{clock: clk})
+	waitReady(t, c)
+	ch := checkAsync(context.Background(), c, testRequest())
+	waitFor(t, "sent", func() bool { return allCount(nodes, wire.KindRateRequest) == 2 })
+	c.Close()
+	if r := await(t, ch); r.err != ErrCancelled || r.d.Cause != CauseCancelled {
+		t.Fatalf("in flight at close: err %v decision %+v", r.err, r.d)
+	}
+	var dec Decision
+	if err := c.Check(context.Background(), testRequest(), &dec); err != ErrClosed || dec.Cause != CauseNoEndpoints {
+		t.Fatalf("after close: err %v decision %+v", err, dec)
+	}
+	c.Report([]byte("svc"), time.Second) // dropped, no panic
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
