@@ -2,8 +2,10 @@ package steer
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -167,21 +169,31 @@ var wrkRPS = regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`)
 // wrk runs a bounded wrk (-t1) in namespace ns against url and parses its
 // report. closeConn adds Connection: close (one connection per request).
 func (e *env) wrk(ns, url string, conns int, dur string, closeConn bool) wrkResult {
-	t := e.t
-	t.Helper()
+	e.t.Helper()
+	w, err := e.runWrk(ns, url, conns, dur, closeConn)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return w
+}
+
+// runWrk is wrk without the test's Fatal, for use from other goroutines.
+func (e *env) runWrk(ns, url string, conns int, dur string, closeConn bool) (wrkResult, error) {
+	var w wrkResult
 	script := filepath.Join(e.dir, "steer.lua")
 	if err := os.WriteFile(script, []byte(wrkScript), 0o644); err != nil {
-		t.Fatal(err)
+		return w, err
 	}
 	args := []string{"netns", "exec", ns, "wrk", "-t1", fmt.Sprintf("-c%d", conns), "-d" + dur, "--timeout", "10s", "-s", script}
 	if closeConn {
 		args = append(args, "-H", "Connection: close")
 	}
-	out, err := runBounded(t, waitBound, "ip", append(args, url)...)
+	ctx, cancel := context.WithTimeout(context.Background(), waitBound)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "ip", append(args, url)...).CombinedOutput()
 	if err != nil {
-		t.Fatalf("wrk: %v\n%s", err, out)
+		return w, fmt.Errorf("wrk: %w\n%s", err, out)
 	}
-	var w wrkResult
 	found := false
 	sc := bufio.NewScanner(strings.NewReader(string(out)))
 	for sc.Scan() {
@@ -190,7 +202,7 @@ func (e *env) wrk(ns, url string, conns int, dur string, closeConn bool) wrkResu
 			_, err := fmt.Sscanf(l, "STEER requests=%d s200=%d s429=%d other=%d connect=%d read=%d write=%d timeout=%d status=%d",
 				&w.requests, &w.s200, &w.s429, &w.other, &w.connectErrs, &w.readErrs, &w.writeErrs, &w.tmos, &w.nonSuccess)
 			if err != nil {
-				t.Fatalf("wrk summary %q: %v", l, err)
+				return w, fmt.Errorf("wrk summary %q: %w", l, err)
 			}
 			found = true
 		}
@@ -199,9 +211,9 @@ func (e *env) wrk(ns, url string, conns int, dur string, closeConn bool) wrkResu
 		w.reqPerSec, _ = strconv.ParseFloat(m[1], 64)
 	}
 	if !found {
-		t.Fatalf("wrk printed no summary line:\n%s", out)
+		return w, fmt.Errorf("wrk printed no summary line:\n%s", out)
 	}
-	return w
+	return w, nil
 }
 
 // counters runs `rl-tproxy redirect status` in the node namespace and

@@ -170,6 +170,17 @@ func TestKillRestartTakeover(t *testing.T) {
 
 	// 1. kill -9: connections fall through to nginx.
 	noSocket := e.counters()["no_socket"]
+	// wrk adds its own load over the kill and the restart (one
+	// connection per request): its connect errors count refusals.
+	type wrkOut struct {
+		w   wrkResult
+		err error
+	}
+	wrkDone := make(chan wrkOut, 1)
+	go func() {
+		w, err := e.runWrk(e.pair.Client.Name, e.url("/open/wrk"), 2, "6s", true)
+		wrkDone <- wrkOut{w, err}
+	}()
 	l.setPhase("kill -9")
 	first.kill9(t)
 	// Every socket of the killed proxy is closed once it was reaped.
@@ -186,6 +197,14 @@ func TestKillRestartTakeover(t *testing.T) {
 	l.waitMore(t, "proxied", &l.viaProxy, 100)
 	if n := second.countPath("/open/load"); n == 0 {
 		t.Fatal("restarted proxy logged no load requests")
+	}
+	wo := <-wrkDone // bounded by its -d and runWrk's deadline
+	if wo.err != nil {
+		t.Fatal(wo.err)
+	}
+	t.Logf("wrk over the kill -9 and the restart: %+v", wo.w)
+	if wo.w.connectErrs != 0 || wo.w.nonSuccess != 0 || wo.w.other != 0 || wo.w.requests == 0 {
+		t.Errorf("wrk over the kill -9 and the restart: %+v; want no connect errors (refusals) and only 200 answers", wo.w)
 	}
 
 	// 3. Takeover: a third proxy starts while the second runs.
