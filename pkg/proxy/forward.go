@@ -17,6 +17,8 @@ import (
 // before anything was sent or received, so it can be replayed once.
 var errRetry = errors.New("proxy: pooled upstream connection broken")
 
+var continue100 = []byte("HTTP/1.1 100 Continue\r\n\r\n")
+
 // errBodyTooLarge: a chunked request body exceeded Service.MaxBodyBytes.
 var errBodyTooLarge = errors.New("proxy: request body too large")
 
@@ -44,7 +46,7 @@ func (c *conn) forward(cfg *Config, svc *Service, base int) bool {
 		}
 		if h.Expect100 && !bodyless && !c.sent100 {
 			c.nc.SetWriteDeadline(time.Now().Add(svc.idleTimeout()))
-			if _, err := c.nc.Write([]byte("HTTP/1.1 100 Continue\r\n\r\n")); err != nil {
+			if _, err := c.nc.Write(continue100); err != nil {
 				u.close()
 				c.res.ClientAborted = true
 				return false
