@@ -2,6 +2,7 @@ package rlclient
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -500,5 +501,54 @@ func TestCloseEndsChecksInFlight(t *testing.T) {
 	c.Report([]byte("svc"), time.Second) // dropped, no panic
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestFakeCustomPolicySchedule(t *testing.T) {
+	d, nodes := fakeCluster(t, 2)
+	for _, n := range nodes {
+		n.set(func(n *fakeNode) { n.drop = true })
+	}
+	clk := newManualClock(time.Now())
+	ms := time.Millisecond
+	// Unit 10, replays after 10 (gap 5) and after 15 (gap 7) and after 22
+	// (gap 7 again: the last gap repeats), final receive 3: horizon 32.
+	p := RequestPolicy{Name: PolicyCustom, Unit: 10 * ms, ReplayGaps: []time.Duration{5 * ms, 7 * ms}, Replays: 3, FinalReceive: 3 * ms, Completion: true}
+	c := newTestClient(t, d.Addr(), clientOpts{clock: clk, policy: p})
+	waitReady(t, c)
+	if c.Horizon() != 32*ms || c.ttlMs != 32 {
+		t.Fatalf("horizon %v ttl %d", c.Horizon(), c.ttlMs)
+	}
+	ch := checkAsync(context.Background(), c, testRequest())
+	sends := func(n int) func() bool { return func() bool { return allCount(nodes, wire.KindRateRequest) == n } }
+	waitFor(t, "first send", sends(2))
+	steps := []struct {
+		advance time.Duration
+		want    int // requests seen by the nodes after the step
+	}{
+		{9 * ms, 2}, {1 * ms, 4}, // replay 1 at 10
+		{4 * ms, 4}, {1 * ms, 6}, // replay 2 at 15
+		{6 * ms, 6}, {1 * ms, 8}, // replay 3 at 22
+		{6 * ms, 8}, {1 * ms, 8}, // 29: receive only
+	}
+	for i, st := range steps {
+		clk.Advance(st.advance)
+		if st.want != allCount(nodes, wire.KindRateRequest) {
+			waitFor(t, fmt.Sprintf("step %d: %d requests", i, st.want), sends(st.want))
+		}
+		assertPending(t, ch, fmt.Sprintf("step %d", i))
+	}
+	for _, n := range nodes {
+		for k, s := range n.received() {
+			if int(s.attempt) != k || s.replay != (k > 0) {
+				t.Errorf("request %d: attempt %d replay %v", k, s.attempt, s.replay)
+			}
+		}
+	}
+	clk.Advance(2 * ms)
+	assertPending(t, ch, "31ms")
+	clk.Advance(1 * ms)
+	if r := await(t, ch); r.err != ErrTimeout || r.d.Attempts != 4 {
+		t.Fatalf("custom horizon: err %v decision %+v", r.err, r.d)
 	}
 }

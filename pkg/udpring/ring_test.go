@@ -321,3 +321,31 @@ func TestNewRequiresHandler(t *testing.T) {
 		t.Fatal("bind to a non-local address succeeded")
 	}
 }
+
+func TestDualStackAnyBind(t *testing.T) {
+	srv, _ := echoServer(t)
+	got := make(chan uint64, 4)
+	r, err := New(Config{Shards: 1, Handler: func(_ *Socket, pkt []byte, from netip.AddrPort) {
+		if !from.Addr().Is4() {
+			t.Errorf("source %v not unmapped to IPv4", from)
+		}
+		got <- uint64(len(pkt))
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	la := r.LocalAddr(0)
+	if !la.Addr().IsUnspecified() {
+		t.Fatalf("local address %v, want unspecified", la)
+	}
+	if la.Addr().Is4() {
+		t.Skip("no IPv6 on this host: fell back to an IPv4 socket")
+	}
+	if err := r.SendCurrent(0, srv, []byte("hello"), 0); err != nil {
+		t.Fatalf("v4 destination from a dual-stack socket: %v", err)
+	}
+	if n := recvOne(t, got); n != 5 {
+		t.Fatalf("got %d bytes", n)
+	}
+}
