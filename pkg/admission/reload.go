@@ -47,9 +47,10 @@ type Reloader struct {
 	// ReloadError, ReloadUnchanged), the trigger and the number of errors.
 	Observe func(result, trigger string, errs int)
 
-	mu   sync.Mutex
-	sum  [sha256.Size]byte
-	have bool
+	mu       sync.Mutex
+	sum      [sha256.Size]byte
+	have     bool
+	credFile string // credentials file of the policy in force
 }
 
 // Mark records p's files as the content in force (after the initial load),
@@ -57,15 +58,16 @@ type Reloader struct {
 func (r *Reloader) Mark(p *Policy) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if s, err := r.digest(p); err == nil {
+	r.credFile = p.RateLimitly.CredentialsFile
+	if s, err := r.digest(r.credFile); err == nil {
 		r.sum, r.have = s, true
 	}
 }
 
-// digest hashes the policy file and its credentials file.
-func (r *Reloader) digest(p *Policy) ([sha256.Size]byte, error) {
+// digest hashes the policy file and a credentials file.
+func (r *Reloader) digest(credFile string) ([sha256.Size]byte, error) {
 	h := sha256.New()
-	for _, f := range []string{r.Path, p.RateLimitly.CredentialsFile} {
+	for _, f := range []string{r.Path, credFile} {
 		if f == "" {
 			continue
 		}
@@ -103,7 +105,28 @@ func (r *Reloader) Reload(trigger string) error {
 			r.Observe(result, trigger, errs)
 		}
 	}
-	p, err := load(r.Path)
+	// The files can change while they are loaded: hash them before and
+	// after, and only remember content that was stable across the load, so
+	// that a change racing this reload is never mistaken for "unchanged".
+	var (
+		p      *Policy
+		err    error
+		sum    [sha256.Size]byte
+		stable bool
+	)
+	for attempt := 0; attempt < 3 && !stable; attempt++ {
+		pre, preErr := r.digest(r.credFile)
+		p, err = load(r.Path)
+		if err != nil {
+			break
+		}
+		var derr error
+		sum, derr = r.digest(p.RateLimitly.CredentialsFile)
+		stable = preErr == nil && derr == nil && pre == sum && r.credFile == p.RateLimitly.CredentialsFile
+		if !stable && r.credFile != p.RateLimitly.CredentialsFile && preErr == nil && derr == nil {
+			r.credFile = p.RateLimitly.CredentialsFile // hash the new credentials file next time
+		}
+	}
 	if err != nil {
 		n := 1
 		var le *LoadError
@@ -119,8 +142,7 @@ func (r *Reloader) Reload(trigger string) error {
 		observe(ReloadError, n)
 		return err
 	}
-	sum, derr := r.digest(p)
-	if derr == nil && r.have && sum == r.sum {
+	if stable && r.have && sum == r.sum {
 		log.Debug("policy unchanged", "trigger", trigger, "file", r.Path)
 		observe(ReloadUnchanged, 0)
 		return nil
@@ -131,9 +153,8 @@ func (r *Reloader) Reload(trigger string) error {
 		observe(ReloadError, 1)
 		return fmt.Errorf("apply policy %s: %w", r.Path, err)
 	}
-	if derr == nil {
-		r.sum, r.have = sum, true
-	}
+	r.credFile = p.RateLimitly.CredentialsFile
+	r.sum, r.have = sum, stable
 	log.Info("policy reloaded", "trigger", trigger, "file", r.Path, "summary", p.Summary())
 	observe(ReloadSuccess, 0)
 	return nil

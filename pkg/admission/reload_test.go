@@ -60,6 +60,24 @@ func (a *applied) wait(t *testing.T) uint32 {
 	}
 }
 
+// waitFor waits (bounded) until rate want is applied. A reload that raced
+// a change may first re-apply the content it read (harmless: the next
+// event applies the new one), so other values in between are skipped.
+func (a *applied) waitFor(t *testing.T, want uint32) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case r := <-a.ch:
+			if r == want {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("rate %d never applied within 10s", want)
+		}
+	}
+}
+
 type syncBuf struct {
 	mu sync.Mutex
 	b  bytes.Buffer
@@ -185,9 +203,7 @@ func TestWatchFileAndConfigMapSwap(t *testing.T) {
 	if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
 		t.Fatal(err)
 	}
-	if got := a.wait(t); got != 30 {
-		t.Fatalf("after ConfigMap swap: rate %d, want 30", got)
-	}
+	a.waitFor(t, 30)
 
 	// Plain file: replace the symlink by a file (rename), then rewrite it.
 	tmp := filepath.Join(dir, "policy.yaml.tmp")
@@ -197,15 +213,11 @@ func TestWatchFileAndConfigMapSwap(t *testing.T) {
 	if err := os.Rename(tmp, path); err != nil {
 		t.Fatal(err)
 	}
-	if got := a.wait(t); got != 40 {
-		t.Fatalf("after rename: rate %d, want 40", got)
-	}
+	a.waitFor(t, 40)
 	if err := os.WriteFile(path, []byte(reloadPolicy("50/s")), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if got := a.wait(t); got != 50 {
-		t.Fatalf("after rewrite: rate %d, want 50", got)
-	}
+	a.waitFor(t, 50)
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -257,5 +269,43 @@ func TestRelevantEvents(t *testing.T) {
 		if got := relevant(c.b, names); got != c.want {
 			t.Errorf("%x: %v, want %v", c.b, got, c.want)
 		}
+	}
+}
+
+// A change that lands while a reload is loading the file is not mistaken
+// for "unchanged" later: the reload retries until it read stable content.
+func TestReloadRacingChange(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(path, []byte(reloadPolicy("10/s")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newApplied()
+	raced := false
+	r := &Reloader{Path: path, Apply: a.apply, Load: func(path string) (*Policy, error) {
+		p, err := Load(path)
+		if !raced {
+			raced = true // the file changes right after it was read
+			if werr := os.WriteFile(path, []byte(reloadPolicy("20/s")), 0o644); werr != nil {
+				t.Fatal(werr)
+			}
+		}
+		return p, err
+	}}
+	r.Mark(p)
+	if err := r.Reload(TriggerFile); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.wait(t); got != 20 {
+		t.Fatalf("applied %d, want 20 (the content after the race)", got)
+	}
+	var res string
+	r.Observe = func(result, _ string, _ int) { res = result }
+	if err := r.Reload(TriggerFile); err != nil || res != ReloadUnchanged {
+		t.Fatalf("second reload: %v %q", err, res)
 	}
 }
