@@ -552,3 +552,26 @@ func TestFakeCustomPolicySchedule(t *testing.T) {
 		t.Fatalf("custom horizon: err %v decision %+v", r.err, r.d)
 	}
 }
+
+func TestFakeAnswerOnAnotherShardSocket(t *testing.T) {
+	d, nodes := fakeCluster(t, 2)
+	c := newTestClient(t, d.Addr(), clientOpts{shards: 2})
+	waitReady(t, c)
+	// Every answer goes to shard 1's socket, whichever shard sent.
+	for _, n := range nodes {
+		n.set(func(n *fakeNode) { n.replyTo = c.ring.LocalAddr(1) })
+	}
+	var dec Decision
+	for i := 0; i < 10; i++ {
+		if err := c.Check(context.Background(), testRequest(), &dec); err != nil || !dec.Cause.Decided() {
+			t.Fatalf("check %d: err %v decision %+v", i, err, dec)
+		}
+	}
+	sentFrom := map[uint16]bool{}
+	for _, s := range nodes[0].received() {
+		sentFrom[s.from.Port()] = true
+	}
+	if len(sentFrom) != 2 {
+		t.Errorf("requests came from ports %v, want both shards", sentFrom)
+	}
+}

@@ -69,6 +69,7 @@ type fakeNode struct {
 	steer       bool
 	extraGuards int
 	status      uint8
+	replyTo     netip.AddrPort // answer here instead of to the sender (if set)
 	seen        []seenDgram
 	notify      chan struct{}
 }
@@ -139,6 +140,9 @@ func (n *fakeNode) serve() {
 		}
 		n.seen = append(n.seen, s)
 		drop, deny, steer, extra, status := n.drop, n.deny, n.steer, n.extraGuards, n.status
+		if n.replyTo.IsValid() {
+			from = n.replyTo
+		}
 		n.mu.Unlock()
 		select {
 		case n.notify <- struct{}{}:
