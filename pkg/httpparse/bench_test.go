@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"net/http"
+	"strings"
 	"testing"
 )
 
@@ -185,4 +186,32 @@ func TestZeroAllocs(t *testing.T) {
 	}); n != 0 {
 		t.Errorf("ChunkedDecoder: %v allocs/op", n)
 	}
+}
+
+// BenchmarkByteByByte is the worst case of a client that sends one byte per
+// segment: Parse runs once per byte of the browser-like GET (555 calls per
+// op), as a proxy calling Parse after every read would.
+func BenchmarkByteByByte(b *testing.B) {
+	b.Run("BrowserGET", func(b *testing.B) { benchByteByByte(b, []byte(benchBrowserGET)) })
+	// 2 KiB of 6-byte field lines: many lines per byte fed.
+	b.Run("ShortLines2KiB", func(b *testing.B) {
+		benchByteByByte(b, []byte(req("GET / HTTP/1.1", append([]string{"Host: a"}, strings.Split(strings.Repeat("A: b\n", 90), "\n")[:90]...)...)))
+	})
+}
+
+func benchByteByByte(b *testing.B, buf []byte) {
+	var r Request
+	b.ReportAllocs()
+	measureCPU(b, func() {
+		for b.Loop() {
+			for i := 1; i < len(buf); i++ {
+				if err := r.Parse(buf[:i], Limits{}); err != ErrNeedMore {
+					b.Fatal(err)
+				}
+			}
+			if err := r.Parse(buf, Limits{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

@@ -142,6 +142,11 @@ func (d *ChunkedDecoder) Decode(src []byte) (n int, data []byte, err error) {
 			}
 		case stTrailer:
 			lim := d.Limits.norm()
+			rest := src[n:]
+			if len(rest) < lim.MaxHeaderBytes && !(len(rest) > 0 && rest[0] == '\n' ||
+				len(rest) > 1 && rest[0] == '\r' && rest[1] == '\n' || headEnded(rest)) {
+				return n, nil, ErrNeedMore // trailer section incomplete: validate once complete
+			}
 			d.Trailers = d.Trailers[:0]
 			k, err := parseFields(src[n:], 0, lim, &d.Trailers, nil, false, 1)
 			if err != nil {

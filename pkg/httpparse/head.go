@@ -130,6 +130,38 @@ func startLine(buf []byte, max int) ([]byte, int, error) {
 	return buf[:lf-1], lf + 1, nil
 }
 
+// headEnded reports whether buf holds a line terminator followed by an empty
+// line ("\n\r\n" or "\n\n"), i.e. whether a head that starts at buf[0]
+// might be complete. It is the cheap test that lets Parse answer ErrNeedMore
+// without validating anything when it is called after every read; full
+// validation runs once the head is complete or a limit is reached.
+func headEnded(buf []byte) bool {
+	i := 0
+	for {
+		k := bytes.IndexByte(buf[i:], '\n')
+		if k < 0 {
+			return false
+		}
+		i += k + 1
+		if i < len(buf) && buf[i] == '\n' || i+1 < len(buf) && buf[i] == '\r' && buf[i+1] == '\n' {
+			return true
+		}
+	}
+}
+
+// needMore is the fast path shared by Request.Parse and Response.Parse: an
+// incomplete head within MaxHeaderBytes is ErrNeedMore unless its start line
+// already exceeds its limit (errStart).
+func needMore(buf []byte, lim Limits, errStart error) error {
+	if len(buf) >= lim.MaxHeaderBytes || headEnded(buf) {
+		return nil
+	}
+	if _, _, err := startLine(buf, lim.MaxRequestLine); err == ErrRequestLineTooLong {
+		return errStart
+	}
+	return ErrNeedMore
+}
+
 // parseVersion parses exactly "HTTP/1.0" or "HTTP/1.1" and returns the minor.
 func parseVersion(v []byte) (int, error) {
 	if len(v) != 8 || v[0] != 'H' || v[1] != 'T' || v[2] != 'T' || v[3] != 'P' || v[4] != '/' ||

@@ -52,12 +52,17 @@ func (r *Request) BodyMode() BodyMode {
 
 // Parse parses the request head at the start of buf. It returns nil when a
 // complete head was parsed (r.HeadLen bytes), ErrNeedMore when buf holds an
-// incomplete but so far acceptable head, or an *Error. Limits are enforced
-// on incomplete input, so a caller growing its buffer never exceeds them.
+// incomplete head, or an *Error. Limits are enforced on incomplete input,
+// so a caller growing its buffer never exceeds them. While the head is
+// incomplete and within limits Parse only scans for its end (cheap to call
+// after every read); rule violations are reported once the head is complete.
 // Steady-state Parse does not allocate.
 func (r *Request) Parse(buf []byte, lim Limits) error {
 	lim = lim.norm()
 	r.Reset()
+	if err := needMore(buf, lim, ErrRequestLineTooLong); err != nil {
+		return err
+	}
 	line, pos, err := startLine(buf, lim.MaxRequestLine)
 	if err != nil {
 		return err

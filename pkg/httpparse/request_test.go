@@ -301,3 +301,24 @@ func TestInvalidValueByte(t *testing.T) {
 		}
 	}
 }
+
+// TestIncompleteHeadDefersRules: while a head is incomplete and within its
+// limits Parse only looks for the end of the head; the violation is
+// reported once the head is complete (or a limit is reached).
+func TestIncompleteHeadDefersRules(t *testing.T) {
+	var r Request
+	partial := "GET / HTTP/1.1\r\nHost: a\r\nX\x00: y\r\n"
+	if err := r.Parse([]byte(partial), Limits{}); err != ErrNeedMore {
+		t.Fatalf("partial: %v", err)
+	}
+	if err := r.Parse([]byte(partial+"\r\n"), Limits{}); err != ErrNUL {
+		t.Fatalf("complete: %v", err)
+	}
+	if err := r.Parse([]byte(partial+strings.Repeat("Y: z\r\n", 30)), Limits{MaxHeaderBytes: 128}); err != ErrNUL {
+		t.Fatalf("over the limit, earlier violation first: %v", err)
+	}
+	var d ChunkedDecoder
+	if _, _, err := d.Decode([]byte("0\r\nA\x00: 1\r\n")); err != ErrNeedMore {
+		t.Fatalf("partial trailers: %v", err)
+	}
+}

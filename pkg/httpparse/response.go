@@ -43,6 +43,9 @@ func (r *Response) Informational() bool { return r.Status >= 100 && r.Status < 2
 func (r *Response) Parse(buf []byte, lim Limits, reqMethod []byte) error {
 	lim = lim.norm()
 	r.Reset()
+	if err := needMore(buf, lim, ErrStatusLineTooLong); err != nil {
+		return err
+	}
 	line, pos, err := startLine(buf, lim.MaxRequestLine)
 	if err == ErrRequestLineTooLong {
 		return ErrStatusLineTooLong
