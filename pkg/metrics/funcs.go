@@ -108,8 +108,8 @@ func (m *Metrics) sources() *sources {
 			client: &statsCollector{descs: []*prometheus.Desc{descClientReady, descClientEndpoints, descClientSent, descClientRecv,
 				descClientDropped, descClientBatches, descClientRebinds, descClientReports, descClientCompl, descClientReplays,
 				descClientCauses, descClientResolve}},
-			server:   &statsCollector{descs: []*prometheus.Desc{descSrvRequests, descSrvAllows, descSrvDenies, descSrvReports, descSrvCompl, descSrvDropped}},
-			proxy:    &statsCollector{descs: []*prometheus.Desc{descOpenConns, descProxyRequests}},
+			server: &statsCollector{descs: []*prometheus.Desc{descSrvRequests, descSrvAllows, descSrvDenies, descSrvReports, descSrvCompl, descSrvDropped}},
+			proxy:  &statsCollector{descs: []*prometheus.Desc{descOpenConns, descProxyRequests}},
 		}
 		m.Registry.MustRegister(m.src.client, m.src.server, m.src.proxy)
 	}
