@@ -149,12 +149,14 @@ func headEnded(buf []byte) bool {
 	}
 }
 
+var crlfcrlf = []byte("\r\n\r\n")
+
 // needMore is the fast path shared by Request.Parse and Response.Parse: an
 // incomplete head within MaxHeaderBytes is ErrNeedMore unless its start line
 // already exceeds its limit (errStart).
 func needMore(buf []byte, lim Limits, errStart error) error {
-	if len(buf) >= lim.MaxHeaderBytes || headEnded(buf) {
-		return nil
+	if len(buf) >= lim.MaxHeaderBytes || bytes.HasSuffix(buf, crlfcrlf) || headEnded(buf) {
+		return nil // complete (the common case: nothing after the head) or at the limit
 	}
 	if _, _, err := startLine(buf, lim.MaxRequestLine); err == ErrRequestLineTooLong {
 		return errStart
