@@ -215,7 +215,10 @@ func startRuntime(parent context.Context, pol *admission.Policy, opts runOptions
 	if err != nil {
 		return nil, fmt.Errorf("proxy: %w", err)
 	}
-	rt.m.SetProxyStats(func() metrics.ProxyStats { return metrics.ProxyStats{OpenConnections: int64(rt.proxy.Stats().Conns)} })
+	rt.m.SetProxyStats(func() metrics.ProxyStats {
+		st := rt.proxy.Stats()
+		return metrics.ProxyStats{OpenConnections: int64(st.Conns), UpstreamIdle: int64(st.UpstreamIdle)}
+	})
 	if err := rt.syncListeners(ctx, pol); err != nil {
 		return nil, err
 	}

@@ -34,7 +34,7 @@ type ServerStats struct {
 // ProxyStats is what the data path reports at scrape time.
 type ProxyStats struct {
 	OpenConnections int64
-	Requests        uint64
+	UpstreamIdle    int64 // idle pooled upstream connections
 }
 
 // statsCollector is a collector computed from a callback at scrape time.
@@ -91,7 +91,7 @@ var (
 	descSrvDropped  = desc("embedded_server_dropped_total", "Datagrams dropped by the embedded RateLimitly server, by reason.", "reason")
 
 	descOpenConns     = desc("open_connections", "Client connections currently open on the proxy.")
-	descProxyRequests = desc("proxy_requests_total", "HTTP requests read by the proxy (including those rejected before admission).")
+	descUpstreamIdle  = desc("upstream_idle_connections", "Idle pooled keep-alive connections to upstreams.")
 )
 
 // Sources are the scrape-time collectors; set their callbacks with the
@@ -109,7 +109,7 @@ func (m *Metrics) sources() *sources {
 				descClientDropped, descClientBatches, descClientRebinds, descClientReports, descClientCompl, descClientReplays,
 				descClientCauses, descClientResolve}},
 			server: &statsCollector{descs: []*prometheus.Desc{descSrvRequests, descSrvAllows, descSrvDenies, descSrvReports, descSrvCompl, descSrvDropped}},
-			proxy:  &statsCollector{descs: []*prometheus.Desc{descOpenConns, descProxyRequests}},
+			proxy:  &statsCollector{descs: []*prometheus.Desc{descOpenConns, descUpstreamIdle}},
 		}
 		m.Registry.MustRegister(m.src.client, m.src.server, m.src.proxy)
 	}
@@ -193,7 +193,7 @@ func (m *Metrics) SetProxyStats(fn func() ProxyStats) {
 	m.sources().proxy.set(func(ch chan<- prometheus.Metric) {
 		s := fn()
 		gauge(ch, descOpenConns, float64(s.OpenConnections))
-		counter(ch, descProxyRequests, s.Requests)
+		gauge(ch, descUpstreamIdle, float64(s.UpstreamIdle))
 	})
 }
 

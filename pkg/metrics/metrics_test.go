@@ -38,7 +38,7 @@ func populated(t *testing.T) *Metrics {
 	m.SetServerStats(func() ServerStats {
 		return ServerStats{Requests: 4, Allows: 3, Denies: 1, Dropped: map[string]uint64{"auth": 1}}
 	})
-	m.SetProxyStats(func() ProxyStats { return ProxyStats{OpenConnections: 2, Requests: 11} })
+	m.SetProxyStats(func() ProxyStats { return ProxyStats{OpenConnections: 2, UpstreamIdle: 11} })
 	return m
 }
 
