@@ -90,8 +90,8 @@ var (
 	descSrvCompl    = desc("embedded_server_completions_total", "Completions received by the embedded RateLimitly server.")
 	descSrvDropped  = desc("embedded_server_dropped_total", "Datagrams dropped by the embedded RateLimitly server, by reason.", "reason")
 
-	descOpenConns     = desc("open_connections", "Client connections currently open on the proxy.")
-	descUpstreamIdle  = desc("upstream_idle_connections", "Idle pooled keep-alive connections to upstreams.")
+	descOpenConns    = desc("open_connections", "Client connections currently open on the proxy.")
+	descUpstreamIdle = desc("upstream_idle_connections", "Idle pooled keep-alive connections to upstreams.")
 )
 
 // Sources are the scrape-time collectors; set their callbacks with the
