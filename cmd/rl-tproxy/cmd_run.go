@@ -408,22 +408,40 @@ func (rt *product) apply(p *admission.Policy) error {
 	if (steeredPorts(p) != nil) != (rt.redirect != nil) {
 		return errors.New("switching between listener mode and steered (port:) services needs a restart")
 	}
+	// Everything that can fail happens before anything is swapped: the
+	// proxy configuration is validated and new listeners are opened first.
+	cfg := *rt.proxy.Config()
+	cfg.Services = gate.ProxyServices(p)
+	if _, err := proxy.New(cfg); err != nil {
+		return fmt.Errorf("proxy configuration: %w", err)
+	}
+	opened, err := rt.openListeners(context.Background(), p)
+	if err != nil {
+		return err
+	}
 	if err := rt.setClient(p); err != nil {
+		closeAll(opened)
 		return err
 	}
 	rt.gate.Swap(p)
-	cfg := *rt.proxy.Config()
-	cfg.Services = gate.ProxyServices(p)
 	if err := rt.proxy.Update(cfg); err != nil {
-		return fmt.Errorf("proxy update: %w", err)
+		// Validated above; if it still fails the gate already uses p.
+		rt.log.Error("proxy update after validation failed", "error", err.Error())
 	}
 	if rt.redirect != nil {
 		if err := rt.redirect.Reload(redirectConfig(p)); err != nil {
-			return fmt.Errorf("redirect reload: %w", err)
+			rt.log.Error("redirect reload failed; steering keeps the previous ports", "error", err.Error())
 		}
 	}
 	rt.pol = p
-	return rt.syncListenersLocked(context.Background(), p)
+	rt.commitListeners(p, opened)
+	return nil
+}
+
+func closeAll(ls map[string]*listener) {
+	for _, l := range ls {
+		l.ln.Close()
+	}
 }
 
 // steeredPorts lists the policy's steered ports (nil when none).
@@ -522,53 +540,82 @@ func (rt *product) serveSteered(ctx context.Context) error {
 func (rt *product) syncListeners(ctx context.Context, p *admission.Policy) error {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	return rt.syncListenersLocked(ctx, p)
+	opened, err := rt.openListeners(ctx, p)
+	if err != nil {
+		return err
+	}
+	rt.commitListeners(p, opened)
+	return nil
 }
 
-// syncListenersLocked opens listener-mode addresses that are new in p and
-// closes those p no longer has (their in-flight requests finish).
-func (rt *product) syncListenersLocked(ctx context.Context, p *admission.Policy) error {
+// wantListeners maps each listener-mode address of p to its service.
+func wantListeners(p *admission.Policy) map[string]string {
 	want := map[string]string{}
 	for _, s := range p.Services {
 		for _, a := range s.Listen {
 			want[a.String()] = s.Name
 		}
 	}
-	for addr, l := range rt.listeners {
-		if svc, ok := want[addr]; !ok || svc != l.svc {
-			l.closed = true
-			l.ln.Close()
-			delete(rt.listeners, addr)
-			rt.log.Info("listener closed", "addr", addr, "service", l.svc)
-		}
-	}
-	svcs := map[string]*proxy.Service{}
-	for _, s := range rt.proxy.Config().Services {
-		svcs[s.Name] = s
-	}
+	return want
+}
+
+// openListeners opens the listener-mode addresses of p that are not open
+// yet (or belong to another service now); on error it closes what it
+// opened.
+func (rt *product) openListeners(ctx context.Context, p *admission.Policy) (map[string]*listener, error) {
+	want := wantListeners(p)
 	addrs := make([]string, 0, len(want))
 	for a := range want {
 		addrs = append(addrs, a)
 	}
 	sort.Strings(addrs)
+	opened := map[string]*listener{}
 	for _, addr := range addrs {
-		if _, ok := rt.listeners[addr]; ok {
+		if l, ok := rt.listeners[addr]; ok && l.svc == want[addr] {
 			continue
 		}
-		name := want[addr]
+		if _, ok := rt.listeners[addr]; ok {
+			continue // same address, other service: reused below
+		}
 		ln, err := proxy.Listen(ctx, addr)
 		if err != nil {
-			return fmt.Errorf("service %s: listen %s: %w", name, addr, err)
+			closeAll(opened)
+			return nil, fmt.Errorf("service %s: listen %s: %w", want[addr], addr, err)
 		}
-		l := &listener{ln: ln, svc: name}
+		opened[addr] = &listener{ln: ln, svc: want[addr]}
+	}
+	return opened, nil
+}
+
+// commitListeners serves the newly opened listeners and closes those p no
+// longer has (their in-flight requests finish). A listener whose address
+// moved to another service keeps its socket: Serve picks the service by
+// name per connection, so it is restarted for the new name.
+func (rt *product) commitListeners(p *admission.Policy, opened map[string]*listener) {
+	want := wantListeners(p)
+	svcs := map[string]*proxy.Service{}
+	for _, s := range rt.proxy.Config().Services {
+		svcs[s.Name] = s
+	}
+	for addr, l := range rt.listeners {
+		if _, ok := want[addr]; !ok {
+			l.closed = true
+			l.ln.Close()
+			delete(rt.listeners, addr)
+			rt.log.Info("listener closed", "addr", addr, "service", l.svc)
+		} else if l.svc != want[addr] {
+			rt.log.Warn("listen address moved to another service; its connections use the old service until restart", "addr", addr, "old", l.svc, "new", want[addr])
+		}
+	}
+	for addr, l := range opened {
 		rt.listeners[addr] = l
-		rt.log.Info("listening", "service", name, "addr", ln.Addr().String(), "upstream", svcs[name].Upstream)
+		svc := svcs[l.svc]
+		rt.log.Info("listening", "service", l.svc, "addr", l.ln.Addr().String(), "upstream", svc.Upstream)
 		go func() {
-			err := rt.proxy.Serve(ln, svcs[name])
+			err := rt.proxy.Serve(l.ln, svc)
 			rt.serveEnded("listener "+addr, err, l)
 		}()
 	}
-	return nil
 }
 
 // serveEnded turns an unexpected end of a Serve loop into a runtime

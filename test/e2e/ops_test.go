@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -350,5 +351,44 @@ func TestDemoNoWait(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("demo output:\n%s", out)
+	}
+}
+
+// A reload that moves the listen address opens the new one and closes the
+// old one; a reload whose new address cannot be opened is rejected as a
+// whole and the old address keeps serving.
+func TestReloadMovesListener(t *testing.T) {
+	e := newEnv(t, nil, policyOpts{})
+	oldBase := e.p.base
+	o := e.opts
+	o.listen = freeAddr(t)
+	writePolicy(t, e.dir, e.c, o)
+	e.p.signal(syscall.SIGHUP)
+	waitFor(t, "reload", func() bool { return e.p.metric(`rl_tproxy_policy_generation`) == 2 })
+	if r := curl(t, "http://"+o.listen+"/api/x", "-H", "X-Key: moved"); r.status != 200 {
+		t.Fatalf("new address: %d", r.status)
+	}
+	if out, err := exec.Command("curl", "-s", "-o", "/dev/null", "--max-time", "5", oldBase+"/api/x").CombinedOutput(); err == nil {
+		t.Fatalf("old address still serves: %s", out)
+	}
+	// Occupy an address, then ask for it: the reload is rejected.
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	o2 := o
+	o2.listen = busy.Addr().String()
+	o2.rate = "1/m"
+	writePolicy(t, e.dir, e.c, o2)
+	e.p.signal(syscall.SIGHUP)
+	waitFor(t, "rejected reload", func() bool {
+		return e.p.metric(`rl_tproxy_policy_reloads_total{result="error",trigger="signal"}`) == 1
+	})
+	if v := e.p.metric(`rl_tproxy_policy_generation`); v != 2 {
+		t.Fatalf("generation %v after a rejected reload", v)
+	}
+	if r := curl(t, "http://"+o.listen+"/api/x", "-H", "X-Key: moved"); r.status != 200 || r.header.Get("RateLimit-Policy") != "" {
+		t.Fatalf("after the rejected reload: %d", r.status)
 	}
 }
