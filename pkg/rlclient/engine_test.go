@@ -364,13 +364,18 @@ func TestFakeCancelRetires(t *testing.T) {
 	if st := c.Stats(); st.InFlight != 0 {
 		t.Errorf("in flight %d", st.InFlight)
 	}
-	// Its deadlines pass without effect, and a late answer finds nothing.
-	clk.Advance(c.Horizon())
-	nodes[0].set(func(n *fakeNode) { n.drop = false })
-	rs := nodes[0].received()
-	_ = rs
-	if n := allCount(nodes, wire.KindRateRequest); n != 2 {
-		t.Errorf("cancelled request was replayed: %d requests", n)
+	// Retired synchronously: no deadline left in any shard's timer heap and
+	// nothing in the request table, so no timer can fire for it later.
+	for _, es := range c.shards {
+		es.mu.Lock()
+		n := len(es.heap)
+		es.mu.Unlock()
+		if n != 0 {
+			t.Errorf("shard %d still holds %d deadlines", es.idx, n)
+		}
+	}
+	if c.table.get(nodes[0].received()[0].id) != nil {
+		t.Error("cancelled request still in the table")
 	}
 	// Already-cancelled context: no send at all.
 	var dec Decision
