@@ -6,6 +6,7 @@ package gate
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -247,6 +248,9 @@ func (g *Gate) Done(r *proxy.Request, d *proxy.Decision, res *proxy.Result) {
 			g.warnLocal(dec.Cause)
 		}
 	}
+	if st.gen != nil && st.gen.pol.RateLimitly.Debug && dec.Location != nil && dec.Location.Protected() {
+		g.logDecision(st)
+	}
 	g.logAccess(r, d, res, st, outcome, reported)
 	g.release(st.ref)
 	st.ref, st.gen, st.info = nil, nil, nil
@@ -266,6 +270,43 @@ func (g *Gate) warnLocal(c admission.Cause) {
 		return
 	}
 	g.log.Warn("RateLimitly unusable: deciding with the local token buckets of this node (fail: local)", "cause", c.String())
+}
+
+// logDecision is the debug decision log (`ratelimitly: {debug: true}` and
+// --log-level debug): what was asked and what RateLimitly answered.
+func (g *Gate) logDecision(st *state) {
+	if !g.log.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	dec := &st.dec
+	attrs := []slog.Attr{
+		slog.String("service", st.svc), slog.String("location", st.info.name),
+		slog.String("verdict", dec.Verdict.String()), slog.String("cause", dec.Cause.String()),
+		slog.String("label", string(dec.Req.Label)),
+	}
+	for i, rs := range dec.Req.Resources {
+		a := []any{slog.String("bucket", string(rs.Bucket)), slog.Uint64("rate", uint64(rs.Rate)), slog.Uint64("period_ms", uint64(rs.PeriodMs)), slog.Uint64("burst", uint64(rs.Burst))}
+		if dec.Result.Valid && i < len(dec.Result.Resp.Resources) {
+			rr := dec.Result.Resp.Resources[i]
+			a = append(a, slog.Uint64("remaining", uint64(rr.Remaining)), slog.Uint64("tokens_deficit", uint64(rr.TokensDeficit)), slog.Uint64("retry_after_ms", uint64(rr.RetryAfterMs)))
+		}
+		attrs = append(attrs, slog.Group(fmt.Sprintf("resource%d", i), a...))
+	}
+	for i, gd := range dec.Req.Guards {
+		a := []any{slog.String("service", string(gd.Service)), slog.Uint64("threshold_ms", uint64(gd.ThresholdMs))}
+		if dec.Result.Valid && i < len(dec.Result.Resp.Guards) {
+			gr := dec.Result.Resp.Guards[i]
+			a = append(a, slog.Bool("passed", gr.Passed), slog.Uint64("observed_ms", uint64(gr.ObservedMs)))
+		}
+		attrs = append(attrs, slog.Group(fmt.Sprintf("guard%d", i), a...))
+	}
+	if dec.Result.Valid {
+		attrs = append(attrs, slog.Uint64("server_epoch", dec.Result.Resp.ServerEpoch))
+	}
+	if dec.Local {
+		attrs = append(attrs, slog.Bool("local_allowed", dec.LocalAllowed))
+	}
+	g.log.LogAttrs(context.Background(), slog.LevelDebug, "decision", attrs...)
 }
 
 func (g *Gate) logAccess(r *proxy.Request, d *proxy.Decision, res *proxy.Result, st *state, outcome admission.Outcome, reported bool) {

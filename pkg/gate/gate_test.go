@@ -539,3 +539,23 @@ func TestLocalFallbackLogsAndCounts(t *testing.T) {
 		t.Fatalf("local fallback counters %v", got)
 	}
 }
+
+// `debug: true` logs each decision at debug level; without it nothing.
+func TestDebugDecisionLog(t *testing.T) {
+	for _, debug := range []bool{false, true} {
+		g, r := quietGate(t, "close", denyResource)
+		var buf lockedBuf
+		g.log = slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		p, _ := g.Policy()
+		cp := *p
+		cp.RateLimitly.Debug = debug
+		g.Swap(&cp)
+		d := g.Admit(context.Background(), r)
+		g.Done(r, &d, &proxy.Result{Status: d.Status, End: time.Now()})
+		out := buf.String()
+		has := strings.Contains(out, `"msg":"decision"`) && strings.Contains(out, `"bucket":"k:alice"`) && strings.Contains(out, `"retry_after_ms":2100`)
+		if has != debug {
+			t.Fatalf("debug %v: decision log %q", debug, out)
+		}
+	}
+}
