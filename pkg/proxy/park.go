@@ -22,7 +22,7 @@ import (
 const stateParked int32 = 3
 
 // DefaultParkIdleAfter is the idle time after which a connection parks.
-const DefaultParkIdleAfter = 50 * time.Millisecond
+const DefaultParkIdleAfter = time.Second
 
 type parker struct {
 	mu      sync.Mutex

@@ -164,7 +164,11 @@ func (us *upstreams) get(cfg *Config, addr string, timeout time.Duration, fresh 
 			p.idle[n-1] = nil
 			p.idle = p.idle[:n-1]
 			p.mu.Unlock()
-			if now.Sub(u.idleSince) < idleTimeout && u.stillHealthy() {
+			idle := now.Sub(u.idleSince)
+			// Peek at connections idle long enough for the upstream to
+			// have closed them; fresher ones are trusted (saves a syscall
+			// per request under load; the retry-once rule covers the race).
+			if idle < idleTimeout && (idle < healthCheckAfter || u.stillHealthy()) {
 				u.reused = true
 				return u, nil
 			}
@@ -188,6 +192,10 @@ func (us *upstreams) get(cfg *Config, addr string, timeout time.Duration, fresh 
 }
 
 var defaultDialer = &net.Dialer{KeepAlive: 30 * time.Second}
+
+// healthCheckAfter is the idle time from which a pooled connection is
+// checked (non-blocking peek) before reuse.
+const healthCheckAfter = time.Second
 
 // put returns u to its pool, or closes it when it cannot be reused.
 func (us *upstreams) put(cfg *Config, u *upConn) {

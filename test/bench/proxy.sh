@@ -6,8 +6,11 @@
 # Servers (backend, proxy) run on CPU $SERVER_CPU (nginx: 1 worker each;
 # Go: GOMAXPROCS=1), wrk on CPU $CLIENT_CPU. Rounds alternate a,b,c to
 # spread machine noise; the median req/s per setup is reported with the
-# ratio c/b. Then memory per idle keep-alive connection: $IDLE_CONNS idle
-# connections (one request each) against (b) and (c), RSS delta / N.
+# ratio c/b, and the median CPU time the measured server process (the proxy
+# alone for b and c) spent per request, which a shared machine disturbs far
+# less than throughput. Then memory per idle keep-alive connection:
+# $IDLE_CONNS idle connections (one request each) against (b) and (c),
+# RSS delta / N.
 #
 # Usage: test/bench/proxy.sh            (env: DURATION=5s CONNS=50 ROUNDS=3
 #                                        IDLE_CONNS=10000 SERVER_CPU=0 CLIENT_CPU=1)
@@ -88,7 +91,7 @@ go build -trimpath -o "$work/proxy" ./test/bench/proxy/proxy
 go build -trimpath -o "$work/idleconns" ./test/bench/proxy/idleconns
 
 taskset -c "$SERVER_CPU" nginx -p "$work/backend" -c "$work/backend/nginx.conf" -e "$work/backend/error.log" &
-pids+=($!)
+BACKPID=$!; pids+=($!)
 taskset -c "$SERVER_CPU" nginx -p "$work/nproxy" -c "$work/nproxy/nginx.conf" -e "$work/nproxy/error.log" &
 NGXPID=$!; pids+=($!)
 GOMAXPROCS=1 taskset -c "$SERVER_CPU" "$work/proxy" -listen "127.0.0.1:$GOPROXY" -upstream "127.0.0.1:$BACKEND" &
@@ -100,28 +103,47 @@ for port in "$BACKEND" "$NGXPROXY" "$GOPROXY"; do
   [ "$code" = 200 ] || { echo "proxy.sh: port $port answered $code" >&2; exit 1; }
 done
 
-run_wrk() { # $1 port, $2 label -> req/s (non-2xx answers abort; socket errors are reported)
-  local out
+cpu_ticks() { # utime+stime (clock ticks) of a process and its children
+  local total=0 p
+  for p in "$1" $(pgrep -P "$1" || true); do
+    total=$((total + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}')))
+  done
+  echo "$total"
+}
+TCK=$(getconf CLK_TCK)
+run_wrk() { # $1 port, $2 label, $3 pid of the measured server -> "req/s cpu-us/req"
+  local out t0 t1 n
+  t0=$(cpu_ticks "$3")
   out=$(taskset -c "$CLIENT_CPU" wrk -t1 -c"$CONNS" -d"$DURATION" --timeout 10s "http://127.0.0.1:$1/")
+  t1=$(cpu_ticks "$3")
   if grep -q 'Non-2xx' <<<"$out"; then echo "proxy.sh: non-2xx answers from $2:" >&2; echo "$out" >&2; exit 1; fi
   if grep -q 'Socket errors' <<<"$out"; then echo "  $2: $(grep 'Socket errors' <<<"$out" | sed 's/^ *//')" >&2; fi
-  awk '/Requests\/sec/ {print $2}' <<<"$out"
+  n=$(awk '/requests in/ {print $1}' <<<"$out")
+  awk -v r="$(awk '/Requests\/sec/ {print $2}' <<<"$out")" -v t=$((t1 - t0)) -v n="$n" -v hz="$TCK" \
+    'BEGIN {printf "%s %.1f\n", r, t / hz * 1e6 / n}'
 }
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 echo "machine: $(nproc) CPUs, $(uname -r), load: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "ulimit -n $NOFILE; wrk -t1 -c$CONNS -d$DURATION --timeout 10s, $ROUNDS rounds; servers on CPU $SERVER_CPU, wrk on CPU $CLIENT_CPU"
-declare -a A B C
+echo "CPU/req = CPU time (user+sys) of the measured server process during the run / requests:"
+echo "  (a) the backend nginx, (b) the nginx proxy only, (c) the Go proxy only"
+declare -a A B C AC BC CC
 for r in $(seq 1 "$ROUNDS"); do
-  A+=("$(run_wrk "$BACKEND" a)"); B+=("$(run_wrk "$NGXPROXY" b)"); C+=("$(run_wrk "$GOPROXY" c)")
-  echo "round $r: (a) ${A[-1]}  (b) ${B[-1]}  (c) ${C[-1]} req/s"
+  res=$(run_wrk "$BACKEND" a "$BACKPID"); read -r x y <<<"$res"; A+=("$x"); AC+=("$y")
+  res=$(run_wrk "$NGXPROXY" b "$NGXPID"); read -r x y <<<"$res"; B+=("$x"); BC+=("$y")
+  res=$(run_wrk "$GOPROXY" c "$GOPID"); read -r x y <<<"$res"; C+=("$x"); CC+=("$y")
+  echo "round $r: (a) ${A[-1]} req/s ${AC[-1]} us/req  (b) ${B[-1]} req/s ${BC[-1]} us/req  (c) ${C[-1]} req/s ${CC[-1]} us/req"
 done
-a=$(printf '%s\n' "${A[@]}" | median); b=$(printf '%s\n' "${B[@]}" | median); c=$(printf '%s\n' "${C[@]}" | median)
-printf '%-44s %12s\n' "setup" "req/s (median)"
-printf '%-44s %12s\n' "(a) nginx static backend, direct" "$a"
-printf '%-44s %12s\n' "(b) nginx proxy_pass, upstream keepalive" "$b"
-printf '%-44s %12s\n' "(c) rl-tproxy data path (no admission)" "$c"
-awk -v b="$b" -v c="$c" 'BEGIN {printf "ratio (c)/(b): %.2f\n", c/b}'
+med() { printf '%s\n' "$@" | median; }
+a=$(med "${A[@]}"); b=$(med "${B[@]}"); c=$(med "${C[@]}")
+ac=$(med "${AC[@]}"); bc=$(med "${BC[@]}"); cc=$(med "${CC[@]}")
+printf '%-44s %14s %16s\n' "setup (medians)" "req/s" "CPU us/req"
+printf '%-44s %14s %16s\n' "(a) nginx static backend, direct" "$a" "$ac"
+printf '%-44s %14s %16s\n' "(b) nginx proxy_pass, upstream keepalive" "$b" "$bc"
+printf '%-44s %14s %16s\n' "(c) rl-tproxy data path (no admission)" "$c" "$cc"
+awk -v b="$b" -v c="$c" -v bc="$bc" -v cc="$cc" \
+  'BEGIN {printf "ratio (c)/(b): throughput %.2f, proxy CPU per request %.2f (below 1: cheaper than nginx)\n", c/b, cc/bc}'
 
 rss_kb() { # sum VmRSS of a process and its children (nginx master + worker)
   local total=0 p
@@ -143,12 +165,12 @@ idle_mem() { # $1 port, $2 server pid -> bytes per idle connection
     sleep 0.1
   done
   grep -q ready "$work/idle.out.$1" || { echo "proxy.sh: idleconns not ready" >&2; exit 1; }
-  sleep 1
+  sleep 3 # idle connections park after 1 s (pkg/proxy DefaultParkIdleAfter)
   after=$(rss_kb "$2")
   exec 4>&-
   wait "$cpid" || true
   echo "$before $after" | awk -v n="$IDLE_CONNS" '{printf "%d KiB -> %d KiB: %.0f bytes/conn\n", $1, $2, ($2-$1)*1024/n}'
 }
 echo "memory per idle keep-alive connection ($IDLE_CONNS connections, RSS delta / N):"
-echo "  (b) nginx proxy:  $(idle_mem "$NGXPROXY" "$NGXPID")"
-echo "  (c) rl-tproxy:    $(idle_mem "$GOPROXY" "$GOPID")"
+mb=$(idle_mem "$NGXPROXY" "$NGXPID"); echo "  (b) nginx proxy:  $mb"
+mc=$(idle_mem "$GOPROXY" "$GOPID"); echo "  (c) rl-tproxy:    $mc"
