@@ -33,16 +33,20 @@ type Config struct {
 // swapped atomically; a request keeps the policy generation and checker it
 // started with until Done.
 type Gate struct {
-	cur     atomic.Pointer[generation]
-	checker atomic.Pointer[checkerRef]
-	local   *admission.LocalLimiter
-	m       *metrics.Metrics
-	access  *slog.Logger
-	log     *slog.Logger
-	now     func() time.Time
-	pool    sync.Pool
-	causes  []counter
-	genSeq  atomic.Uint64
+	cur      atomic.Pointer[generation]
+	checker  atomic.Pointer[checkerRef]
+	local    *admission.LocalLimiter
+	m        *metrics.Metrics
+	access   *slog.Logger
+	log      *slog.Logger
+	now      func() time.Time
+	pool     sync.Pool
+	causes   []counter
+	inflight interface {
+		Inc()
+		Dec()
+	}
+	genSeq atomic.Uint64
 	// lastLocalWarn is when the fail: local warning was last logged (unix ns).
 	lastLocalWarn atomic.Int64
 	mu            sync.Mutex // serialises Swap/SetChecker
@@ -86,6 +90,7 @@ func New(cfg Config) *Gate {
 		g.now = time.Now
 	}
 	g.local = admission.NewLocalLimiter(g.now, 0)
+	g.inflight = g.m.Inflight()
 	for _, c := range admission.CauseNames() {
 		g.causes = append(g.causes, g.m.Cause(c))
 	}
@@ -180,7 +185,9 @@ func (g *Gate) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
 	}
 	eng := admission.Engine{Checker: st.ref.c, Local: g.local, Now: g.now}
 	var pol *admission.Policy = st.gen.pol
+	g.inflight.Inc()
 	eng.Decide(ctx, pol, svc, &st.areq, &st.dec)
+	g.inflight.Dec()
 	if st.dec.Location != nil {
 		st.info = st.gen.locs[st.dec.Location]
 	} else if st.info = st.gen.unmatched[st.svc]; st.info == nil {

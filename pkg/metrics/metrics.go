@@ -116,7 +116,7 @@ func New(version, commit string) *Metrics {
 	})
 	m.inflight = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: Namespace, Name: "admission_inflight",
-		Help: "Admission checks waiting for RateLimitly right now.",
+		Help: "Admission decisions in progress (protected requests wait here for RateLimitly).",
 	})
 	reg.MustRegister(build, m.requests, m.causes, m.admission, m.reports, m.localFallback,
 		m.upstreamErrors, m.denyAnswers, m.reloads, m.reloadErrors, m.generation, m.lastReloadOK,
