@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -242,6 +243,10 @@ func (e *env) url(path string) string {
 type proxy struct {
 	*proc
 	admin string // admin listener address inside the node namespace
+
+	cmu     sync.Mutex     // guards the countPath cache below
+	scanned int            // lines already counted
+	counts  map[string]int // access records by path
 }
 
 // startProxy starts `rl-tproxy run` in the node namespace and waits until
