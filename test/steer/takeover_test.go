@@ -179,7 +179,9 @@ func (p *proxy) countPath(path string) int {
 // (nginx answers directly, nothing refused), start it again (steering
 // resumes from the pins, nothing refused), then start a second proxy while
 // that one runs (takeover, nothing refused; the old one must drain and
-// exit). Only connections in flight at the kill may be reset.
+// exit), and finally SIGTERM the last one (graceful: nginx answers
+// directly, nothing refused or reset). Only connections in flight at the
+// kill may be reset.
 func TestKillRestartTakeover(t *testing.T) {
 	e := newEnv(t, false)
 	first := e.startProxy("proxy-1")
@@ -263,6 +265,21 @@ func TestKillRestartTakeover(t *testing.T) {
 	if third.countPath("/open/load") <= after {
 		t.Fatal("the new proxy stopped serving once the old one left")
 	}
+
+	// 4. SIGTERM the remaining proxy under load: it leaves the sockmap,
+	// drains, exits 0, and nginx answers directly; nothing is refused or
+	// reset.
+	l.setPhase("sigterm")
+	if err := third.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if !third.waitExit(waitBound) {
+		t.Fatalf("proxy did not exit on SIGTERM\n%s", third.tail(20))
+	}
+	if err := third.waitErr(); err != nil {
+		t.Errorf("SIGTERM exit: %v, want 0", err)
+	}
+	l.waitMore(t, "direct", &l.direct, 100)
 	l.halt()
 	t.Logf("load: %s; connections reset by the kill -9 (in flight while the process was torn down): %d; old proxy served %d load requests before it exited, new proxy %d", l, resetsAtKill, beforeExit, third.countPath("/open/load"))
 	if n := l.refused.Load(); n != 0 {
