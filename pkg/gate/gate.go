@@ -184,9 +184,8 @@ func (g *Gate) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
 		return proxy.Decision{Allow: true, State: st}
 	}
 	eng := admission.Engine{Checker: st.ref.c, Local: g.local, Now: g.now}
-	var pol *admission.Policy = st.gen.pol
 	g.inflight.Inc()
-	eng.Decide(ctx, pol, svc, &st.areq, &st.dec)
+	eng.Decide(ctx, st.gen.pol, svc, &st.areq, &st.dec)
 	g.inflight.Dec()
 	if st.dec.Location != nil {
 		st.info = st.gen.locs[st.dec.Location]

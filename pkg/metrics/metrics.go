@@ -39,6 +39,8 @@ type Metrics struct {
 	admission      *prometheus.HistogramVec // service, location
 	reports        *prometheus.CounterVec   // service (tracker service template owner)
 	localFallback  *prometheus.CounterVec   // result
+	localAllow     prometheus.Counter
+	localDeny      prometheus.Counter
 	upstreamErrors *prometheus.CounterVec   // service
 	denyAnswers    *prometheus.CounterVec   // service, status
 
@@ -121,9 +123,8 @@ func New(version, commit string) *Metrics {
 	reg.MustRegister(build, m.requests, m.causes, m.admission, m.reports, m.localFallback,
 		m.upstreamErrors, m.denyAnswers, m.reloads, m.reloadErrors, m.generation, m.lastReloadOK,
 		m.clientRebuilds, m.inflight)
-	for _, r := range []string{"allow", "deny"} {
-		m.localFallback.WithLabelValues(r)
-	}
+	m.localAllow = m.localFallback.WithLabelValues("allow")
+	m.localDeny = m.localFallback.WithLabelValues("deny")
 	for _, r := range []string{"success", "error", "unchanged"} {
 		for _, tr := range []string{"signal", "file"} {
 			m.reloads.WithLabelValues(r, tr)
@@ -170,10 +171,10 @@ func (m *Metrics) Cause(cause string) prometheus.Counter {
 // LocalFallback counts one decision of the local token buckets.
 func (m *Metrics) LocalFallback(allowed bool) {
 	if allowed {
-		m.localFallback.WithLabelValues("allow").Inc()
+		m.localAllow.Inc()
 		return
 	}
-	m.localFallback.WithLabelValues("deny").Inc()
+	m.localDeny.Inc()
 }
 
 // Reload records a reload attempt: result is "success", "error" or
