@@ -41,8 +41,8 @@ type Metrics struct {
 	localFallback  *prometheus.CounterVec   // result
 	localAllow     prometheus.Counter
 	localDeny      prometheus.Counter
-	upstreamErrors *prometheus.CounterVec   // service
-	denyAnswers    *prometheus.CounterVec   // service, status
+	upstreamErrors *prometheus.CounterVec // service
+	denyAnswers    *prometheus.CounterVec // service, status
 
 	reloads        *prometheus.CounterVec // result, trigger
 	reloadErrors   prometheus.Counter
