@@ -474,8 +474,10 @@ func TestAdmitDoneNoAlloc(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		fn   func(context.Context, *wire.RateRequest, *admission.CheckResult)
-	}{{"allow", allowAll}, {"deny", denyResource}, {"fail", failWith(admission.CauseTimeout)}} {
-		g, r := quietGate(t, "close", c.fn)
+		fail string
+	}{{"allow", allowAll, "close"}, {"deny", denyResource, "close"}, {"fail", failWith(admission.CauseTimeout), "close"},
+		{"local", failWith(admission.CauseNoEndpoints), "local"}} {
+		g, r := quietGate(t, c.fail, c.fn)
 		ctx := context.Background()
 		res := &proxy.Result{Status: 200, End: time.Now()}
 		run := func() {
