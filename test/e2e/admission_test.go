@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"net/netip"
+	"os/exec"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -213,5 +214,34 @@ func TestFailureTable(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A client that goes away while its check is in flight gets no report and
+// no verdict: outcome client_abort, cause cancelled.
+func TestClientAbortNoReport(t *testing.T) {
+	e := newEnv(t, nil, policyOpts{})
+	before := e.c.reports()
+	e.c.dropRequests.Store(true) // the check waits for the whole horizon (750ms)
+	out, err := exec.Command("curl", "-s", "--max-time", "0.3", "-H", "X-Key: abort", e.p.base+"/api/slow").CombinedOutput()
+	e.c.dropRequests.Store(false)
+	if err == nil {
+		t.Fatalf("curl did not time out: %s", out)
+	}
+	l := e.p.waitAccess(1)
+	if l["outcome"] != "client_abort" || l["verdict"] != "-" || l["cause"] != "cancelled" || l["report"] != false {
+		t.Fatalf("access line %v", l)
+	}
+	if e.up.hits.Load() != 0 {
+		t.Fatal("an aborted request reached the upstream")
+	}
+	// A completed request afterwards reports once (to 3 servers): the
+	// aborted one added nothing.
+	if r := e.get(t, "/api/fast", "X-Key: abort2"); r.status != 200 {
+		t.Fatalf("status %d", r.status)
+	}
+	waitFor(t, "the completed request's report", func() bool { return e.c.reports() >= before+3 })
+	if got := e.c.reports() - before; got != 3 {
+		t.Fatalf("servers applied %d reports, want 3 (one request, fanned out)", got)
 	}
 }
