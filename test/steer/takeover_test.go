@@ -292,7 +292,8 @@ func TestKillRestartTakeover(t *testing.T) {
 	// be reset (accepted by it, or handshaken on its closing listener);
 	// none dialled after it was reaped, and none outside the kill.
 	if n := l.lateReset.Load(); n != 0 || l.reset.Load() != resetsAtKill {
-		t.Errorf("%d resets of connections dialled after the killed proxy was reaped, %d resets in all, %d during the kill: want resets only in flight at the kill: %s", n, l.reset.Load(), resetsAtKill, l)
+		t.Errorf("%d connections reset outside the kill -9 (dialled after the killed proxy was reaped; failures by phase above): "+
+			"a restart, takeover or graceful stop must not reset connections (%d resets in all, %d in flight at the kill): %s", n, l.reset.Load(), resetsAtKill, l)
 	}
 	if _, err := os.Stat(e.nginxLog); err != nil {
 		t.Fatal(err)
