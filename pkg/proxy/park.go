@@ -22,7 +22,7 @@ import (
 const stateParked int32 = 3
 
 // DefaultParkIdleAfter is the idle time after which a connection parks.
-const DefaultParkIdleAfter = time.Second
+const DefaultParkIdleAfter = 100 * time.Millisecond
 
 type parker struct {
 	mu      sync.Mutex

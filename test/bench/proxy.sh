@@ -12,8 +12,8 @@
 # $IDLE_CONNS idle connections (one request each) against (b) and (c),
 # RSS delta / N.
 #
-# Usage: test/bench/proxy.sh            (env: DURATION=5s CONNS=50 ROUNDS=3
-#                                        IDLE_CONNS=10000 SERVER_CPU=0 CLIENT_CPU=1)
+# Usage: test/bench/proxy.sh            (env: DURATION=5s CONNS=50 ROUNDS=3 (0: memory only)
+#                                        IDLE_CONNS=10000 IDLE_SETTLE=3 SERVER_CPU=0 CLIENT_CPU=1)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -21,6 +21,7 @@ DURATION=${DURATION:-5s}
 CONNS=${CONNS:-50}
 ROUNDS=${ROUNDS:-3}
 IDLE_CONNS=${IDLE_CONNS:-10000}
+IDLE_SETTLE=${IDLE_SETTLE:-3} # seconds between the last idle connection and the RSS reading
 SERVER_CPU=${SERVER_CPU:-0}
 CLIENT_CPU=${CLIENT_CPU:-1}
 if [ "$(nproc)" -lt 2 ]; then SERVER_CPU=0 CLIENT_CPU=0; fi
@@ -129,6 +130,7 @@ echo "ulimit -n $NOFILE; wrk -t1 -c$CONNS -d$DURATION --timeout 10s, $ROUNDS rou
 echo "CPU/req = CPU time (user+sys) of the measured server process during the run / requests:"
 echo "  (a) the backend nginx, (b) the nginx proxy only, (c) the Go proxy only"
 declare -a A B C AC BC CC
+if [ "$ROUNDS" -gt 0 ]; then
 for r in $(seq 1 "$ROUNDS"); do
   res=$(run_wrk "$BACKEND" a "$BACKPID"); read -r x y <<<"$res"; A+=("$x"); AC+=("$y")
   res=$(run_wrk "$NGXPROXY" b "$NGXPID"); read -r x y <<<"$res"; B+=("$x"); BC+=("$y")
@@ -144,6 +146,7 @@ printf '%-44s %14s %16s\n' "(b) nginx proxy_pass, upstream keepalive" "$b" "$bc"
 printf '%-44s %14s %16s\n' "(c) rl-tproxy data path (no admission)" "$c" "$cc"
 awk -v b="$b" -v c="$c" -v bc="$bc" -v cc="$cc" \
   'BEGIN {printf "ratio (c)/(b): throughput %.2f, proxy CPU per request %.2f (below 1: cheaper than nginx)\n", c/b, cc/bc}'
+fi
 
 rss_kb() { # sum VmRSS of a process and its children (nginx master + worker)
   local total=0 p
@@ -165,7 +168,7 @@ idle_mem() { # $1 port, $2 server pid -> bytes per idle connection
     sleep 0.1
   done
   grep -q ready "$work/idle.out.$1" || { echo "proxy.sh: idleconns not ready" >&2; exit 1; }
-  sleep 3 # idle connections park after 1 s (pkg/proxy DefaultParkIdleAfter)
+  sleep "$IDLE_SETTLE" # idle connections park after 100 ms (pkg/proxy DefaultParkIdleAfter)
   after=$(rss_kb "$2")
   exec 4>&-
   wait "$cpid" || true
