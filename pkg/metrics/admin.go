@@ -9,7 +9,10 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -90,9 +93,21 @@ type Admin struct {
 }
 
 // StartAdmin listens on addr (":0" and "127.0.0.1:0" pick a free port) and
-// serves h until Close.
+// serves h until Close. The socket has SO_REUSEPORT so that during a
+// rolling update a new process can bind the same admin address while the
+// old one drains (the kernel spreads connections over both until the old
+// one closes).
 func StartAdmin(addr string, h http.Handler) (*Admin, error) {
-	ln, err := net.Listen("tcp", addr)
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	ln, err := lc.Listen(context.Background(), "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("admin listener %s: %w", addr, err)
 	}

@@ -171,3 +171,21 @@ func readDoc() (string, error) {
 	b, err := os.ReadFile("../../docs/metrics.md")
 	return string(b), err
 }
+
+// Two processes (here: two listeners) can hold the same admin address
+// during a rolling update.
+func TestAdminReusePort(t *testing.T) {
+	m := New("t", "c")
+	a, err := StartAdmin("127.0.0.1:0", m.Handler(&Readiness{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close(context.Background())
+	b, err := StartAdmin(a.Addr().String(), m.Handler(&Readiness{}))
+	if err != nil {
+		t.Fatalf("second admin listener on %s: %v", a.Addr(), err)
+	}
+	if err := b.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
