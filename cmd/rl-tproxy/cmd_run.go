@@ -223,6 +223,13 @@ func startRuntime(parent context.Context, pol *admission.Policy, opts runOptions
 		return nil, err
 	}
 	if rt.redirect != nil {
+		// Registering the listener is the takeover (from a previous proxy,
+		// or from the services themselves): do it once this proxy can
+		// decide, so a takeover opens no window of failed decisions. If
+		// discovery takes longer than the bound, take over anyway.
+		if err := waitReady(rt.client.C, discoveryWait(pol.RateLimitly.ResolverTimeout)); err != nil {
+			rt.log.Warn("taking over steering before RateLimitly discovery completed; requests follow the failure policy until it does", "error", err.Error())
+		}
 		if err := rt.serveSteered(ctx); err != nil {
 			return nil, err
 		}
