@@ -1095,3 +1095,77 @@ func TestLargeBodiesAndCloseDelimited(t *testing.T) {
 	hook.waitDone(t)
 	c.expectClosed()
 }
+
+func TestUpstreamHealthAndIdleTimeout(t *testing.T) {
+	t.Run("closed-pooled-conn-discarded", func(t *testing.T) {
+		closed := make(chan struct{}, 4)
+		up := newRawUpstream(t, func(n int, c net.Conn) {
+			br := bufio.NewReader(c)
+			head, err := readRequestHead(br)
+			if err != nil {
+				return
+			}
+			if k, _ := strconv.Atoi(headerOf(head, "Content-Length")); k > 0 {
+				io.CopyN(io.Discard, br, int64(k))
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			c.Close() // silently, without Connection: close
+			closed <- struct{}{}
+		})
+		_, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(cfg *Config) {
+			cfg.UpstreamCheckAfter = -1
+		})
+		c := dialClient(t, addr)
+		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		c.resp("GET")
+		<-closed // the FIN is queued at the proxy's pooled socket now
+		// A POST is never retried: only the pre-use check saves it.
+		c.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
+		if r, body := c.resp("POST"); r.StatusCode != 200 || body != "ok" {
+			t.Fatalf("POST on a checked pool: %d %q", r.StatusCode, body)
+		}
+		if up.count() != 2 {
+			t.Fatalf("upstream connections %d, want 2", up.count())
+		}
+	})
+	t.Run("idle-timeout-prunes", func(t *testing.T) {
+		gone := make(chan struct{}, 1)
+		up := newRawUpstream(t, func(_ int, c net.Conn) {
+			br := bufio.NewReader(c)
+			for {
+				if _, err := readRequestHead(br); err != nil {
+					gone <- struct{}{} // the proxy closed its pooled connection
+					return
+				}
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			}
+		})
+		p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(cfg *Config) {
+			cfg.UpstreamIdleTimeout = 20 * time.Millisecond
+		})
+		c := dialClient(t, addr)
+		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		c.resp("GET")
+		<-gone
+		if s := p.Stats(); s.UpstreamIdle != 0 {
+			t.Fatalf("stats %+v", s)
+		}
+	})
+}
+
+func TestSplitTarget(t *testing.T) {
+	for _, tc := range []struct{ in, path, query string }{
+		{"/", "/", ""},
+		{"/a/b?x=1&y", "/a/b", "x=1&y"},
+		{"/a?", "/a", ""},
+		{"http://h:8/p?q=1", "/p", "q=1"},
+		{"http://h:8", "", ""},
+		{"http://h?q", "", "q"},
+		{"*", "*", ""},
+	} {
+		p, q := splitTarget([]byte(tc.in))
+		if string(p) != tc.path || string(q) != tc.query {
+			t.Errorf("splitTarget(%q) = %q, %q; want %q, %q", tc.in, p, q, tc.path, tc.query)
+		}
+	}
+}

@@ -152,6 +152,10 @@ func (us *upstreams) get(cfg *Config, addr string, timeout time.Duration, fresh 
 	p := us.pool(addr)
 	if !fresh {
 		idleTimeout := durOr(cfg.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout)
+		checkAfter := cfg.UpstreamCheckAfter
+		if checkAfter == 0 {
+			checkAfter = defaultCheckAfter
+		}
 		now := time.Now()
 		for {
 			p.mu.Lock()
@@ -168,7 +172,7 @@ func (us *upstreams) get(cfg *Config, addr string, timeout time.Duration, fresh 
 			// Peek at connections idle long enough for the upstream to
 			// have closed them; fresher ones are trusted (saves a syscall
 			// per request under load; the retry-once rule covers the race).
-			if idle < idleTimeout && (idle < healthCheckAfter || u.stillHealthy()) {
+			if idle < idleTimeout && (idle < checkAfter || u.stillHealthy()) {
 				u.reused = true
 				return u, nil
 			}
@@ -193,9 +197,8 @@ func (us *upstreams) get(cfg *Config, addr string, timeout time.Duration, fresh 
 
 var defaultDialer = &net.Dialer{KeepAlive: 30 * time.Second}
 
-// healthCheckAfter is the idle time from which a pooled connection is
-// checked (non-blocking peek) before reuse.
-const healthCheckAfter = time.Second
+// defaultCheckAfter is the default Config.UpstreamCheckAfter.
+const defaultCheckAfter = time.Second
 
 // put returns u to its pool, or closes it when it cannot be reused.
 func (us *upstreams) put(cfg *Config, u *upConn) {
