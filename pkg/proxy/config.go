@@ -129,7 +129,8 @@ type Config struct {
 	// redirect supplies a dialer whose connections bypass the steering.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Logger receives protocol errors (the rule that rejected a request)
-	// at debug level and upstream failures at warn; nil discards.
+	// and upstream failures at debug level (the Hook's Done sees both for
+	// access logs), accept errors at warn; nil discards.
 	Logger *slog.Logger
 	// MaxIdlePerUpstream bounds the idle pooled connections per upstream
 	// address (default 256; negative disables pooling).

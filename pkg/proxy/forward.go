@@ -75,7 +75,7 @@ func (c *conn) upstreamFail(cfg *Config, svc *Service, err error) bool {
 	if isTimeout(err) {
 		status = 504
 	}
-	cfg.logger().Warn("upstream failed", "service", svc.Name, "upstream", svc.Upstream, "err", err)
+	cfg.logger().Debug("upstream failed", "service", svc.Name, "upstream", svc.Upstream, "err", err)
 	if c.res.Status == 0 {
 		c.answer(status, "Connection: close\r\n")
 	}
