@@ -402,22 +402,16 @@ type proxyProc struct {
 	admin string // host:port
 }
 
-var adminRE = regexp.MustCompile(`"msg":"admin listener","addr":"([^"]+)"`)
-
 // startProxy runs `rl-tproxy run` with JSON logs and waits for /readyz.
 func startProxy(t testing.TB, policy, listen, level string, keep bool) *proxyProc {
 	t.Helper()
-	p := &proxyProc{base: "http://" + listen}
-	p.proc = startProc(t, "rl-tproxy run", keep, "run", "--policy", policy, "--admin", "127.0.0.1:0",
+	p := &proxyProc{base: "http://" + listen, admin: freeAddr(t)}
+	p.proc = startProc(t, "rl-tproxy run", keep, "run", "--policy", policy, "--admin", p.admin,
 		"--log-format", "json", "--log-level", level, "--drain-timeout", "5s")
-	waitFor(t, 30*time.Second, "admin listener", func() bool {
+	waitFor(t, 30*time.Second, "/readyz 200", func() bool {
 		if !p.running() {
 			t.Fatalf("rl-tproxy exited:\n%s", strings.Join(p.lines(), "\n"))
 		}
-		p.admin = p.find(adminRE)
-		return p.admin != ""
-	})
-	waitFor(t, 30*time.Second, "/readyz 200", func() bool {
 		resp, err := http.Get("http://" + p.admin + "/readyz")
 		if err != nil {
 			return false
@@ -428,9 +422,13 @@ func startProxy(t testing.TB, policy, listen, level string, keep bool) *proxyPro
 	return p
 }
 
+// scrapeClient opens a new connection per scrape, so scraping leaves no
+// idle admin connection (and goroutine) behind in the proxy.
+var scrapeClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}
+
 func (p *proxyProc) scrape() string {
 	p.t.Helper()
-	resp, err := http.Get("http://" + p.admin + "/metrics")
+	resp, err := scrapeClient.Get("http://" + p.admin + "/metrics")
 	if err != nil {
 		p.t.Fatal(err)
 	}
