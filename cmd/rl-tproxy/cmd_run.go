@@ -12,7 +12,10 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 	"github.com/rl-tproxy/rl-tproxy/pkg/embedded"
@@ -84,6 +87,9 @@ loop:
 			_ = rt.reloader.Reload(admission.TriggerSignal)
 		case s := <-sig.term:
 			log.Info("shutting down", "signal", s.String(), "drain_timeout", drain.String())
+			break loop
+		case <-rt.takenOver:
+			log.Info("shutting down", "reason", "taken over", "drain_timeout", drain.String())
 			break loop
 		case err := <-rt.failed:
 			log.Error("runtime failure", "error", err.Error())
@@ -160,8 +166,11 @@ type product struct {
 	reloader *admission.Reloader
 	redirect *redirect.Redirect
 	failed   chan error
-	cancel   context.CancelFunc
-	watchWG  sync.WaitGroup
+	// takenOver is closed when another proxy took the steered listeners'
+	// sockmap slots (a newer instance started): drain and exit.
+	takenOver chan struct{}
+	cancel    context.CancelFunc
+	watchWG   sync.WaitGroup
 
 	mu        sync.Mutex // guards below
 	pol       *admission.Policy
@@ -184,7 +193,7 @@ type listener struct {
 func startRuntime(parent context.Context, pol *admission.Policy, opts runOptions) (_ *product, err error) {
 	ctx, cancel := context.WithCancel(parent)
 	rt := &product{opts: opts, log: opts.Log, m: metrics.New(version, commit), ready: &metrics.Readiness{},
-		failed: make(chan error, 4), cancel: cancel, listeners: map[string]*listener{}}
+		failed: make(chan error, 4), takenOver: make(chan struct{}), cancel: cancel, listeners: map[string]*listener{}}
 	defer func() {
 		if err != nil {
 			sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -233,6 +242,11 @@ func startRuntime(parent context.Context, pol *admission.Policy, opts runOptions
 		if err := rt.serveSteered(ctx); err != nil {
 			return nil, err
 		}
+		rt.watchWG.Add(1)
+		go func() {
+			defer rt.watchWG.Done()
+			rt.watchTakeover(ctx)
+		}()
 	}
 	rt.ready.Set("listeners", rt.listenersUp)
 	if opts.Admin != "" && opts.Admin != "off" {
@@ -448,6 +462,89 @@ func (rt *product) apply(p *admission.Policy) error {
 func closeAll(ls map[string]*listener) {
 	for _, l := range ls {
 		l.ln.Close()
+	}
+}
+
+// acceptQueueLen is the number of connections waiting in a listening
+// socket's accept queue (TCP_INFO's tcpi_unacked on a LISTEN socket).
+func acceptQueueLen(ln net.Listener) (int, error) {
+	sc, ok := ln.(syscall.Conn)
+	if !ok {
+		return 0, fmt.Errorf("%T exposes no socket", ln)
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var n int
+	var ierr error
+	if err := rc.Control(func(fd uintptr) {
+		var info *unix.TCPInfo
+		info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+		if ierr == nil {
+			n = int(info.Unacked)
+		}
+	}); err != nil {
+		return 0, err
+	}
+	return n, ierr
+}
+
+// drainAcceptQueues waits (bounded by ctx and 2s) until every listener's
+// accept queue was empty at two checks 50ms apart: handshakes that were in
+// flight when the sockmap slot changed complete within that round trip.
+func drainAcceptQueues(ctx context.Context, lns []net.Listener) {
+	deadline := time.Now().Add(2 * time.Second)
+	empty := 0
+	for empty < 2 && time.Now().Before(deadline) && ctx.Err() == nil {
+		total := 0
+		for _, ln := range lns {
+			if n, err := acceptQueueLen(ln); err == nil {
+				total += n
+			}
+		}
+		if total == 0 {
+			empty++
+		} else {
+			empty = 0
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// takeoverPoll is how often a steered proxy checks that its listeners are
+// still in the sockmap.
+const takeoverPoll = 500 * time.Millisecond
+
+// watchTakeover closes rt.takenOver once none of this proxy's steered
+// listeners is in the sockmap any more: a newer proxy registered its own
+// (the takeover of a rolling update or restart), so this one drains and
+// exits.
+func (rt *product) watchTakeover(ctx context.Context) {
+	t := time.NewTicker(takeoverPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rt.mu.Lock()
+		lns := slices.Clone(rt.steered)
+		rt.mu.Unlock()
+		still := false
+		for _, ln := range lns {
+			ok, err := rt.redirect.ListenerRegistered(ln)
+			if err != nil || ok {
+				still = true // on a read error, keep serving
+				break
+			}
+		}
+		if !still && len(lns) > 0 {
+			rt.log.Info("steering taken over by another proxy: draining and exiting")
+			close(rt.takenOver)
+			return
+		}
 	}
 }
 
@@ -672,6 +769,13 @@ func (rt *product) shutdown(ctx context.Context) error {
 				errs = append(errs, err)
 			}
 		}
+	}
+	if len(steered) > 0 {
+		// New connections now go to the services (or a newer proxy), but
+		// some already sit in our accept queues or are mid-handshake on
+		// our listeners: keep accepting until the queues stayed empty for
+		// a moment, so closing the listeners resets nobody.
+		drainAcceptQueues(ctx, steered)
 	}
 	if rt.proxy != nil {
 		if err := rt.proxy.Shutdown(ctx); err != nil {
