@@ -12,7 +12,7 @@
 #   steered     rl-tproxy with admission, steered by sk_lookup: nginx on :80
 #               and the proxy (`port: 80`) in a "node" netns, wrk in a
 #               "client" netns over a veth (root only; with a reference row
-#               `veth direct` = wrk -> nginx :80 over the same veth, no proxy)
+#               `veth direct` = wrk -> the same nginx on :8080, not steered)
 #
 # Pinning: every server process (nginx: 1 worker; HAProxy: 1 thread;
 # rl-tproxy: GOMAXPROCS=1, embedded RateLimitly in the same process) runs on
@@ -204,7 +204,8 @@ else
   ip -n "$NS_NODE" addr add 10.213.0.1/24 dev "rlbn$$"; ip -n "$NS_CLI" addr add 10.213.0.2/24 dev "rlbc$$"
   for ns in "$NS_NODE" "$NS_CLI"; do ip -n "$ns" link set lo up; done
   ip -n "$NS_NODE" link set "rlbn$$" up; ip -n "$NS_CLI" link set "rlbc$$" up
-  nginx_conf "$work/nsbackend" "server { listen 0.0.0.0:80; root $work/www; open_file_cache max=16; location / { index index.html; } }"
+  # nginx on :80 (steered) and :8080 (not steered: the veth reference).
+  nginx_conf "$work/nsbackend" "server { listen 0.0.0.0:80; listen 0.0.0.0:8080; root $work/www; open_file_cache max=16; location / { index index.html; } }"
   rl_policy "  - name: web
     port: 80
     upstream: 127.0.0.1:80
@@ -213,11 +214,21 @@ else
         limit: [huge]" >"$work/steered.yaml"
   # nsenter --net keeps the host's mount namespace (bpffs at /sys/fs/bpf).
   start nsenter --net="/run/netns/$NS_NODE" nginx -p "$work/nsbackend" -c "$work/nsbackend/nginx.conf" -e "$work/nsbackend/error.log"
-  wait_http "http://10.213.0.1/" "$NS_CLI"
-  URL[veth]="http://10.213.0.1/"; NS[veth]=$NS_CLI; DESC[veth]="veth direct: nginx :80 in a netns, no proxy (reference)"
-  # Measure the reference before the proxy steers port 80.
-  rows_pre=(veth)
+  wait_http "http://10.213.0.1:8080/" "$NS_CLI"
+  start nsenter --net="/run/netns/$NS_NODE" env GOMAXPROCS=1 "$BIN" run --policy "$work/steered.yaml" --admin 127.0.0.1:9901 --log-level warn --watch=false
+  wait_http "http://127.0.0.1:9901/readyz" "$NS_NODE"
+  # Steering is in place once the proxy counts a steered lookup.
+  steered_ok=0
+  for _ in $(seq 1 500); do
+    nsenter --net="/run/netns/$NS_CLI" curl -fsS -o /dev/null --max-time 2 http://10.213.0.1/ || true
+    m=$(nsenter --net="/run/netns/$NS_NODE" curl -fsS --max-time 2 http://127.0.0.1:9901/metrics || true)
+    if grep -Eq '^rl_tproxy_redirect_lookups_total\{result="steered"\} [1-9]' <<<"$m"; then steered_ok=1; break; fi
+    sleep 0.02
+  done
+  [ "$steered_ok" = 1 ] || { echo "run.sh: steering never took effect" >&2; exit 1; }
+  URL[veth]="http://10.213.0.1:8080/"; NS[veth]=$NS_CLI; DESC[veth]="veth direct: nginx :8080 in the node netns, not steered (reference)"
   URL[steered]="http://10.213.0.1/"; NS[steered]=$NS_CLI; DESC[steered]="rl-tproxy + admission, sk_lookup steered (netns, veth)"
+  rows+=(veth steered)
 fi
 
 rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
@@ -229,7 +240,9 @@ run_wrk() {
   local row=$1 out pre=()
   [ -n "${NS[$row]:-}" ] && pre=(nsenter --net="/run/netns/${NS[$row]}")
   out=$("${pre[@]}" taskset -c "$CLIENT_CPU" $WRK "${URL[$row]}")
-  echo "$out" >>"$work/wrk.$row.log"
+  if grep -Eq 'Non-2xx|Socket errors' <<<"$out"; then
+    echo "  $row: $(grep -E 'Non-2xx|Socket errors' <<<"$out" | sed 's/^ *//' | tr '\n' ' ')" >&2
+  fi
   local rps p50 p99 non2xx sockerr
   rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
   p50=$(to_ms "$(awk '$1=="50%" {print $2}' <<<"$out")")
@@ -259,22 +272,8 @@ echo "machine: $(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc
 echo "$WRK, $ROUNDS alternating rounds; servers on CPU $SERVER_CPU, wrk on CPU $CLIENT_CPU"
 measure "${rows[@]}"
 if [ -n "${URL[steered]:-}" ]; then
-  measure "${rows_pre[@]}"
-  start nsenter --net="/run/netns/$NS_NODE" env GOMAXPROCS=1 "$BIN" run --policy "$work/steered.yaml" --admin 127.0.0.1:9901 --log-level warn --watch=false
-  wait_http "http://127.0.0.1:9901/readyz" "$NS_NODE"
-  # Steering is in place once the proxy counts a steered lookup.
-  steered_ok=0
-  for _ in $(seq 1 500); do
-    nsenter --net="/run/netns/$NS_CLI" curl -fsS -o /dev/null --max-time 2 http://10.213.0.1/ || true
-    if nsenter --net="/run/netns/$NS_NODE" curl -fsS --max-time 2 http://127.0.0.1:9901/metrics \
-        | grep -Eq '^rl_tproxy_redirect_lookups_total\{result="steered"\} [1-9]'; then steered_ok=1; break; fi
-    sleep 0.02
-  done
-  [ "$steered_ok" = 1 ] || { echo "run.sh: steering never took effect" >&2; exit 1; }
-  measure steered
   adm_count=$(nsenter --net="/run/netns/$NS_NODE" curl -fsS http://127.0.0.1:9901/metrics | awk '/^rl_tproxy_requests_total\{.*outcome="allow"/ {s+=$2} END {print s+0}')
   echo "steered: $adm_count requests admitted by RateLimitly (allow) in the node namespace"
-  rows+=(veth steered)
 fi
 adm_total=$(curl -fsS "http://127.0.0.1:$RLADMIN/metrics" | awk '/^rl_tproxy_requests_total\{.*outcome="allow"/ {s+=$2} END {print s+0}')
 echo "admission: $adm_total requests admitted by RateLimitly (allow) in listener mode"
