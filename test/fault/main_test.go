@@ -499,11 +499,3 @@ func load(t testing.TB, url string, n, conc int, stop *atomic.Bool) map[int]int 
 	wg.Wait()
 	return out
 }
-
-func total(m map[int]int) int {
-	n := 0
-	for _, v := range m {
-		n += v
-	}
-	return n
-}
