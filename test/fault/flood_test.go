@@ -110,7 +110,7 @@ func TestForgedDatagramFlood(t *testing.T) {
 	up := startUpstream(t)
 	dir := t.TempDir()
 	creds := writeFile(t, filepath.Join(dir, "credentials.yaml"), credentialYAML(c.cred))
-	pol, listen := writePolicy(t, dir, c, policyOpts{fail: "close", unit: "100ms", creds: creds, upstream: up.addr})
+	pol, listen := writePolicy(t, dir, c, policyOpts{fail: "close", unit: "250ms", creds: creds, upstream: up.addr})
 	p := startProxy(t, pol, listen, "info", false)
 	if st := load(t, p.base+"/api", 20, 4, nil); st[200] != 20 {
 		t.Fatalf("warm-up statuses %v", st)
