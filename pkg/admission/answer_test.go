@@ -2,6 +2,7 @@ package admission
 
 import (
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -101,5 +102,50 @@ func BenchmarkDenyAnswerRender(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		hs, buf = a.Render(hs[:0], buf[:0], zs)
+	}
+}
+
+// The policy's switches reach the answer: per-service RateLimit headers
+// off, per-location status and text body.
+func TestLocationAnswerFromPolicy(t *testing.T) {
+	dir := t.TempDir()
+	path := dir + "/policy.yaml"
+	body := `ratelimitly:
+  embedded: true
+zones:
+  z: {bucket: "all", rate: 10/m, burst: 2}
+services:
+  - name: quiet
+    listen: 127.0.0.1:18080
+    upstream: 127.0.0.1:18081
+    ratelimit_headers: false
+    locations:
+      - name: a
+        limit: [z]
+        deny: {status: 503, format: text}
+  - name: loud
+    listen: 127.0.0.1:18082
+    upstream: 127.0.0.1:18081
+    locations:
+      - name: b
+        limit: [z]
+`
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	zs := []ZoneState{{Remaining: 0, RetryAfterMs: 6000, Known: true}}
+	q := LocationAnswer(p.Services[0].Locations[0])
+	hs, _ := q.Render(nil, nil, zs)
+	if q.Status != 503 || q.ContentType != "text/plain; charset=utf-8" || len(hs) != 1 || string(hs[0].Value) != "6" {
+		t.Fatalf("quiet: status %d ct %q headers %v", q.Status, q.ContentType, hdrMap(hs))
+	}
+	l := LocationAnswer(p.Services[1].Locations[0])
+	m := hdrMap(func() []httpparse.Header { hs, _ := l.Render(nil, nil, zs); return hs }())
+	if l.Status != 429 || l.ContentType != "application/json" || m["RateLimit-Policy"] != `"z";q=10;w=60` || m["RateLimit"] != `"z";r=0;t=6` {
+		t.Fatalf("loud: status %d ct %q headers %v", l.Status, l.ContentType, m)
 	}
 }
