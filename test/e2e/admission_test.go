@@ -66,8 +66,10 @@ func TestGuardTripsAndRecovers(t *testing.T) {
 	if r := e.get(t, "/guarded"); r.status != 200 {
 		t.Fatalf("fast guarded request: %d", r.status)
 	}
+	waitFor(t, "the fast request's report", func() bool { return e.c.reports() >= 3 })
 	e.up.delay.Store(int64(150 * time.Millisecond))
-	tripped := false
+	before := e.c.reports()
+	tripped, slow := false, 0
 	for i := 0; i < 10 && !tripped; i++ {
 		r := e.get(t, "/guarded")
 		switch r.status {
@@ -77,12 +79,19 @@ func TestGuardTripsAndRecovers(t *testing.T) {
 				t.Errorf("guard deny Retry-After %q", r.header.Get("Retry-After"))
 			}
 		case 200:
+			slow++
 		default:
 			t.Fatalf("status %d", r.status)
 		}
 	}
 	if !tripped {
 		t.Fatal("guard never tripped after 10 slow (150ms > 100ms) reported responses")
+	}
+	// Each admitted slow response was reported once to each of the 3
+	// servers; the guard deny was not.
+	waitFor(t, "the slow responses' reports", func() bool { return e.c.reports()-before >= uint64(3*slow) })
+	if got := e.c.reports() - before; got != uint64(3*slow) {
+		t.Errorf("servers applied %d reports for %d slow responses, want %d", got, slow, 3*slow)
 	}
 	var deny map[string]any
 	for _, l := range e.p.access() {
