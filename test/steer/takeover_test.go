@@ -182,8 +182,14 @@ func (p *proxy) countPath(path string) int {
 // exit), and finally SIGTERM the last one (graceful: nginx answers
 // directly, nothing refused or reset). Only connections in flight at the
 // kill may be reset.
-func TestKillRestartTakeover(t *testing.T) {
-	e := newEnv(t, false)
+func TestKillRestartTakeover(t *testing.T) { testKillRestartTakeover(t, false) }
+
+// TestKillRestartTakeoverIPv6 is the same over IPv6 (client fd00:200::2 to
+// nginx's [fd00:200::1]:80, the proxy's upstream [::1]:80).
+func TestKillRestartTakeoverIPv6(t *testing.T) { testKillRestartTakeover(t, true) }
+
+func testKillRestartTakeover(t *testing.T, v6 bool) {
+	e := newEnv(t, v6)
 	first := e.startProxy("proxy-1")
 	l := e.startLoad(t)
 	l.waitMore(t, "proxied", &l.viaProxy, 50)
