@@ -235,10 +235,12 @@ func runAborts(t testing.TB, addr string, n, conc int, seedBase uint64) abortRun
 
 // (e) Many requests, a random share of them aborted by the client at a
 // random point (mid-head, during admission, mid-body, mid-response, with
-// FIN or RST). Afterwards the proxy's goroutines (go_goroutines) and
-// non-upstream fds (/proc/PID/fd) are back to their baseline, no client
-// connection or admission is left open, and the upstream pool stays
-// within its bound (the clients' concurrency).
+// FIN or RST). Afterwards no client connection or admission is left open,
+// the proxy's non-upstream fds (/proc/PID/fd) are back to their baseline,
+// the upstream pool stays within the clients' concurrency, go_goroutines
+// is within the baseline plus the admission watcher pool's bound (two per
+// connection), and a goroutine dump shows no connection goroutine and no
+// check left.
 func TestRandomClientAborts(t *testing.T) {
 	n := faultN(t)
 	const conc = 32
@@ -305,7 +307,7 @@ func TestRandomClientAborts(t *testing.T) {
 		if first {
 			t.Logf("right after the run: %d goroutines, %d fds of which %d upstream, open connections %v, admissions in flight %v", g, fds, upConns, open, inflight)
 		}
-		if open == 0 && inflight == 0 && gf <= g0+conc && fds-upConns <= fd0-up0 && upConns <= conc {
+		if open == 0 && inflight == 0 && gf <= g0+2*conc && fds-upConns <= fd0-up0 && upConns <= conc {
 			t.Logf("back to baseline %.1fs after the run", time.Since(start.Add(elapsed)).Seconds())
 			break
 		}
@@ -366,8 +368,11 @@ func TestRandomClientAborts(t *testing.T) {
 	if perConn != 0 || checks != 0 {
 		t.Fatalf("%d connection goroutines and %d checks left after every client went away", perConn, checks)
 	}
-	if watchers > conc+1 {
-		t.Fatalf("%d admission watchers for at most %d concurrent admissions", watchers, conc)
+	// A watcher returns itself to the pool just after its admission ends,
+	// so a connection's next admission can start a new one meanwhile: at
+	// most two per connection.
+	if watchers > 2*conc {
+		t.Fatalf("%d admission watchers for %d connections (bound %d)", watchers, conc, 2*conc)
 	}
 }
 
