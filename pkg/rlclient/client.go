@@ -281,9 +281,12 @@ type request struct {
 	cause Cause
 	plain [1 + wire.MaxBody]byte // [decision][RATE_REQUEST body]
 	plen  int                    // bytes of plain in use (incl. the decision byte)
-	pkt   [wire.MaxDatagram]byte
-	hdr   wire.Header
-	done  chan struct{}
+	// pushed: completions were queued under r.mu and the shard still
+	// needs a flush (onDatagram flushes only then).
+	pushed bool
+	pkt    [wire.MaxDatagram]byte
+	hdr    wire.Header
+	done   chan struct{}
 }
 
 const (
@@ -337,6 +340,7 @@ func (c *Client) Check(ctx context.Context, req *wire.RateRequest, out *Decision
 	r.best, r.bestEpoch, r.bestAllow, r.sawCard, r.sawProto = -1, 0, false, false, false
 	r.nGuards, r.nResources = len(req.Guards), len(req.Resources)
 	r.cause = CauseNone
+	r.pushed = false
 	r.state = statePending
 	c.table.put(r)
 	if c.closed.Load() { // Close ran between the check above and put
@@ -352,11 +356,19 @@ func (c *Client) Check(ctx context.Context, req *wire.RateRequest, out *Decision
 		r.es.schedule(r, r.start.Add(c.policy.Unit))
 	}
 	r.mu.Unlock()
-	c.ring.Flush(shard) // after unlocking: datagrams were only queued under r.mu
+	// After unlocking: datagrams were only queued under r.mu. The shard
+	// loop sends them together with those of the other checks that become
+	// runnable meanwhile (one sendmmsg for many checks).
+	c.ring.FlushAsync(shard)
 
+	cancel := ctx.Done()
+	if cancel == nil { // cannot be cancelled: a plain receive is cheaper than select
+		<-r.done
+		return c.finish(r, out)
+	}
 	select {
 	case <-r.done:
-	case <-ctx.Done():
+	case <-cancel:
 		r.mu.Lock()
 		if r.state == statePending {
 			r.state = stateCancelled
@@ -486,6 +498,7 @@ func (r *request) sendCompletions() {
 		}
 		if c.ring.Push(r.sock, r.mem.eps[i].Addr, pkt, 0) == nil {
 			c.c.completions.Add(1)
+			r.pushed = true
 		}
 	}
 }
@@ -499,8 +512,9 @@ func (r *request) onTimer(gen uint64) {
 	}
 	shard := r.sock.Shard()
 	r.roundEndLocked()
+	r.pushed = false // flushed below, whatever the round queued
 	r.mu.Unlock()
-	r.c.ring.Flush(shard)
+	r.c.ring.FlushAsync(shard)
 }
 
 // roundEndLocked applies the end-of-round rules (r.mu held).
@@ -699,9 +713,13 @@ func (c *Client) onDatagram(rx *udpring.Socket, pkt []byte, from netip.AddrPort)
 		}
 		r.afterAnswer(i)
 	}
-	sock := r.sock
+	pushed := r.pushed
+	r.pushed = false
+	shard := r.sock.Shard()
 	r.mu.Unlock()
-	c.ring.Flush(sock.Shard()) // completions queued by a decision
+	if pushed {
+		c.ring.FlushAsync(shard) // completions queued by a decision
+	}
 	if steer {
 		c.c.steers.Add(1)
 		c.ring.Rebind(rx) // the socket the server saw; ignored unless current
@@ -784,5 +802,5 @@ func (c *Client) Report(service []byte, d time.Duration) {
 		}
 		c.c.reports.Add(1)
 	}
-	c.ring.Flush(shard)
+	c.ring.FlushAsync(shard)
 }

@@ -6,16 +6,28 @@
 // source-port rebinds on steering feedback.
 //
 // Threading model. Each shard has a send queue, one loop goroutine that
-// performs rebinds, retires old sockets and delivers send errors, and one
-// reader goroutine per open socket that receives with recvmmsg. The queue
-// is flushed with sendmmsg by whichever goroutine calls Flush (or Send)
-// while no other flush of that shard runs (flat combining): datagrams
-// queued during a flush go out in the flusher's next batch, so concurrent
-// senders share system calls without a goroutine hand-off. Both park in the netpoller (syscall.RawConn callbacks return
-// false on EAGAIN), so no goroutine spins or blocks a P in a syscall. A
-// reader hands at most MaxBatch datagrams to the handler per read turn and
-// yields (runtime.Gosched) after a full batch, so a flood of datagrams
-// cannot monopolise a P.
+// coalesces sends, performs rebinds, retires old sockets and delivers send
+// errors, and one reader goroutine per open socket that receives with
+// recvmmsg. The queue is sent with sendmmsg by one goroutine at a time
+// (flat combining): datagrams queued during a flush go out in the
+// flusher's next batch. There are two ways to get it sent:
+//
+//   - Flush (and Send) sends at once from the calling goroutine, unless
+//     another flush of the shard runs.
+//   - FlushAsync hands the queue to the shard loop and returns. The loop,
+//     woken at most once per batch, first yields the processor
+//     (runtime.Gosched, a bounded number of times and only while the queue
+//     keeps growing) so that the other runnable goroutines, typically the
+//     requests just woken by a batch of answers, can queue their datagrams,
+//     and then sends them all in one sendmmsg. This is what makes sends
+//     batch when requests are issued one goroutine at a time on a few
+//     CPUs: with Flush each of them would run its own system call.
+//
+// Sends and receives park in the netpoller (syscall.RawConn callbacks
+// return false on EAGAIN), so no goroutine spins or blocks a P in a
+// syscall. A reader hands at most MaxBatch datagrams to the handler per
+// read turn and yields (runtime.Gosched) after a full batch, so a flood of
+// datagrams cannot monopolise a P.
 //
 // Rebind protocol. Rebind(sock) only marks the shard pending and wakes its
 // loop; it is safe from the handler (the read path). The loop opens and
@@ -109,7 +121,9 @@ type Stats struct {
 	Rebinds        uint64 // completed source-port switches
 	RebindFailures uint64 // replacement sockets that failed to open
 	Retired        uint64 // old sockets closed after a rebind
-	LoopWakes      uint64 // shard loop iterations (rebind, retire, error delivery)
+	LoopWakes      uint64 // shard loop iterations for rebind, retire, error delivery
+	FlushWakes     uint64 // shard loop iterations for FlushAsync
+	FlushYields    uint64 // runtime.Gosched calls of the loop while coalescing sends
 	Dropped        DropCounts
 }
 
@@ -118,6 +132,7 @@ type counters struct {
 	rebinds, rebindFailures, retired             atomic.Uint64
 	queueFull, tooLarge, family, sendErr, closed atomic.Uint64
 	truncated, recvErr, loopWakes                atomic.Uint64
+	flushWakes, flushYields                      atomic.Uint64
 }
 
 // Ring is a set of per-CPU UDP shards.
@@ -198,6 +213,10 @@ type shard struct {
 	errTmp        []sendErr // loop-owned copy
 
 	wake chan struct{}
+	// fwake wakes the loop to send the queue (FlushAsync); fkicked is set
+	// while such a wake is outstanding, so a batch costs one wake-up.
+	fwake   chan struct{}
+	fkicked atomic.Bool
 
 	// loop-owned
 	spare      []sendSlot
@@ -253,6 +272,7 @@ func New(cfg Config) (*Ring, error) {
 			q:     make([]sendSlot, cfg.QueueLen),
 			spare: make([]sendSlot, cfg.QueueLen),
 			wake:  make(chan struct{}, 1),
+			fwake: make(chan struct{}, 1),
 			errs:  make([]sendErr, 0, MaxBatch),
 		}
 		s.writeFn = s.write
@@ -313,6 +333,28 @@ func (r *Ring) Push(sock *Socket, to netip.AddrPort, pkt []byte, token uint64) e
 // buffer is full, and then parks in the netpoller.
 func (r *Ring) Flush(shard int) { r.shards[shard].flush() }
 
+// FlushAsync asks the shard's loop to send the queued datagrams and
+// returns at once. The loop lets other runnable goroutines queue theirs
+// first (a bounded number of runtime.Gosched calls, only while the queue
+// grows) and sends them together, so datagrams pushed by many goroutines
+// share sendmmsg calls. Calls before the loop has taken the queue cost no
+// extra wake-up. When the queue already holds MaxBatch datagrams the caller
+// sends them itself, as Flush does.
+func (r *Ring) FlushAsync(shard int) {
+	s := r.shards[shard]
+	if s.queued() >= MaxBatch {
+		s.flush()
+		return
+	}
+	if s.fkicked.Load() || !s.fkicked.CompareAndSwap(false, true) {
+		return // a wake-up is outstanding: the loop has not taken the queue yet
+	}
+	select {
+	case s.fwake <- struct{}{}:
+	default:
+	}
+}
+
 // Send is Push followed by Flush.
 func (r *Ring) Send(sock *Socket, to netip.AddrPort, pkt []byte, token uint64) error {
 	if err := sock.sh.enqueue(sock, to, pkt, token); err != nil {
@@ -367,6 +409,8 @@ func (r *Ring) Stats() Stats {
 		st.RebindFailures += c.rebindFailures.Load()
 		st.Retired += c.retired.Load()
 		st.LoopWakes += c.loopWakes.Load()
+		st.FlushWakes += c.flushWakes.Load()
+		st.FlushYields += c.flushYields.Load()
 		st.Dropped.QueueFull += c.queueFull.Load()
 		st.Dropped.TooLarge += c.tooLarge.Load()
 		st.Dropped.Family += c.family.Load()
@@ -499,6 +543,14 @@ func (s *shard) loop() {
 		case <-s.r.done:
 			s.dropQueued()
 			return
+		case <-s.fwake:
+			s.c.flushWakes.Add(1)
+			s.coalesce()
+			s.fkicked.Store(false) // later FlushAsync calls wake us again
+			s.flush()
+			if !s.hasLoopWork() {
+				continue
+			}
 		case <-s.wake:
 		case <-s.retry.C:
 		}
@@ -508,6 +560,43 @@ func (s *shard) loop() {
 		s.maybeRebind()
 		s.retire()
 	}
+}
+
+// maxCoalesceYields bounds the yields of one coalescing round.
+const maxCoalesceYields = 4
+
+// coalesce gives the goroutines that are runnable now the chance to queue
+// their datagrams before the loop sends: it yields the processor while the
+// queue keeps growing, at most maxCoalesceYields times and never once it
+// holds MaxBatch datagrams. On an idle machine the first yield returns at
+// once and finds nothing new.
+func (s *shard) coalesce() {
+	n := s.queued()
+	for i := 0; i < maxCoalesceYields && n < MaxBatch; i++ {
+		runtime.Gosched()
+		s.c.flushYields.Add(1)
+		m := s.queued()
+		if m == n {
+			return
+		}
+		n = m
+	}
+}
+
+// queued is the number of datagrams waiting in the queue.
+func (s *shard) queued() int {
+	s.mu.Lock()
+	n := s.qn
+	s.mu.Unlock()
+	return n
+}
+
+// hasLoopWork reports whether errors await delivery or a rebind or
+// retirement is pending (the flush path leaves those to a full loop turn).
+func (s *shard) hasLoopWork() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.errs) > 0 || s.rebindPending || len(s.old) > 0
 }
 
 func (s *shard) dropQueued() {

@@ -349,3 +349,49 @@ func TestDualStackAnyBind(t *testing.T) {
 		t.Fatalf("got %d bytes", n)
 	}
 }
+
+func TestFlushAsyncSendsQueueInOneBatch(t *testing.T) {
+	srv, _ := echoServer(t)
+	got := make(chan uint64, 2*MaxBatch)
+	r := newTestRing(t, 1, func(_ *Socket, pkt []byte, _ netip.AddrPort) { got <- binary.BigEndian.Uint64(pkt) })
+	push := func(from, to int) {
+		for i := from; i < to; i++ {
+			var b [8]byte
+			binary.BigEndian.PutUint64(b[:], uint64(i))
+			if err := r.PushCurrent(0, srv, b[:], 0); err != nil {
+				t.Fatalf("push %d: %v", i, err)
+			}
+		}
+	}
+	recvAll := func(from, to int) {
+		seen := make(map[uint64]bool)
+		for len(seen) < to-from {
+			v := recvOne(t, got)
+			if v < uint64(from) || v >= uint64(to) {
+				t.Fatalf("unexpected datagram %d", v)
+			}
+			seen[v] = true
+		}
+	}
+	// Below MaxBatch: the loop sends the whole queue in one sendmmsg.
+	push(0, 40)
+	r.FlushAsync(0)
+	recvAll(0, 40)
+	waitFor(t, "send counters", func() bool { st := r.Stats(); return st.Sent == 40 && st.SendBatches > 0 })
+	if st := r.Stats(); st.SendBatches != 1 || st.FlushWakes != 1 {
+		t.Fatalf("after 40 datagrams and one FlushAsync: %+v, want 1 batch, 1 flush wake", st)
+	}
+	// A full batch is sent by the caller itself, before FlushAsync returns.
+	push(40, 40+MaxBatch)
+	r.FlushAsync(0)
+	if st := r.Stats(); st.Sent != 40+MaxBatch || st.SendBatches != 2 || st.FlushWakes != 1 {
+		t.Fatalf("after a full queue: %+v, want %d sent inline in a second batch", st, 40+MaxBatch)
+	}
+	recvAll(40, 40+MaxBatch)
+	// FlushAsync on an empty queue is harmless.
+	r.FlushAsync(0)
+	waitFor(t, "flush wake", func() bool { return r.Stats().FlushWakes == 2 })
+	if st := r.Stats(); st.Sent != 40+MaxBatch || st.Dropped != (DropCounts{}) {
+		t.Fatalf("after an empty flush: %+v", st)
+	}
+}
