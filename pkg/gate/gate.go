@@ -152,6 +152,7 @@ type state struct {
 	hdrs   [3]httpparse.Header
 	buf    []byte
 	report []byte
+	path   []byte // the normalized path matched and rendered ({path})
 }
 
 // Admit implements proxy.Hook.
@@ -159,7 +160,18 @@ func (g *Gate) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
 	st := g.pool.Get().(*state)
 	st.gen = g.cur.Load()
 	st.ref = g.acquire()
-	st.areq = admission.Request{Remote: r.Remote, Local: r.Local, Path: r.Path, Query: r.Query, Headers: r}
+	// Match and render on the normalized path, the one the upstream will
+	// act on: otherwise "/%61pi/" or "//api/" would slip past a
+	// path_prefix: /api/ rule. The parser already rejected malformed
+	// escapes, so only a target without a leading '/' (OPTIONS *, an
+	// absolute-form target without a path) keeps its raw form.
+	path, ok := admission.NormalizePath(st.path[:0], r.Path)
+	if ok {
+		st.path = path
+	} else {
+		path = r.Path
+	}
+	st.areq = admission.Request{Remote: r.Remote, Local: r.Local, Path: path, Query: r.Query, Headers: r}
 	if r.Head != nil {
 		st.areq.Method, st.areq.Host = r.Head.Method, r.Head.Host
 	}

@@ -561,3 +561,35 @@ func TestDebugDecisionLog(t *testing.T) {
 		}
 	}
 }
+
+// Locations match the normalized path, the one the upstream acts on:
+// escapes of unreserved bytes, repeated slashes and dot segments cannot move
+// a request to another location. Without normalization each of these raw
+// targets would fall to the catch-all protected location and be denied.
+func TestMatchOnNormalizedPath(t *testing.T) {
+	r := newRig(t, "close", denyResource)
+	for _, target := range []string{"/%68ealthz", "//healthz", "/x/../healthz", "/./healthz"} {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(r.base, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: a\r\nX-Key: k\r\nConnection: close\r\n\r\n", target)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", target, err)
+		}
+		resp.Body.Close()
+		conn.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("%s: status %d, want 200 from the unprotected /healthz location", target, resp.StatusCode)
+		}
+	}
+	for _, l := range r.accessLines(t, 4) {
+		if l["location"] != "health" || l["outcome"] != "bypass" {
+			t.Errorf("access line %v: want location health, outcome bypass", l)
+		}
+	}
+	if n := r.ck.checks.Load(); n != 0 {
+		t.Fatalf("%d RateLimitly checks for unprotected paths", n)
+	}
+}
