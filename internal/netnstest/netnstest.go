@@ -12,6 +12,7 @@ package netnstest
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -20,6 +21,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -64,8 +67,63 @@ func New(t testing.TB) *NS {
 			t.Errorf("ip netns del %s: %v: %s", name, err, out)
 		}
 	})
-	ns.MustIP(t, "link", "set", "lo", "up")
+	if err := ns.linkUp("lo"); err != nil {
+		t.Fatal(err)
+	}
 	return ns
+}
+
+// netlink returns a netlink handle that configures the namespace from any
+// thread (no setns needed).
+func (n *NS) netlink() (*netlink.Handle, error) {
+	h, err := netlink.NewHandleAt(netns.NsHandle(n.fd))
+	if err != nil {
+		return nil, fmt.Errorf("netlink handle in %s: %w", n.Name, err)
+	}
+	return h, nil
+}
+
+func (n *NS) linkUp(dev string) error {
+	h, err := n.netlink()
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(dev)
+	if err != nil {
+		return fmt.Errorf("%s: link %s: %w", n.Name, dev, err)
+	}
+	if err := h.LinkSetUp(l); err != nil {
+		return fmt.Errorf("%s: set %s up: %w", n.Name, dev, err)
+	}
+	return nil
+}
+
+// addAddrs puts a4/24 and a6/64 (no duplicate address detection, so it is
+// usable at once) on dev and brings dev up.
+func (n *NS) addAddrs(dev string, a4, a6 netip.Addr) error {
+	h, err := n.netlink()
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(dev)
+	if err != nil {
+		return fmt.Errorf("%s: link %s: %w", n.Name, dev, err)
+	}
+	for _, a := range []struct {
+		p     netip.Prefix
+		flags int
+	}{{netip.PrefixFrom(a4, 24), 0}, {netip.PrefixFrom(a6, 64), unix.IFA_F_NODAD}} {
+		addr := &netlink.Addr{IPNet: &net.IPNet{IP: a.p.Addr().AsSlice(), Mask: net.CIDRMask(a.p.Bits(), a.p.Addr().BitLen())}, Flags: a.flags}
+		if err := h.AddrAdd(l, addr); err != nil {
+			return fmt.Errorf("%s: add %v to %s: %w", n.Name, a.p, dev, err)
+		}
+	}
+	if err := h.LinkSetUp(l); err != nil {
+		return fmt.Errorf("%s: set %s up: %w", n.Name, dev, err)
+	}
+	return nil
 }
 
 // Path is the namespace's bind mount, usable with nsenter --net=PATH.
@@ -153,17 +211,25 @@ func NewPair(t testing.TB) *Pair {
 		NodeLink:   "veth-node",
 		ClientLink: "veth-client",
 	}
-	p.Node.MustIP(t, "link", "add", p.NodeLink, "type", "veth", "peer", "name", p.ClientLink, "netns", p.Client.Name)
-	for _, e := range []struct {
-		ns   *NS
-		dev  string
-		a4   netip.Addr
-		a6   netip.Addr
-		peer netip.Addr
-	}{{p.Node, p.NodeLink, p.NodeIP4, p.NodeIP6, p.ClientIP4}, {p.Client, p.ClientLink, p.ClientIP4, p.ClientIP6, p.NodeIP4}} {
-		e.ns.MustIP(t, "addr", "add", e.a4.String()+"/24", "dev", e.dev)
-		e.ns.MustIP(t, "addr", "add", e.a6.String()+"/64", "dev", e.dev, "nodad")
-		e.ns.MustIP(t, "link", "set", e.dev, "up")
+	h, err := p.Node.netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: p.NodeLink},
+		PeerName:      p.ClientLink,
+		PeerNamespace: netlink.NsFd(p.Client.fd),
+	}
+	err = h.LinkAdd(veth)
+	h.Close()
+	if err != nil {
+		t.Fatalf("add veth %s/%s: %v", p.NodeLink, p.ClientLink, err)
+	}
+	if err := p.Node.addAddrs(p.NodeLink, p.NodeIP4, p.NodeIP6); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Client.addAddrs(p.ClientLink, p.ClientIP4, p.ClientIP6); err != nil {
+		t.Fatal(err)
 	}
 	return p
 }
