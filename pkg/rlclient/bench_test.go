@@ -106,6 +106,9 @@ func benchRings(b *testing.B, nodes int) {
 		b.ReportMetric(float64(st.Sent)/float64(st.SendBatches), "dgrams/sendmmsg")
 		b.ReportMetric(float64(st.Received)/float64(st.RecvBatches), "dgrams/recvmmsg")
 	}
+	if st.Sent > 0 {
+		b.ReportMetric(float64(st.GSOSegments)/float64(st.Sent), "gso-share")
+	}
 }
 
 // BenchmarkNaive256 is the baseline: 256 goroutines, each with its own

@@ -29,6 +29,15 @@
 // read turn and yields (runtime.Gosched) after a full batch, so a flood of
 // datagrams cannot monopolise a P.
 //
+// Segmentation offload. Datagrams of one flush that go to the same
+// destination with the same size (the last may be shorter) are sent as one
+// sendmmsg message with UDP_SEGMENT (UDP GSO): the kernel runs its output
+// path once per message and splits it into ordinary datagrams at the
+// device (or at the receiving socket on loopback), so receivers see no
+// difference. A socket on which the kernel refuses it (no checksum
+// offload, IPsec route, segment over the path MTU, old kernel) falls back
+// to one message per datagram for good; Config.DisableGSO turns it off.
+//
 // Rebind protocol. Rebind(sock) only marks the shard pending and wakes its
 // loop; it is safe from the handler (the read path). The loop opens and
 // registers a replacement socket first, then switches the shard's current
@@ -96,7 +105,12 @@ type Config struct {
 	// from a Send/Flush caller) for each datagram the kernel refused, with
 	// the token given to Send.
 	OnSendError func(token uint64, err error)
-	Logger      *slog.Logger
+	// DisableGSO sends every datagram as its own sendmmsg message. By
+	// default datagrams queued together for the same destination share a
+	// UDP_SEGMENT message (see buildMsgs); a socket on which the kernel
+	// refuses that falls back by itself.
+	DisableGSO bool
+	Logger     *slog.Logger
 }
 
 // DropCounts counts datagrams dropped, by reason.
@@ -124,6 +138,8 @@ type Stats struct {
 	LoopWakes      uint64 // shard loop iterations for rebind, retire, error delivery
 	FlushWakes     uint64 // shard loop iterations for FlushAsync
 	FlushYields    uint64 // runtime.Gosched calls of the loop while coalescing sends
+	GSOSegments    uint64 // datagrams sent inside segmented (UDP_SEGMENT) messages
+	GSOFallbacks   uint64 // sockets on which the kernel refused segmentation
 	Dropped        DropCounts
 }
 
@@ -133,6 +149,7 @@ type counters struct {
 	queueFull, tooLarge, family, sendErr, closed atomic.Uint64
 	truncated, recvErr, loopWakes                atomic.Uint64
 	flushWakes, flushYields                      atomic.Uint64
+	gsoSegments, gsoFallbacks                    atomic.Uint64
 }
 
 // Ring is a set of per-CPU UDP shards.
@@ -163,7 +180,8 @@ type Socket struct {
 	dual   bool
 	local  netip.AddrPort
 	refs   atomic.Int64
-	closed bool // guarded by sh.mu
+	noGSO  atomic.Bool // the kernel refused a segmented send on this socket
+	closed bool        // guarded by sh.mu
 }
 
 // LocalAddr is the socket's bound address and port.
@@ -188,6 +206,36 @@ type sendErr struct {
 	token uint64
 	err   syscall.Errno
 }
+
+// msgGroup describes one sendmmsg message of a run: one datagram, or
+// several to the same destination sent with UDP_SEGMENT.
+type msgGroup struct {
+	to    netip.AddrPort
+	seg   int  // segment size (the first datagram's length)
+	cnt   int  // datagrams
+	bytes int  // payload bytes
+	open  bool // may take another datagram (all so far have size seg)
+	iov   int  // first iovec
+	fill  int  // iovecs placed so far (layout)
+}
+
+const (
+	// gsoMaxSegments bounds the datagrams of one segmented message (the
+	// kernel's UDP_MAX_SEGMENTS is 64 on older kernels).
+	gsoMaxSegments = 64
+	// gsoMaxSegSize: larger datagrams are sent alone. A segment must fit
+	// the path MTU whole (the kernel refuses to fragment it), so only
+	// datagrams that fit the IPv6 minimum MTU are grouped.
+	gsoMaxSegSize = 1200
+	// gsoMaxBytes bounds the payload of one segmented message (it is one
+	// IP packet until it is segmented).
+	gsoMaxBytes = 60000
+	// gsoScan is how many of the latest messages a datagram may join.
+	gsoScan = 8
+	// gsoCmsgSpace is the control buffer of one message: a UDP_SEGMENT
+	// cmsg with a uint16.
+	gsoCmsgSpace = (unix.SizeofCmsghdr + 2 + 7) &^ 7
+)
 
 type sendSlot struct {
 	sock  *Socket
@@ -218,12 +266,17 @@ type shard struct {
 	fwake   chan struct{}
 	fkicked atomic.Bool
 
-	// loop-owned
+	// owned by the goroutine that is flushing (flushing = true) or, for
+	// the rest, by the loop
 	spare      []sendSlot
 	msgs       [MaxBatch]unix.Mmsghdr
 	iov        [MaxBatch]unix.Iovec
 	names      [MaxBatch]unix.RawSockaddrInet6
-	slotIdx    [MaxBatch]int
+	ctrl       [MaxBatch][gsoCmsgSpace]byte
+	mg         [MaxBatch]msgGroup
+	ent        [MaxBatch]int // slot index of each datagram still to send in a run
+	entMsg     [MaxBatch]int // message of each ent entry (-1 = dropped)
+	iovSlot    [MaxBatch]int // slot index of each iovec
 	wbase      int
 	wcnt       int
 	wn         int
@@ -411,6 +464,8 @@ func (r *Ring) Stats() Stats {
 		st.LoopWakes += c.loopWakes.Load()
 		st.FlushWakes += c.flushWakes.Load()
 		st.FlushYields += c.flushYields.Load()
+		st.GSOSegments += c.gsoSegments.Load()
+		st.GSOFallbacks += c.gsoFallbacks.Load()
 		st.Dropped.QueueFull += c.queueFull.Load()
 		st.Dropped.TooLarge += c.tooLarge.Load()
 		st.Dropped.Family += c.family.Load()
@@ -658,58 +713,193 @@ func (s *shard) deliverErrors() {
 	}
 }
 
+// sendSlots sends slots in runs of consecutive datagrams for the same
+// socket, at most MaxBatch per run.
 func (s *shard) sendSlots(slots []sendSlot) {
 	for i := 0; i < len(slots); {
 		sock := slots[i].sock
-		cnt := 0
-		for i < len(slots) && slots[i].sock == sock && cnt < MaxBatch {
-			sl := &slots[i]
-			nl := putSockaddr(&s.names[cnt], sock.fam, sock.dual, sl.to)
-			if nl == 0 { // checked at enqueue; defensive
-				s.c.family.Add(1)
-				i++
-				continue
-			}
-			s.msgs[cnt].Hdr.Namelen = nl
-			s.iov[cnt].Base = &sl.buf[0]
-			s.iov[cnt].SetLen(sl.n)
-			s.slotIdx[cnt] = i
-			cnt++
-			i++
+		j := i + 1
+		for j < len(slots) && slots[j].sock == sock && j-i < MaxBatch {
+			j++
 		}
-		if cnt > 0 {
-			s.sendBatch(sock, slots, cnt)
-		}
+		s.sendRun(sock, slots[i:j])
+		i = j
 	}
 }
 
-func (s *shard) sendBatch(sock *Socket, slots []sendSlot, cnt int) {
-	off := 0
-	for off < cnt {
-		s.wn, s.werr = 0, 0
-		s.wbase = off
-		s.wcnt = cnt
-		err := sock.rc.Write(s.writeFn)
-		if err != nil { // socket closed under us
-			s.c.closed.Add(uint64(cnt - off))
+// sendRun sends up to MaxBatch datagrams that all go out through sock. It
+// packs them into sendmmsg messages (buildMsgs) and, if the kernel
+// refuses segmentation offload, sends what is left again without it.
+func (s *shard) sendRun(sock *Socket, slots []sendSlot) {
+	n := len(slots)
+	for e := range n {
+		s.ent[e] = e
+	}
+	for n > 0 {
+		nm := s.buildMsgs(sock, slots, n)
+		failed := s.sendMsgs(sock, slots, nm)
+		if failed < 0 {
 			return
 		}
+		// Messages before failed went out; resend the datagrams of the
+		// others one by one (sock.noGSO is now set).
+		k := 0
+		for e := range n {
+			if s.entMsg[e] >= failed {
+				s.ent[k] = s.ent[e]
+				k++
+			}
+		}
+		n = k
+	}
+}
+
+// buildMsgs fills s.msgs with the datagrams slots[s.ent[0:n]] and returns
+// the number of messages. Unless segmentation offload is off, datagrams to
+// the same destination share one message sent with UDP_SEGMENT (GSO): the
+// kernel splits its payload into datagrams of the first one's size (all
+// but the last must have exactly that size), so the network stack is
+// traversed once per message rather than once per datagram. The iovecs of
+// one message point at the slots' buffers (no copy).
+func (s *shard) buildMsgs(sock *Socket, slots []sendSlot, n int) int {
+	gso := !s.r.cfg.DisableGSO && !sock.noGSO.Load()
+	nm := 0
+	for e := range n {
+		sl := &slots[s.ent[e]]
+		m := -1
+		if gso && sl.n > 0 && sl.n <= gsoMaxSegSize {
+			for k := nm - 1; k >= 0 && k >= nm-gsoScan; k-- {
+				g := &s.mg[k]
+				if g.open && g.to == sl.to && sl.n <= g.seg && g.cnt < gsoMaxSegments && g.bytes+sl.n <= gsoMaxBytes {
+					m = k
+					break
+				}
+			}
+		}
+		if m < 0 {
+			nl := putSockaddr(&s.names[nm], sock.fam, sock.dual, sl.to)
+			if nl == 0 { // checked at enqueue; defensive
+				s.c.family.Add(1)
+				s.entMsg[e] = -1
+				continue
+			}
+			m = nm
+			nm++
+			s.msgs[m].Hdr.Namelen = nl
+			s.mg[m] = msgGroup{to: sl.to, seg: sl.n, open: gso && sl.n > 0 && sl.n <= gsoMaxSegSize}
+		}
+		g := &s.mg[m]
+		s.entMsg[e] = m
+		g.cnt++
+		g.bytes += sl.n
+		if sl.n < g.seg { // a short segment can only be the last one
+			g.open = false
+		}
+	}
+	// Lay the iovecs of each message out contiguously, in queue order.
+	base := 0
+	for m := range nm {
+		g := &s.mg[m]
+		g.iov, g.fill = base, 0
+		base += g.cnt
+	}
+	for e := range n {
+		m := s.entMsg[e]
+		if m < 0 {
+			continue
+		}
+		g := &s.mg[m]
+		k := g.iov + g.fill
+		g.fill++
+		sl := &slots[s.ent[e]]
+		s.iov[k].Base = &sl.buf[0]
+		s.iov[k].SetLen(sl.n)
+		s.iovSlot[k] = s.ent[e]
+	}
+	for m := range nm {
+		g := &s.mg[m]
+		h := &s.msgs[m].Hdr
+		h.Iov = &s.iov[g.iov]
+		h.SetIovlen(g.cnt)
+		if g.cnt > 1 {
+			c := &s.ctrl[m]
+			cm := (*unix.Cmsghdr)(unsafe.Pointer(&c[0]))
+			cm.Level = unix.SOL_UDP
+			cm.Type = unix.UDP_SEGMENT
+			cm.SetLen(unix.CmsgLen(2))
+			*(*uint16)(unsafe.Pointer(&c[unix.CmsgLen(0)])) = uint16(g.seg)
+			h.Control = &c[0]
+			h.SetControllen(gsoCmsgSpace)
+		} else {
+			h.Control = nil
+			h.SetControllen(0)
+		}
+	}
+	return nm
+}
+
+// sendMsgs sends the built messages. It returns -1 when every message was
+// handed to the kernel (or refused and accounted for), or the index of
+// a segmented message the kernel refused as such: segmentation offload is
+// then turned off for sock and the caller resends from there.
+func (s *shard) sendMsgs(sock *Socket, slots []sendSlot, nm int) int {
+	off := 0
+	for off < nm {
+		s.wn, s.werr = 0, 0
+		s.wbase = off
+		s.wcnt = nm
+		if err := sock.rc.Write(s.writeFn); err != nil { // socket closed under us
+			for m := off; m < nm; m++ {
+				s.c.closed.Add(uint64(s.mg[m].cnt))
+			}
+			return -1
+		}
 		if s.werr != 0 {
-			s.c.sendErr.Add(1)
+			g := &s.mg[off]
+			if g.cnt > 1 && gsoRefused(s.werr) {
+				if !sock.noGSO.Swap(true) {
+					s.c.gsoFallbacks.Add(1)
+					s.r.log.Info("udpring: UDP segmentation offload refused, sending datagrams one by one on this socket",
+						"shard", s.idx, "local", sock.local, "err", s.werr)
+				}
+				return off
+			}
+			s.c.sendErr.Add(uint64(g.cnt))
 			if s.r.cfg.OnSendError != nil {
 				s.mu.Lock()
-				if len(s.errs) < cap(s.errs) {
-					s.errs = append(s.errs, sendErr{token: slots[s.slotIdx[off]].token, err: s.werr})
+				for k := g.iov; k < g.iov+g.cnt && len(s.errs) < cap(s.errs); k++ {
+					s.errs = append(s.errs, sendErr{token: slots[s.iovSlot[k]].token, err: s.werr})
 				}
 				s.mu.Unlock()
 			}
 			off++
 			continue
 		}
-		s.c.sent.Add(uint64(s.wn))
+		var sent, seg uint64
+		for m := off; m < off+s.wn; m++ {
+			c := uint64(s.mg[m].cnt)
+			sent += c
+			if c > 1 {
+				seg += c
+			}
+		}
+		s.c.sent.Add(sent)
+		s.c.gsoSegments.Add(seg)
 		s.c.sendBatches.Add(1)
 		off += s.wn
 	}
+	return -1
+}
+
+// gsoRefused reports whether a sendmmsg error on a UDP_SEGMENT message
+// means the kernel, device or route cannot segment it (no checksum
+// offload, an IPsec route, a segment over the path MTU, an old kernel).
+func gsoRefused(e syscall.Errno) bool {
+	switch e {
+	case unix.EIO, unix.EINVAL, unix.EMSGSIZE, unix.ENOPROTOOPT, unix.EOPNOTSUPP:
+		return true
+	}
+	return false
 }
 
 // write is the RawConn.Write callback (allocated once per shard).

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // echoServer echoes every datagram back to its sender on loopback.
@@ -393,5 +395,123 @@ func TestFlushAsyncSendsQueueInOneBatch(t *testing.T) {
 	waitFor(t, "flush wake", func() bool { return r.Stats().FlushWakes == 2 })
 	if st := r.Stats(); st.Sent != 40+MaxBatch || st.Dropped != (DropCounts{}) {
 		t.Fatalf("after an empty flush: %+v", st)
+	}
+}
+
+// runGSOCase queues datagrams (an 8-byte id, then padding to size) and checks
+// that each arrives once, whole, at the right server.
+type gsoDgram struct {
+	to   int // index of the echo server
+	size int
+}
+
+func runGSOCase(t *testing.T, cfg Config, prep func(r *Ring), dgrams []gsoDgram) Stats {
+	t.Helper()
+	srvs := []netip.AddrPort{}
+	for range 2 {
+		a, _ := echoServer(t)
+		srvs = append(srvs, a)
+	}
+	type rx struct {
+		id   uint64
+		size int
+		from netip.AddrPort
+		ok   bool // padding intact
+	}
+	got := make(chan rx, len(dgrams))
+	cfg.Bind = netip.MustParseAddr("127.0.0.1")
+	cfg.Shards = 1
+	cfg.Handler = func(_ *Socket, pkt []byte, from netip.AddrPort) {
+		id := binary.BigEndian.Uint64(pkt)
+		ok := true
+		for k := 8; k < len(pkt); k++ {
+			ok = ok && pkt[k] == byte(int(id)+k)
+		}
+		got <- rx{id, len(pkt), from, ok}
+	}
+	r, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if prep != nil {
+		prep(r)
+	}
+	buf := make([]byte, MaxPayload)
+	for i, d := range dgrams {
+		binary.BigEndian.PutUint64(buf, uint64(i))
+		for k := 8; k < d.size; k++ {
+			buf[k] = byte(i + k)
+		}
+		if err := r.PushCurrent(0, srvs[d.to], buf[:d.size], uint64(i)); err != nil {
+			t.Fatalf("push %d: %v", i, err)
+		}
+	}
+	r.Flush(0) // the whole queue in one flush, on this goroutine
+	seen := make(map[uint64]bool)
+	for len(seen) < len(dgrams) {
+		v := <-got
+		if v.id >= uint64(len(dgrams)) || seen[v.id] {
+			t.Fatalf("unexpected or duplicate datagram %d", v.id)
+		}
+		d := dgrams[v.id]
+		if v.size != d.size || v.from != srvs[d.to] || !v.ok {
+			t.Fatalf("datagram %d: %d bytes from %v (content ok %v), want %d bytes from %v", v.id, v.size, v.from, v.ok, d.size, srvs[d.to])
+		}
+		seen[v.id] = true
+	}
+	return r.Stats()
+}
+
+func TestGSOGroupsDatagramsPerDestination(t *testing.T) {
+	var ds []gsoDgram
+	for range 10 { // interleaved destinations, same size
+		ds = append(ds, gsoDgram{0, 100}, gsoDgram{1, 100})
+	}
+	ds = append(ds, gsoDgram{0, 50}) // a short last segment closes A's message
+	ds = append(ds, gsoDgram{0, 100}, gsoDgram{0, 8}, gsoDgram{1, 1300})
+	st := runGSOCase(t, Config{}, nil, ds)
+	if st.Sent != uint64(len(ds)) || st.Dropped != (DropCounts{}) {
+		t.Fatalf("stats %+v, want %d sent", st, len(ds))
+	}
+	if st.GSOFallbacks != 0 {
+		t.Skipf("kernel refused UDP segmentation on loopback (fallback worked): %+v", st)
+	}
+	// A: 10x100 + 50 in one message, then 100+8 in a second; B: 10x100;
+	// B's 1300-byte datagram is over gsoMaxSegSize and goes alone.
+	if st.GSOSegments != 11+2+10 || st.SendBatches != 1 {
+		t.Fatalf("gso segments %d, batches %d, want 23 in 1 sendmmsg: %+v", st.GSOSegments, st.SendBatches, st)
+	}
+}
+
+func TestGSORefusedFallsBack(t *testing.T) {
+	// The kernel refuses UDP_SEGMENT (EINVAL) on a socket with SO_NO_CHECK.
+	noCheck := func(r *Ring) {
+		sock := r.shards[0].cur
+		var serr error
+		if err := sock.rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_NO_CHECK, 1)
+		}); err != nil || serr != nil {
+			t.Skipf("cannot set SO_NO_CHECK: %v %v", err, serr)
+		}
+	}
+	var ds []gsoDgram
+	for range 12 {
+		ds = append(ds, gsoDgram{0, 200}, gsoDgram{1, 120})
+	}
+	st := runGSOCase(t, Config{}, noCheck, ds)
+	if st.Sent != uint64(len(ds)) || st.Dropped != (DropCounts{}) || st.GSOSegments != 0 || st.GSOFallbacks != 1 {
+		t.Fatalf("stats %+v, want all %d sent one by one after 1 fallback", st, len(ds))
+	}
+}
+
+func TestGSODisabled(t *testing.T) {
+	var ds []gsoDgram
+	for range 10 {
+		ds = append(ds, gsoDgram{0, 64})
+	}
+	st := runGSOCase(t, Config{DisableGSO: true}, nil, ds)
+	if st.Sent != 10 || st.GSOSegments != 0 || st.GSOFallbacks != 0 || st.SendBatches != 1 {
+		t.Fatalf("stats %+v, want 10 datagrams in 1 sendmmsg without segmentation", st)
 	}
 }
