@@ -102,6 +102,7 @@ func benchRings(b *testing.B, nodes int) {
 	st := cst.Ring
 	b.ReportMetric(float64(st.LoopWakes)/float64(b.N), "loopwakes/op")
 	b.ReportMetric(float64(st.FlushWakes)/float64(b.N), "flushwakes/op")
+	b.ReportMetric(float64(st.Rebinds), "rebinds")
 	if st.SendBatches > 0 && st.RecvBatches > 0 {
 		b.ReportMetric(float64(st.Sent)/float64(st.SendBatches), "dgrams/sendmmsg")
 		b.ReportMetric(float64(st.Received)/float64(st.RecvBatches), "dgrams/recvmmsg")

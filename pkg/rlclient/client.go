@@ -356,10 +356,16 @@ func (c *Client) Check(ctx context.Context, req *wire.RateRequest, out *Decision
 		r.es.schedule(r, r.start.Add(c.policy.Unit))
 	}
 	r.mu.Unlock()
-	// After unlocking: datagrams were only queued under r.mu. The shard
-	// loop sends them together with those of the other checks that become
-	// runnable meanwhile (one sendmmsg for many checks).
-	c.ring.FlushAsync(shard)
+	// After unlocking: datagrams were only queued under r.mu. Under load
+	// the shard loop sends them together with those of the other checks
+	// that become runnable meanwhile (one sendmmsg for many checks); with
+	// about one check per shard in flight there is nothing to wait for and
+	// sending at once saves the hand-off.
+	if c.c.inflight.Load() <= int64(len(c.shards)) {
+		c.ring.Flush(shard)
+	} else {
+		c.ring.FlushAsync(shard)
+	}
 
 	cancel := ctx.Done()
 	if cancel == nil { // cannot be cancelled: a plain receive is cheaper than select

@@ -646,12 +646,15 @@ func (s *shard) queued() int {
 	return n
 }
 
-// hasLoopWork reports whether errors await delivery or a rebind or
-// retirement is pending (the flush path leaves those to a full loop turn).
+// hasLoopWork reports whether errors await delivery or switched-out
+// sockets await retirement, so that the flush path goes on with a full
+// loop turn. A pending rebind is not loop work here: Rebind wakes the
+// loop itself, and a rebind deferred by RebindMinInterval or a backoff
+// has the retry timer armed.
 func (s *shard) hasLoopWork() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.errs) > 0 || s.rebindPending || len(s.old) > 0
+	return len(s.errs) > 0 || len(s.old) > 0
 }
 
 func (s *shard) dropQueued() {
