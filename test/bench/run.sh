@@ -252,6 +252,12 @@ run_wrk() {
   echo "$rps $p50 $p99 $((non2xx + sockerr))"
 }
 
+# outcomes: non-zero rl_tproxy_requests_total by outcome, from a scrape on stdin.
+outcomes() {
+  awk '/^rl_tproxy_requests_total\{/ { match($0, /outcome="[a-z_]+"/); o = substr($0, RSTART + 9, RLENGTH - 10); s[o] += $2 }
+       END { for (o in s) if (s[o] > 0) printf "%s %d, ", o, s[o] }' | sed 's/, $//'
+}
+
 declare -A RES
 measure() { # rows... : ROUNDS alternating rounds
   local r row
@@ -272,11 +278,11 @@ echo "machine: $(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc
 echo "$WRK, $ROUNDS alternating rounds; servers on CPU $SERVER_CPU, wrk on CPU $CLIENT_CPU"
 measure "${rows[@]}"
 if [ -n "${URL[steered]:-}" ]; then
-  adm_count=$(nsenter --net="/run/netns/$NS_NODE" curl -fsS http://127.0.0.1:9901/metrics | awk '/^rl_tproxy_requests_total\{.*outcome="allow"/ {s+=$2} END {print s+0}')
-  echo "steered: $adm_count requests admitted by RateLimitly (allow) in the node namespace"
+  steered_outcomes=$(nsenter --net="/run/netns/$NS_NODE" curl -fsS http://127.0.0.1:9901/metrics | outcomes)
+  echo "steered rl-tproxy outcomes: $steered_outcomes"
 fi
-adm_total=$(curl -fsS "http://127.0.0.1:$RLADMIN/metrics" | awk '/^rl_tproxy_requests_total\{.*outcome="allow"/ {s+=$2} END {print s+0}')
-echo "admission: $adm_total requests admitted by RateLimitly (allow) in listener mode"
+listener_outcomes=$(curl -fsS "http://127.0.0.1:$RLADMIN/metrics" | outcomes)
+echo "listener-mode rl-tproxy outcomes: $listener_outcomes"
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 pick() { # row -> the round with the median req/s: "rps p50 p99 errors"
@@ -314,6 +320,11 @@ dirty=$(git status --porcelain -- cmd pkg internal 2>/dev/null | grep -q . && ec
   echo "$table"
   echo
   [ -n "$steer_note" ] && { echo "$steer_note"; echo; }
+  echo "rl-tproxy admission outcomes over the whole run (\`rl_tproxy_requests_total\`; the rl-tproxy policies use \`fail: close\`, the default unit 20ms, horizon 60ms, so a check that gets no answer in time is a 429 and shows up as \`fail_close\` and in the errors column):"
+  echo
+  echo "- listener mode (unprotected + admission rows): $listener_outcomes"
+  [ -n "${steered_outcomes:-}" ] && echo "- steered: $steered_outcomes"
+  echo
   cat <<'EOF'
 Rows:
 
