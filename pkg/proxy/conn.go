@@ -37,6 +37,7 @@ type conn struct {
 	state  atomic.Int32
 
 	buf       buffer
+	w         sockWriter
 	rawReadFn func(uintptr) bool
 	rn        int
 	rerr      error
@@ -71,6 +72,7 @@ type conn struct {
 var connPool = sync.Pool{New: func() any {
 	c := &conn{watchDone: make(chan struct{}, 1)}
 	c.rawReadFn = c.rawRead
+	c.w.init()
 	c.peekFn = c.peekReady
 	return c
 }}
@@ -146,24 +148,19 @@ func (c *conn) rawRead(fd uintptr) bool {
 	if c.buf.b == nil {
 		c.buf.get(bufSize)
 	}
-	for {
-		n, err := unix.Read(int(fd), c.buf.b[c.buf.w:])
-		if err == unix.EINTR {
-			continue
+	n, err := sysRead(fd, c.buf.b[c.buf.w:])
+	if err == unix.EAGAIN {
+		if c.buf.w == 0 {
+			c.buf.put()
 		}
-		if err == unix.EAGAIN {
-			if c.buf.w == 0 {
-				c.buf.put()
-			}
-			return false
-		}
-		c.rn, c.rerr = n, err
-		if err != nil {
-			c.rn = 0
-			c.rerr = os.NewSyscallError("read", err)
-		}
-		return true
+		return false
 	}
+	c.rn, c.rerr = n, nil
+	if err != 0 {
+		c.rn = 0
+		c.rerr = os.NewSyscallError("read", err)
+	}
+	return true
 }
 
 // fill reads more client bytes into buf.b[w:] (need: minimum buffer size).
@@ -441,7 +438,7 @@ func (c *conn) answer(status int, extra string) {
 	b = append(b, "\r\n"...)
 	b = append(b, text...)
 	c.nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	n, _ := c.nc.Write(b)
+	n, _ := c.w.writeAll(c.nc, c.raw, b)
 	c.res.Status = status
 	c.res.BytesOut += int64(n)
 }
@@ -554,7 +551,7 @@ func (c *conn) deny(cfg *Config, svc *Service) bool {
 		b = append(b, d.Body...)
 	}
 	c.nc.SetWriteDeadline(time.Now().Add(svc.idleTimeout()))
-	n, err := c.nc.Write(b)
+	n, err := c.w.writeAll(c.nc, c.raw, b)
 	c.res.Status = status
 	c.res.BytesOut = int64(n)
 	if err != nil {

@@ -46,7 +46,7 @@ func (c *conn) forward(cfg *Config, svc *Service, base int) bool {
 		}
 		if h.Expect100 && !bodyless && !c.sent100 {
 			c.nc.SetWriteDeadline(time.Now().Add(svc.idleTimeout()))
-			if _, err := c.nc.Write(continue100); err != nil {
+			if _, err := c.w.writeAll(c.nc, c.raw, continue100); err != nil {
 				u.close()
 				c.res.ClientAborted = true
 				return false
@@ -106,7 +106,7 @@ func (c *conn) exchange(cfg *Config, svc *Service, u *upConn, base int, retryabl
 		}
 	}
 	u.nc.SetDeadline(time.Now().Add(ut))
-	if _, err := u.nc.Write(b); err != nil {
+	if _, err := c.w.writeAll(u.nc, u.raw, b); err != nil {
 		if retryable {
 			return false, errRetry
 		}
@@ -119,7 +119,7 @@ func (c *conn) exchange(cfg *Config, svc *Service, u *upConn, base int, retryabl
 	case httpparse.BodyLength:
 		if avail := int64(c.buf.w - c.buf.r); avail > 0 && bodyLeft > 0 {
 			k := min(avail, bodyLeft)
-			if _, err := u.nc.Write(c.buf.b[c.buf.r : c.buf.r+int(k)]); err != nil {
+			if _, err := c.w.writeAll(u.nc, u.raw, c.buf.b[c.buf.r:c.buf.r+int(k)]); err != nil {
 				u.close()
 				return c.upstreamFail(cfg, svc, fmt.Errorf("send request body: %w", err)), nil
 			}
@@ -199,7 +199,7 @@ func (c *conn) exchange(cfg *Config, svc *Service, u *upConn, base int, retryabl
 		if h.Minor == 1 && !(r.Status == 100 && c.sent100) {
 			b = appendResponseHead(c.getWB(), r, nil, false, false, false)
 			c.nc.SetWriteDeadline(time.Now().Add(idle))
-			if _, err := c.nc.Write(b); err != nil {
+			if _, err := c.w.writeAll(c.nc, c.raw, b); err != nil {
 				u.close()
 				c.res.ClientAborted = true
 				return false, nil
@@ -344,7 +344,7 @@ func (c *conn) releaseUpstream(cfg *Config, u *upConn, keep bool) bool {
 // writeClient writes b to the client with a write deadline.
 func (c *conn) writeClient(b []byte, timeout time.Duration) error {
 	c.nc.SetWriteDeadline(time.Now().Add(timeout))
-	n, err := c.nc.Write(b)
+	n, err := c.w.writeAll(c.nc, c.raw, b)
 	c.res.BytesOut += int64(n)
 	return err
 }

@@ -3,7 +3,9 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -73,6 +75,9 @@ type upConn struct {
 	idleSince time.Time
 	healthy   bool
 	checkFn   func(fd uintptr)
+	readFn    func(fd uintptr) bool
+	rn        int
+	rerr      unix.Errno
 	peek      [1]byte
 }
 
@@ -84,6 +89,7 @@ func newUpConn(nc net.Conn, pool *upPool) *upConn {
 		}
 	}
 	u.checkFn = u.check
+	u.readFn = u.rawRead
 	return u
 }
 
@@ -109,9 +115,34 @@ func (u *upConn) fill() (int, error) {
 	if u.buf.w == len(u.buf.b) {
 		u.buf.compact()
 	}
-	n, err := u.nc.Read(u.buf.b[u.buf.w:])
-	u.buf.w += n
-	return n, err
+	if u.raw == nil || u.buf.w == len(u.buf.b) {
+		n, err := u.nc.Read(u.buf.b[u.buf.w:])
+		u.buf.w += n
+		return n, err
+	}
+	u.rn, u.rerr = 0, 0
+	if err := u.raw.Read(u.readFn); err != nil {
+		return 0, err
+	}
+	if u.rerr != 0 {
+		return 0, &net.OpError{Op: "read", Net: "tcp", Source: u.nc.LocalAddr(), Addr: u.nc.RemoteAddr(),
+			Err: os.NewSyscallError("read", u.rerr)}
+	}
+	if u.rn == 0 {
+		return 0, io.EOF
+	}
+	u.buf.w += u.rn
+	return u.rn, nil
+}
+
+// rawRead runs inside the runtime's poller loop (see rawio.go).
+func (u *upConn) rawRead(fd uintptr) bool {
+	n, err := sysRead(fd, u.buf.b[u.buf.w:])
+	if err == unix.EAGAIN {
+		return false
+	}
+	u.rn, u.rerr = n, err
+	return true
 }
 
 func (u *upConn) close() {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -17,7 +18,20 @@ import (
 func main() {
 	listen := flag.String("listen", "127.0.0.1:8080", "listen address")
 	upstream := flag.String("upstream", "127.0.0.1:8081", "upstream address")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile to this file until SIGTERM/SIGINT")
 	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
 	svc := &proxy.Service{Name: "bench", Upstream: *upstream, XForwardedFor: true,
 		IdleTimeout: 5 * time.Minute}
 	p, err := proxy.New(proxy.Config{Services: []*proxy.Service{svc}})
