@@ -356,16 +356,7 @@ func (c *Client) Check(ctx context.Context, req *wire.RateRequest, out *Decision
 		r.es.schedule(r, r.start.Add(c.policy.Unit))
 	}
 	r.mu.Unlock()
-	// After unlocking: datagrams were only queued under r.mu. Under load
-	// the shard loop sends them together with those of the other checks
-	// that become runnable meanwhile (one sendmmsg for many checks); with
-	// about one check per shard in flight there is nothing to wait for and
-	// sending at once saves the hand-off.
-	if c.c.inflight.Load() <= int64(len(c.shards)) {
-		c.ring.Flush(shard)
-	} else {
-		c.ring.FlushAsync(shard)
-	}
+	c.flush(shard) // after unlocking: datagrams were only queued under r.mu
 
 	cancel := ctx.Done()
 	if cancel == nil { // cannot be cancelled: a plain receive is cheaper than select
@@ -388,6 +379,20 @@ func (c *Client) Check(ctx context.Context, req *wire.RateRequest, out *Decision
 		}
 	}
 	return c.finish(r, out)
+}
+
+// flush sends what this goroutine queued on shard. Under load the shard
+// loop sends it together with the datagrams of the other checks that
+// become runnable meanwhile (one sendmmsg, and one UDP_SEGMENT message per
+// endpoint, for many checks). With about one check per shard in flight
+// there is nothing to wait for: sending at once saves the hand-off to the
+// loop and its wake-up.
+func (c *Client) flush(shard int) {
+	if c.c.inflight.Load() <= int64(len(c.shards)) {
+		c.ring.Flush(shard)
+	} else {
+		c.ring.FlushAsync(shard)
+	}
 }
 
 func (c *Client) finishEarly(out *Decision, cause Cause, err error) error {
@@ -520,7 +525,7 @@ func (r *request) onTimer(gen uint64) {
 	r.roundEndLocked()
 	r.pushed = false // flushed below, whatever the round queued
 	r.mu.Unlock()
-	r.c.ring.FlushAsync(shard)
+	r.c.flush(shard)
 }
 
 // roundEndLocked applies the end-of-round rules (r.mu held).
@@ -724,7 +729,7 @@ func (c *Client) onDatagram(rx *udpring.Socket, pkt []byte, from netip.AddrPort)
 	shard := r.sock.Shard()
 	r.mu.Unlock()
 	if pushed {
-		c.ring.FlushAsync(shard) // completions queued by a decision
+		c.flush(shard) // completions queued by a decision
 	}
 	if steer {
 		c.c.steers.Add(1)
