@@ -33,6 +33,11 @@
 // COMPLETION (decision + original request) goes to every endpoint that did
 // not answer, when the policy enables completion delivery.
 //
+// A check's datagrams are queued on its shard; under load the shard's
+// loop sends the datagrams of many checks together (udpring FlushAsync:
+// one sendmmsg, one UDP_SEGMENT message per endpoint), with about one
+// check per shard in flight the check sends them itself.
+//
 // Request state is pooled and time is kept by one timer goroutine per
 // shard with a min-heap of deadlines: no goroutine or timer per request,
 // and zero allocations per Check in steady state. A response may arrive on
