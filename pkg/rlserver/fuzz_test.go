@@ -2,10 +2,7 @@ package rlserver
 
 import (
 	"bytes"
-	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
+	"github.com/rl-tproxy/rl-tproxy/internal/fuzzcorpus"
 	"testing"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
@@ -66,20 +63,8 @@ func handleSeeds() [][]byte {
 	}
 }
 
-// TestWriteHandleCorpus regenerates testdata/fuzz/FuzzHandle when
-// RL_WRITE_CORPUS=1.
-func TestWriteHandleCorpus(t *testing.T) {
-	if os.Getenv("RL_WRITE_CORPUS") != "1" {
-		t.Skip("set RL_WRITE_CORPUS=1 to regenerate testdata/fuzz")
-	}
-	dir := filepath.Join("testdata", "fuzz", "FuzzHandle")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for i, s := range handleSeeds() {
-		data := "go test fuzz v1\n[]byte(" + strconv.Quote(string(s)) + ")\n"
-		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("seed%d", i)), []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+// TestHandleCorpus checks that testdata/fuzz/FuzzHandle holds the
+// generated seeds (RL_WRITE_CORPUS=1 rewrites it).
+func TestHandleCorpus(t *testing.T) {
+	fuzzcorpus.Sync(t, "FuzzHandle", handleSeeds())
 }

@@ -2,10 +2,7 @@ package wire
 
 import (
 	"bytes"
-	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
+	"github.com/rl-tproxy/rl-tproxy/internal/fuzzcorpus"
 	"testing"
 )
 
@@ -117,24 +114,13 @@ func FuzzOpen(f *testing.F) {
 	})
 }
 
-// TestWriteSeedCorpus regenerates testdata/fuzz when RL_WRITE_CORPUS=1.
-func TestWriteSeedCorpus(t *testing.T) {
-	if os.Getenv("RL_WRITE_CORPUS") != "1" {
-		t.Skip("set RL_WRITE_CORPUS=1 to regenerate testdata/fuzz")
-	}
+// TestSeedCorpus checks that testdata/fuzz holds the generated seeds
+// (RL_WRITE_CORPUS=1 rewrites it).
+func TestSeedCorpus(t *testing.T) {
 	all := seedBodies()
 	all["FuzzHeader"] = seedDatagrams()
 	all["FuzzOpen"] = seedDatagrams()
 	for name, seeds := range all {
-		dir := filepath.Join("testdata", "fuzz", name)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		for i, s := range seeds {
-			data := "go test fuzz v1\n[]byte(" + strconv.Quote(string(s)) + ")\n"
-			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("seed%d", i)), []byte(data), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
+		fuzzcorpus.Sync(t, name, seeds)
 	}
 }

@@ -213,15 +213,21 @@ func TestEncodeBounds(t *testing.T) {
 }
 
 // A body that exactly fills MaxDatagram is accepted, one byte more is not.
+// A full label and bucket do not fill it alone, so a guard's service name
+// takes the rest.
 func TestMaxDatagramBoundary(t *testing.T) {
 	k := testKey(t, 1, 0)
-	// body = 2 counts + 2 label len + label + 2 + bucket + 16
-	bucket := 1024
-	label := MaxBody - (2 + 2 + 2 + bucket + 16)
-	if label > MaxLabel {
-		t.Skip("layout allows no exact fill")
+	// body = 2 counts + (2 + label) + guard (2 + service + 4) + resource (2 + bucket + 16)
+	const label, bucket = MaxLabel, MaxName
+	service := MaxBody - (2 + 2 + label + 2 + 4 + 2 + bucket + 16)
+	if service <= 0 || service > MaxName {
+		t.Fatalf("layout constants changed: service fill %d", service)
 	}
-	r := &RateRequest{Label: bytes.Repeat([]byte("l"), label), Resources: []Resource{{Bucket: bytes.Repeat([]byte("b"), bucket), Rate: 1, PeriodMs: 1}}}
+	r := &RateRequest{
+		Label:     bytes.Repeat([]byte("l"), label),
+		Guards:    []Guard{{Service: bytes.Repeat([]byte("s"), service), ThresholdMs: 1}},
+		Resources: []Resource{{Bucket: bytes.Repeat([]byte("b"), bucket), Rate: 1, PeriodMs: 1}},
+	}
 	var h Header
 	pkt, err := k.Seal(nil, &h, r)
 	if err != nil || len(pkt) != MaxDatagram {
@@ -231,9 +237,12 @@ func TestMaxDatagramBoundary(t *testing.T) {
 	if err := k.OpenBody(pkt, &h, &got); err != nil {
 		t.Fatal(err)
 	}
-	r.Label = append(r.Label, 'x')
+	if !bytes.Equal(got.Guards[0].Service, r.Guards[0].Service) || !bytes.Equal(got.Resources[0].Bucket, r.Resources[0].Bucket) {
+		t.Fatal("exact fill did not round-trip")
+	}
+	r.Guards[0].Service = append(r.Guards[0].Service, 's')
 	if _, err := k.Seal(nil, &h, r); err != ErrTooLarge {
-		t.Fatalf("one over: %v", err)
+		t.Fatalf("one over: %v, want ErrTooLarge", err)
 	}
 }
 
