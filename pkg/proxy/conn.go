@@ -311,7 +311,10 @@ func (c *conn) serveOne() bool {
 		c.buf.compact()
 	}
 	start := cfg.now()
-	c.nc.SetReadDeadline(start.Add(svc.headerTimeout()))
+	// The header deadline is armed only when the head needs another read:
+	// most heads arrive whole with the idle wait's read, and a deadline
+	// update costs a runtime timer change per request.
+	armed := false
 	h := &c.head
 	for {
 		err := h.Parse(c.buf.unread(), lim)
@@ -326,6 +329,10 @@ func (c *conn) serveOne() bool {
 				return c.reject(cfg, svc, httpparse.ErrHeaderTooBig)
 			}
 			c.buf.compact()
+		}
+		if !armed {
+			c.nc.SetReadDeadline(start.Add(svc.headerTimeout()))
+			armed = true
 		}
 		if _, err := c.fill(need); err != nil {
 			if isTimeout(err) {
@@ -351,6 +358,11 @@ func (c *conn) serveOne() bool {
 
 	hook := cfg.Hook
 	if hook != nil {
+		if !armed {
+			// The client-abort watcher reads under the header deadline
+			// (not the idle wait's, which may be only ParkIdleAfter).
+			c.nc.SetReadDeadline(start.Add(svc.headerTimeout()))
+		}
 		c.dec = c.admit(hook)
 		if c.gone {
 			c.res.ClientAborted = true

@@ -168,7 +168,11 @@ func (c *conn) exchange(cfg *Config, svc *Service, u *upConn, base int, retryabl
 	u.buf.get(bufSize)
 	lim := httpparse.Limits{}
 	r := &u.resp
-	u.nc.SetReadDeadline(time.Now().Add(ut))
+	if mode != httpparse.BodyNone {
+		// The deadline set before the head covers the response of a
+		// bodyless request; after a body, the wait starts again.
+		u.nc.SetReadDeadline(time.Now().Add(ut))
+	}
 	for {
 		err := r.Parse(u.buf.unread(), lim, h.Method)
 		if err == httpparse.ErrNeedMore {

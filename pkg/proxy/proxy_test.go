@@ -1028,6 +1028,36 @@ func TestMaxBodyBytesChunked(t *testing.T) {
 
 // A client that goes away while admission waits is noticed even when its
 // request body is already queued unread.
+// TestClientAbortDuringAdmissionAfterParkDelay: the abort watcher keeps
+// watching after the idle wait's short park deadline (ParkIdleAfter) has
+// passed, although the head arrived whole with that wait's read.
+func TestClientAbortDuringAdmissionAfterParkDelay(t *testing.T) {
+	entered := make(chan struct{})
+	hook := newTestHook(func(ctx context.Context, r *Request) Decision {
+		time.Sleep(20 * time.Millisecond) // scenario: admission outlasts ParkIdleAfter
+		close(entered)
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Second):
+		}
+		return Decision{Allow: true}
+	})
+	up := newRawUpstream(t, func(int, net.Conn) {})
+	_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, func(cfg *Config) {
+		cfg.ParkIdleAfter = time.Millisecond
+	})
+	c := dialClient(t, addr)
+	c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-entered
+	c.c.Close()
+	if d := hook.waitDone(t); !d.clientAborted || d.status != 0 {
+		t.Fatalf("done %+v", d)
+	}
+	if up.count() != 0 {
+		t.Fatal("aborted request reached the upstream")
+	}
+}
+
 func TestClientAbortDuringAdmissionWithBody(t *testing.T) {
 	entered := make(chan struct{})
 	hook := newTestHook(func(ctx context.Context, r *Request) Decision {

@@ -238,7 +238,8 @@ func (us *upstreams) put(cfg *Config, u *upConn) {
 		return
 	}
 	u.buf.put()
-	u.nc.SetDeadline(time.Time{})
+	// The deadlines are left as they are: the next exchange sets both
+	// before any I/O, and the health check does no I/O through Go.
 	maxIdle := cfg.MaxIdlePerUpstream
 	if maxIdle == 0 {
 		maxIdle = DefaultMaxIdlePerUpstream
