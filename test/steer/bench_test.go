@@ -20,14 +20,15 @@ import (
 //     mode; the sk_lookup program runs and passes);
 //
 // in alternating rounds, then nginx alone (the proxy stopped, port 80
-// falls through) as a reference. It is a measurement, not a check: it runs
-// only with RL_TPROXY_STEER_BENCH=1 (see docs/bench/steer.md), and asserts
-// only that every answer was a 200 and nothing was refused.
+// falls through) as a reference. In every test run it makes one short round
+// and asserts that every new connection, steered or not, got a 200 and none
+// was refused; RL_TPROXY_STEER_BENCH=1 makes it the measurement of
+// docs/bench/steer.md (3 rounds of 5 s; the ratio is logged, never asserted).
 func TestWrkNewConnections(t *testing.T) {
-	if os.Getenv("RL_TPROXY_STEER_BENCH") != "1" {
-		t.Skip("benchmark: set RL_TPROXY_STEER_BENCH=1 (docs/bench/steer.md)")
+	rounds, dur, conns := 1, "1s", 4
+	if os.Getenv("RL_TPROXY_STEER_BENCH") == "1" {
+		rounds, dur = 3, "5s"
 	}
-	rounds, dur, conns := 3, "5s", 4
 	if v, err := strconv.Atoi(os.Getenv("RL_TPROXY_STEER_BENCH_ROUNDS")); err == nil && v > 0 {
 		rounds = v
 	}
