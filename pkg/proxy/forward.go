@@ -347,8 +347,7 @@ func (c *conn) releaseUpstream(cfg *Config, u *upConn, keep bool) bool {
 
 // writeClient writes b to the client with a write deadline.
 func (c *conn) writeClient(b []byte, timeout time.Duration) error {
-	c.nc.SetWriteDeadline(time.Now().Add(timeout))
-	n, err := c.w.writeAll(c.nc, c.raw, b)
+	n, err := c.w.writeTimeout(c.nc, c.raw, b, timeout)
 	c.res.BytesOut += int64(n)
 	return err
 }

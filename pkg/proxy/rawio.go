@@ -4,6 +4,7 @@ import (
 	"net"
 	"os"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -39,9 +40,13 @@ type sockWriter struct {
 	n   int
 	err unix.Errno
 	fn  func(uintptr) bool
+	try func(uintptr)
 }
 
-func (w *sockWriter) init() { w.fn = w.write }
+func (w *sockWriter) init() {
+	w.fn = w.write
+	w.try = func(fd uintptr) { w.write(fd) }
+}
 
 func (w *sockWriter) write(fd uintptr) bool {
 	for w.n < len(w.b) {
@@ -74,6 +79,37 @@ func (w *sockWriter) writeAll(nc net.Conn, raw syscall.RawConn, b []byte) (int, 
 	if err != nil {
 		return n, err
 	}
+	if e != 0 {
+		return n, &net.OpError{Op: "write", Net: "tcp", Source: nc.LocalAddr(), Addr: nc.RemoteAddr(),
+			Err: os.NewSyscallError("write", e)}
+	}
+	return n, nil
+}
+
+// writeTimeout writes b to nc and fails when the socket stays unwritable
+// for timeout. The deadline is armed only when b does not go out at once
+// (a deadline update is a runtime timer change; a write that never waits
+// needs none).
+func (w *sockWriter) writeTimeout(nc net.Conn, raw syscall.RawConn, b []byte, timeout time.Duration) (int, error) {
+	if raw == nil {
+		nc.SetWriteDeadline(time.Now().Add(timeout))
+		return nc.Write(b)
+	}
+	w.b, w.n, w.err = b, 0, 0
+	if err := raw.Control(w.try); err != nil {
+		w.b = nil
+		return 0, err
+	}
+	if w.err == 0 && w.n < len(b) {
+		nc.SetWriteDeadline(time.Now().Add(timeout))
+		if err := raw.Write(w.fn); err != nil {
+			n := w.n
+			w.b = nil
+			return n, err
+		}
+	}
+	n, e := w.n, w.err
+	w.b = nil
 	if e != 0 {
 		return n, &net.OpError{Op: "write", Net: "tcp", Source: nc.LocalAddr(), Addr: nc.RemoteAddr(),
 			Err: os.NewSyscallError("write", e)}
