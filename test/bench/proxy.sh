@@ -13,7 +13,10 @@
 # RSS delta / N.
 #
 # Usage: test/bench/proxy.sh            (env: DURATION=5s CONNS=50 ROUNDS=3 (0: memory only)
-#                                        IDLE_CONNS=10000 IDLE_SETTLE=3 SERVER_CPU=0 CLIENT_CPU=1)
+#                                        IDLE_CONNS=10000 IDLE_SETTLE=3 SERVER_CPU=0 CLIENT_CPU=1
+#                                        BASE_PROXY=path: also measure (d), another build of
+#                                        test/bench/proxy/proxy, e.g. before a change, in the
+#                                        same rounds and with the same pinning)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -54,7 +57,7 @@ wait_port() { # bounded readiness poll of a just-started server
   echo "proxy.sh: nothing listening on port $1" >&2; exit 1
 }
 
-BACKEND=$(free_port); NGXPROXY=$(free_port); GOPROXY=$(free_port)
+BACKEND=$(free_port); NGXPROXY=$(free_port); GOPROXY=$(free_port); BASEPROXY=$(free_port)
 user_line=""; [ "$(id -u)" = 0 ] && user_line="user root;"
 
 mkdir -p "$work/www" "$work/backend" "$work/nproxy"
@@ -98,6 +101,11 @@ NGXPID=$!; pids+=($!)
 GOMAXPROCS=1 taskset -c "$SERVER_CPU" "$work/proxy" -listen "127.0.0.1:$GOPROXY" -upstream "127.0.0.1:$BACKEND" &
 GOPID=$!; pids+=($!)
 wait_port "$BACKEND"; wait_port "$NGXPROXY"; wait_port "$GOPROXY"
+if [ -n "${BASE_PROXY:-}" ]; then
+  GOMAXPROCS=1 taskset -c "$SERVER_CPU" "$BASE_PROXY" -listen "127.0.0.1:$BASEPROXY" -upstream "127.0.0.1:$BACKEND" &
+  BASEPID=$!; pids+=($!)
+  wait_port "$BASEPROXY"
+fi
 
 for port in "$BACKEND" "$NGXPROXY" "$GOPROXY"; do
   code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/")
@@ -129,13 +137,18 @@ echo "machine: $(nproc) CPUs, $(uname -r), load: $(cut -d' ' -f1-3 /proc/loadavg
 echo "ulimit -n $NOFILE; wrk -t1 -c$CONNS -d$DURATION --timeout 10s, $ROUNDS rounds; servers on CPU $SERVER_CPU, wrk on CPU $CLIENT_CPU"
 echo "CPU/req = CPU time (user+sys) of the measured server process during the run / requests:"
 echo "  (a) the backend nginx, (b) the nginx proxy only, (c) the Go proxy only"
-declare -a A B C AC BC CC
+declare -a A B C D AC BC CC DC
 if [ "$ROUNDS" -gt 0 ]; then
 for r in $(seq 1 "$ROUNDS"); do
   res=$(run_wrk "$BACKEND" a "$BACKPID"); read -r x y <<<"$res"; A+=("$x"); AC+=("$y")
   res=$(run_wrk "$NGXPROXY" b "$NGXPID"); read -r x y <<<"$res"; B+=("$x"); BC+=("$y")
   res=$(run_wrk "$GOPROXY" c "$GOPID"); read -r x y <<<"$res"; C+=("$x"); CC+=("$y")
-  echo "round $r: (a) ${A[-1]} req/s ${AC[-1]} us/req  (b) ${B[-1]} req/s ${BC[-1]} us/req  (c) ${C[-1]} req/s ${CC[-1]} us/req"
+  line="round $r: (a) ${A[-1]} req/s ${AC[-1]} us/req  (b) ${B[-1]} req/s ${BC[-1]} us/req  (c) ${C[-1]} req/s ${CC[-1]} us/req"
+  if [ -n "${BASE_PROXY:-}" ]; then
+    res=$(run_wrk "$BASEPROXY" d "$BASEPID"); read -r x y <<<"$res"; D+=("$x"); DC+=("$y")
+    line="$line  (d) ${D[-1]} req/s ${DC[-1]} us/req"
+  fi
+  echo "$line"
 done
 med() { printf '%s\n' "$@" | median; }
 a=$(med "${A[@]}"); b=$(med "${B[@]}"); c=$(med "${C[@]}")
@@ -144,8 +157,16 @@ printf '%-44s %14s %16s\n' "setup (medians)" "req/s" "CPU us/req"
 printf '%-44s %14s %16s\n' "(a) nginx static backend, direct" "$a" "$ac"
 printf '%-44s %14s %16s\n' "(b) nginx proxy_pass, upstream keepalive" "$b" "$bc"
 printf '%-44s %14s %16s\n' "(c) rl-tproxy data path (no admission)" "$c" "$cc"
+if [ -n "${BASE_PROXY:-}" ]; then
+  d=$(med "${D[@]}"); dc=$(med "${DC[@]}")
+  printf '%-44s %14s %16s\n' "(d) BASE_PROXY build (no admission)" "$d" "$dc"
+fi
 awk -v b="$b" -v c="$c" -v bc="$bc" -v cc="$cc" \
   'BEGIN {printf "ratio (c)/(b): throughput %.2f, proxy CPU per request %.2f (below 1: cheaper than nginx)\n", c/b, cc/bc}'
+if [ -n "${BASE_PROXY:-}" ]; then
+  awk -v b="$b" -v d="$d" -v bc="$bc" -v dc="$dc" \
+    'BEGIN {printf "ratio (d)/(b): throughput %.2f, proxy CPU per request %.2f\n", d/b, dc/bc}'
+fi
 fi
 
 rss_kb() { # sum VmRSS of a process and its children (nginx master + worker)
