@@ -48,5 +48,10 @@ demo: build
 bench: deps build
 	test/bench/run.sh
 
+# The long fault run of docs/reliability.md: 1M requests with random client
+# aborts; goroutines and fds must return to baseline.
+soak: build
+	RL_FAULT_N=1000000 $(GO) test -count=1 -v -timeout 60m -run TestRandomClientAborts ./test/fault/
+
 clean:
 	rm -rf bin

@@ -350,3 +350,13 @@ Rows:
 EOF
 } >"$OUT"
 echo "wrote $OUT"
+
+# docs/performance.md carries the same table between two markers.
+perf=${PERF_DOC:-docs/performance.md}
+if [ -f "$perf" ] && grep -q '<!-- sidebyside:begin -->' "$perf"; then
+  awk -v src="$OUT" '
+    /<!-- sidebyside:begin -->/ { print; while ((getline line < src) > 0) { if (line ~ /^#/) line = "##" line; print line }; skip = 1; next }
+    /<!-- sidebyside:end -->/ { skip = 0 }
+    !skip { print }' "$perf" >"$perf.tmp" && mv "$perf.tmp" "$perf"
+  echo "updated $perf"
+fi
