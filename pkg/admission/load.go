@@ -477,9 +477,7 @@ func (l *loader) credentials(rlNode, credNode *yaml.Node) {
 	if err != nil {
 		var le *credentials.LoadError
 		if errors.As(err, &le) {
-			for _, e := range le.Errs {
-				l.errs = append(l.errs, Error{File: e.File, Line: e.Line, Msg: e.Msg})
-			}
+			l.errs = append(l.errs, le.Errs...)
 		} else {
 			l.errorf(credNode, "ratelimitly.credentials: %v", err)
 		}

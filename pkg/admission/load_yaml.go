@@ -3,6 +3,7 @@ package admission
 import (
 	"errors"
 	"fmt"
+	"github.com/rl-tproxy/rl-tproxy/internal/fileerr"
 	"io"
 	"math"
 	"net/netip"
@@ -15,27 +16,11 @@ import (
 )
 
 // Error is one problem in a policy (or its credentials) file.
-type Error struct {
-	File string
-	Line int
-	Msg  string
-}
-
-func (e Error) Error() string { return fmt.Sprintf("%s:%d: %s", e.File, e.Line, e.Msg) }
+type Error = fileerr.Error
 
 // LoadError lists every problem found while loading a policy, each as
 // FILE:LINE: message, in file and line order.
-type LoadError struct {
-	Errs []Error
-}
-
-func (e *LoadError) Error() string {
-	parts := make([]string, len(e.Errs))
-	for i, x := range e.Errs {
-		parts[i] = x.Error()
-	}
-	return strings.Join(parts, "\n")
-}
+type LoadError = fileerr.List
 
 // kv is one key/value pair of a YAML mapping.
 type kv struct {

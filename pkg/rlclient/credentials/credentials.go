@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"github.com/rl-tproxy/rl-tproxy/internal/fileerr"
 	"io"
 	"log/slog"
 	"os"
@@ -64,26 +65,10 @@ func (c Credential) MarshalJSON() ([]byte, error) {
 
 // Error is one problem in a credentials file, located by line. Its message
 // never contains a value from the file, so a secret cannot leak through it.
-type Error struct {
-	File string
-	Line int
-	Msg  string
-}
-
-func (e Error) Error() string { return fmt.Sprintf("%s:%d: %s", e.File, e.Line, e.Msg) }
+type Error = fileerr.Error
 
 // LoadError lists every problem found in a credentials file.
-type LoadError struct {
-	Errs []Error
-}
-
-func (e *LoadError) Error() string {
-	parts := make([]string, len(e.Errs))
-	for i, x := range e.Errs {
-		parts[i] = x.Error()
-	}
-	return strings.Join(parts, "\n")
-}
+type LoadError = fileerr.List
 
 // Load reads and parses the credentials file at path.
 func Load(path string) ([]Credential, error) {
