@@ -175,7 +175,7 @@ func New(cfg Config) (*Client, error) {
 	c.table.init()
 	c.ring, err = udpring.New(udpring.Config{
 		Bind: cfg.Bind, Shards: cfg.Shards, QueueLen: cfg.QueueLen, Handler: c.onDatagram,
-		OnSendError: c.onSendError, Logger: lg,
+		OnSendError: c.onSendError, Logger: lg, ReadGate: testReadGate,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("rlclient: %w", err)
@@ -192,6 +192,10 @@ func New(cfg Config) (*Client, error) {
 	c.disc.start()
 	return c, nil
 }
+
+// testReadGate is handed to udpring as Config.ReadGate: tests set it
+// (before New) to hold the socket readers back. Nil in production.
+var testReadGate func(*udpring.Socket)
 
 // Ready reports whether discovery has succeeded at least once.
 func (c *Client) Ready() bool { return c.disc.ready.Load() }

@@ -117,6 +117,7 @@ func (es *eshard) timerLoop() {
 		case <-t.C():
 		case <-es.wake:
 		}
+		drained := false
 		for {
 			now := es.c.clock.Now()
 			es.mu.Lock()
@@ -131,6 +132,19 @@ func (es *eshard) timerLoop() {
 				es.mu.Unlock()
 				t.ResetAt(at)
 				break
+			}
+			if !drained {
+				// A deadline is due. Before acting on missing answers, take
+				// in those already queued on this shard's sockets: after a
+				// stall (or while the readers wait for a CPU) the timer can
+				// run first, and a round end would otherwise replay or time
+				// out requests whose answers are sitting in the socket.
+				// Drained answers may decide and unschedule requests, so
+				// look at the heap again.
+				es.mu.Unlock()
+				drained = true
+				es.c.ring.Drain(es.idx)
+				continue
 			}
 			e := es.popLocked()
 			es.mu.Unlock()

@@ -110,7 +110,12 @@ type Config struct {
 	// UDP_SEGMENT message (see buildMsgs); a socket on which the kernel
 	// refuses that falls back by itself.
 	DisableGSO bool
-	Logger     *slog.Logger
+	// ReadGate, if set, runs on each socket's reader goroutine before every
+	// read turn and may block: tests use it to hold readers back, as a
+	// stalled or overloaded process would, while datagrams queue up in the
+	// kernel (see Drain). Nil in production.
+	ReadGate func(sock *Socket)
+	Logger   *slog.Logger
 }
 
 // DropCounts counts datagrams dropped, by reason.
@@ -182,6 +187,7 @@ type Socket struct {
 	refs   atomic.Int64
 	noGSO  atomic.Bool // the kernel refused a segmented send on this socket
 	closed bool        // guarded by sh.mu
+	rd     *reader
 }
 
 // LocalAddr is the socket's bound address and port.
@@ -434,6 +440,36 @@ func (r *Ring) SendCurrent(shard int, to netip.AddrPort, pkt []byte, token uint6
 	return nil
 }
 
+// Drain reads, on the calling goroutine, the datagrams already queued on
+// the shard's open sockets (current and switched-out ones) and hands them
+// to the handler, at most MaxBatch per read turn and a bounded number of
+// turns. A read turn of a socket's reader goroutine in progress is
+// delivered first, so when Drain returns every datagram the kernel had
+// queued for the shard before the call has reached the handler (unless a
+// socket holds more than the turn bound). It never blocks on the network.
+// A caller about to act on the absence of an answer (a deadline) calls it
+// so that answers that arrived while the readers could not run (a
+// stalled or overloaded process) count. It must not be called from the
+// handler.
+func (r *Ring) Drain(shard int) {
+	s := r.shards[shard]
+	var socks [8]*Socket
+	list := socks[:0]
+	s.mu.Lock()
+	if s.cur != nil && !s.cur.closed {
+		list = append(list, s.cur)
+	}
+	for _, o := range s.old {
+		if !o.closed {
+			list = append(list, o)
+		}
+	}
+	s.mu.Unlock()
+	for _, sock := range list {
+		sock.rd.drain()
+	}
+}
+
 // Rebind asks for a safe source-port change of sock's shard if sock is still
 // the shard's current socket (steering feedback about an already replaced
 // socket is ignored). It never blocks and is safe from the Handler.
@@ -526,7 +562,8 @@ func (r *Ring) open(s *shard) (*Socket, error) {
 		return nil, err
 	}
 	sock := &Socket{sh: s, file: f, rc: rc, fam: fam, dual: dual, local: local}
-	rd := newReader(sock, r.cfg.Handler)
+	rd := newReader(sock, r.cfg.Handler, r.cfg.ReadGate)
+	sock.rd = rd
 	r.readers.Add(1)
 	go func() {
 		defer r.readers.Done()
