@@ -1,8 +1,8 @@
 // Package udpring moves datagrams for the RateLimitly client: one shard per
-// CPU, each an event loop owning an unconnected SO_REUSEPORT UDP socket on
-// an ephemeral port, with batched sendmmsg/recvmmsg through the Go
-// netpoller, delivery of every received datagram to one handler (the caller
-// demultiplexes by request id, never by socket), and transactional
+// CPU, each an event loop owning an unconnected UDP socket on its own
+// ephemeral port (never shared: no SO_REUSEPORT, see openSocket), with
+// batched sendmmsg/recvmmsg through the Go netpoller, delivery of every
+// received datagram to one handler (the caller demultiplexes by request id, never by socket), and transactional
 // source-port rebinds on steering feedback.
 //
 // Threading model. Each shard has a send queue, one loop goroutine that

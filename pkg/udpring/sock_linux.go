@@ -15,9 +15,17 @@ import (
 // kernel caps it at net.core.{r,w}mem_max).
 const sockBufBytes = 4 << 20
 
-// openSocket opens a non-blocking, unconnected UDP socket with SO_REUSEPORT
-// bound to bind with an ephemeral port, and registers it with the Go
-// netpoller (os.NewFile on a non-blocking descriptor).
+// openSocket opens a non-blocking, unconnected UDP socket bound to bind
+// with an ephemeral port, and registers it with the Go netpoller
+// (os.NewFile on a non-blocking descriptor).
+//
+// The socket deliberately has no SO_REUSEPORT: Linux hands out an
+// ephemeral port that is already bound by SO_REUSEPORT sockets of the
+// same user (the port-0 search does not count them as conflicts), so such
+// a socket could share its port with another process's socket (a local
+// server, another client) and the kernel would split the answers meant
+// for this client between them by flow hash. Without it the port is ours
+// alone, and no later SO_REUSEPORT bind can join it.
 //
 // An invalid bind address means "any": a dual-stack IPv6 socket when the host
 // supports IPv6, else IPv4 0.0.0.0. An IPv4 (or v4-mapped) address gives an
@@ -48,9 +56,6 @@ func openFamily(bind netip.Addr) (*os.File, syscall.RawConn, int, bool, netip.Ad
 	fail := func(what string, err error) (*os.File, syscall.RawConn, int, bool, netip.AddrPort, error) {
 		unix.Close(fd)
 		return nil, nil, 0, false, netip.AddrPort{}, fmt.Errorf("udp socket %s %s: %w", what, bind, err)
-	}
-	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
-		return fail("SO_REUSEPORT", err)
 	}
 	if fam == unix.AF_INET6 {
 		v6only := 1
