@@ -12,107 +12,115 @@ import (
 // maxDrainTurns bounds the read turns of one Drain call per socket.
 const maxDrainTurns = 16
 
-// reader receives datagrams for one socket with recvmmsg, at most MaxBatch
-// per read turn.
-//
-// A read turn (one recvmmsg and the delivery of what it returned) runs
-// under mu, so a read turn of the socket's reader goroutine and one of
-// Drain never overlap: the buffers are shared, and Drain returning means
-// that nothing taken from the kernel before it started is still waiting
-// for delivery.
-type reader struct {
-	sock   *Socket
-	h      Handler
-	gate   func(*Socket)
-	mu     sync.Mutex
-	msgs   [MaxBatch]unix.Mmsghdr
-	iov    [MaxBatch]unix.Iovec
-	names  [MaxBatch]unix.RawSockaddrInet6
-	bufs   [MaxBatch][recvBufSize]byte
-	n      int
-	err    syscall.Errno
-	readFn func(fd uintptr) bool
-	// drainFn is the rc.Control callback of Drain (allocated once).
-	drainFn func(fd uintptr)
-	drained bool // last drain turn found the queue empty
+// rxBatch is the receive state of one recvmmsg: up to MaxBatch datagrams.
+type rxBatch struct {
+	msgs  [MaxBatch]unix.Mmsghdr
+	iov   [MaxBatch]unix.Iovec
+	names [MaxBatch]unix.RawSockaddrInet6
+	bufs  [MaxBatch][recvBufSize]byte
+	n     int
+	err   syscall.Errno
 }
 
-func newReader(sock *Socket, h Handler, gate func(*Socket)) *reader {
-	rd := &reader{sock: sock, h: h, gate: gate}
-	for i := range rd.msgs {
-		rd.iov[i].Base = &rd.bufs[i][0]
-		rd.iov[i].SetLen(recvBufSize)
-		rd.msgs[i].Hdr.Iov = &rd.iov[i]
-		rd.msgs[i].Hdr.SetIovlen(1)
-		rd.msgs[i].Hdr.Name = (*byte)(unsafe.Pointer(&rd.names[i]))
+func newRxBatch() *rxBatch {
+	b := &rxBatch{}
+	for i := range b.msgs {
+		b.iov[i].Base = &b.bufs[i][0]
+		b.iov[i].SetLen(recvBufSize)
+		b.msgs[i].Hdr.Iov = &b.iov[i]
+		b.msgs[i].Hdr.SetIovlen(1)
+		b.msgs[i].Hdr.Name = (*byte)(unsafe.Pointer(&b.names[i]))
 	}
-	rd.readFn = rd.read
-	rd.drainFn = func(fd uintptr) { rd.drained = !rd.recv(fd) }
-	return rd
+	return b
 }
 
-// recv runs one non-blocking recvmmsg into the buffers (rd.mu held). It
-// returns false when the socket has nothing queued (EAGAIN).
-func (rd *reader) recv(fd uintptr) bool {
-	for i := range rd.msgs {
-		rd.msgs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
-		rd.msgs[i].Hdr.Flags = 0
-		rd.msgs[i].Len = 0
+// recv runs one non-blocking recvmmsg into the buffers. It returns false
+// when the socket has nothing queued (EAGAIN).
+func (b *rxBatch) recv(fd uintptr) bool {
+	for i := range b.msgs {
+		b.msgs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
+		b.msgs[i].Hdr.Flags = 0
+		b.msgs[i].Len = 0
 	}
 	for {
-		n, e := recvmmsg(fd, rd.msgs[:])
+		n, e := recvmmsg(fd, b.msgs[:])
 		switch e {
 		case 0:
-			rd.n, rd.err = n, 0
+			b.n, b.err = n, 0
 			return true
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
-			rd.n, rd.err = 0, 0
+			b.n, b.err = 0, 0
 			return false
 		default:
-			rd.n, rd.err = 0, e
+			b.n, b.err = 0, e
 			return true
 		}
 	}
 }
 
-// read is the RawConn.Read callback: one recvmmsg; false on EAGAIN parks
-// the goroutine in the netpoller until the socket is readable. It returns
-// true with rd.mu held (released by run after delivery), false without.
-func (rd *reader) read(fd uintptr) bool {
-	rd.mu.Lock()
-	if !rd.recv(fd) {
-		rd.mu.Unlock()
-		return false
-	}
-	return true
-}
-
-// deliver hands the datagrams of the last turn to the handler (rd.mu
-// held) and reports whether the turn was full.
-func (rd *reader) deliver() bool {
-	s := rd.sock.sh
-	if rd.err != 0 {
+// deliver hands the datagrams of the last recv to h and reports whether
+// the turn was full.
+func (b *rxBatch) deliver(sock *Socket, h Handler) bool {
+	s := sock.sh
+	if b.err != 0 {
 		s.c.recvErr.Add(1)
 		return false
 	}
-	if rd.n <= 0 {
+	if b.n <= 0 {
 		return false
 	}
 	s.c.recvBatches.Add(1)
 	delivered := 0
-	for i := 0; i < rd.n; i++ {
-		m := &rd.msgs[i]
+	for i := 0; i < b.n; i++ {
+		m := &b.msgs[i]
 		if m.Hdr.Flags&unix.MSG_TRUNC != 0 {
 			s.c.truncated.Add(1)
 			continue
 		}
 		delivered++
-		rd.h(rd.sock, rd.bufs[i][:m.Len], getSockaddr(&rd.names[i]))
+		h(sock, b.bufs[i][:m.Len], getSockaddr(&b.names[i]))
 	}
 	s.c.received.Add(uint64(delivered))
-	return rd.n == MaxBatch
+	return b.n == MaxBatch
+}
+
+// reader receives datagrams for one socket with recvmmsg, at most MaxBatch
+// per read turn.
+//
+// A read turn (one recvmmsg and the delivery of what it returned) runs
+// under turn, so that Drain can wait for a turn in progress to be
+// delivered. The reader takes turn inside the RawConn callback (never
+// while parked) and Drain holds it only to wait, never while it delivers:
+// the reader may hold a reference on the descriptor while it waits for
+// turn, and the shard loop may close the socket (which waits for those
+// references) while holding the shard lock that a handler may need.
+type reader struct {
+	sock   *Socket
+	h      Handler
+	gate   func(*Socket)
+	turn   sync.Mutex
+	b      *rxBatch
+	readFn func(fd uintptr) bool
+}
+
+func newReader(sock *Socket, h Handler, gate func(*Socket)) *reader {
+	rd := &reader{sock: sock, h: h, gate: gate, b: newRxBatch()}
+	rd.readFn = rd.read
+	return rd
+}
+
+// read is the RawConn.Read callback: one recvmmsg; false on EAGAIN parks
+// the goroutine in the netpoller until the socket is readable. It returns
+// true with rd.turn held (released by run after delivery), false without.
+func (rd *reader) read(fd uintptr) bool {
+	rd.turn.Lock()
+	if !rd.b.recv(fd) {
+		rd.turn.Unlock()
+		return false
+	}
+	return true
 }
 
 func (rd *reader) run() {
@@ -123,26 +131,41 @@ func (rd *reader) run() {
 		if err := rd.sock.rc.Read(rd.readFn); err != nil {
 			return // socket closed by the shard loop (retire or Close)
 		}
-		full := rd.deliver()
-		rd.mu.Unlock()
+		full := rd.b.deliver(rd.sock, rd.h)
+		rd.turn.Unlock()
 		if full {
 			runtime.Gosched() // read budget spent: let other work run
 		}
 	}
 }
 
-// drain runs read turns on the calling goroutine until the socket's queue
-// is empty (at most maxDrainTurns). It first waits for a read turn of the
-// reader goroutine in progress to be delivered.
-func (rd *reader) drain() {
-	rd.mu.Lock()
-	defer rd.mu.Unlock()
+// drainer is a shard's Drain state: its own receive buffers (allocated
+// on first use), so that Drain never delivers from the reader's.
+type drainer struct {
+	mu      sync.Mutex
+	b       *rxBatch
+	fn      func(fd uintptr) // rc.Control callback (allocated once)
+	fetched bool
+}
+
+// drain runs read turns on the calling goroutine until sock's queue is
+// empty (at most maxDrainTurns), after a read turn of its reader in
+// progress has been delivered (d.mu held).
+func (d *drainer) drain(sock *Socket) {
+	rd := sock.rd
+	rd.turn.Lock() // a barrier: wait for the reader's turn in progress, if any
+	//lint:ignore SA2001 the critical section is empty on purpose (barrier)
+	rd.turn.Unlock()
+	if d.b == nil {
+		d.b = newRxBatch()
+		d.fn = func(fd uintptr) { d.fetched = d.b.recv(fd) }
+	}
 	for range maxDrainTurns {
-		rd.drained = true
-		if rd.sock.rc.Control(rd.drainFn) != nil || rd.drained {
-			return
+		d.fetched = false
+		if sock.rc.Control(d.fn) != nil || !d.fetched {
+			return // closed, or nothing queued
 		}
-		if !rd.deliver() && rd.err == 0 {
+		if !d.b.deliver(sock, rd.h) && d.b.err == 0 {
 			return // a short turn emptied the queue
 		}
 	}

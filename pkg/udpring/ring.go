@@ -291,6 +291,7 @@ type shard struct {
 	backoff    time.Duration
 	retry      *time.Timer
 	lastRebind time.Time
+	drain      drainer // Drain's buffers
 	// retireWanted: retire was skipped because a flush was running; the
 	// flusher wakes the loop when it ends.
 	retireWanted bool // guarded by mu
@@ -465,8 +466,10 @@ func (r *Ring) Drain(shard int) {
 		}
 	}
 	s.mu.Unlock()
+	s.drain.mu.Lock()
+	defer s.drain.mu.Unlock()
 	for _, sock := range list {
-		sock.rd.drain()
+		s.drain.drain(sock)
 	}
 }
 
