@@ -40,7 +40,11 @@
 //
 // Request state is pooled and time is kept by one timer goroutine per
 // shard with a min-heap of deadlines: no goroutine or timer per request,
-// and zero allocations per Check in steady state. A response may arrive on
+// and zero allocations per Check in steady state. Before it acts on a due
+// deadline the timer goroutine reads the answers already queued on its
+// shard's sockets (udpring Drain), so that answers that arrived while the
+// readers could not run (a stalled or overloaded process) still decide
+// instead of being replayed or timed out. A response may arrive on
 // any shard's socket: it is matched by request id through a shared table,
 // then authenticated, and matched to an endpoint by source address.
 // Steering feedback (steering_feedback = 0 in an authenticated answer)
