@@ -142,12 +142,18 @@ func loadPolicy(t *testing.T, dir, fail, upstream string) *admission.Policy {
 
 func newRig(t *testing.T, fail string, fn func(context.Context, *wire.RateRequest, *admission.CheckResult)) *rig {
 	t.Helper()
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return newRigUpstream(t, fail, fn, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// The upstream's own (stricter) rate-limit fields must pass unchanged.
 		w.Header().Set("RateLimit", `"upstream";r=1;t=9`)
 		w.Header().Set("RateLimit-Policy", `"upstream";q=5;w=60`)
 		fmt.Fprintf(w, "hello %s\n", r.URL.Path)
 	}))
+}
+
+// newRigUpstream is newRig with the upstream's handler.
+func newRigUpstream(t *testing.T, fail string, fn func(context.Context, *wire.RateRequest, *admission.CheckResult), h http.Handler) *rig {
+	t.Helper()
+	up := httptest.NewServer(h)
 	t.Cleanup(up.Close)
 	r := &rig{ck: &fakeChecker{fn: fn}, logs: &lockedBuf{}, up: up}
 	pol := loadPolicy(t, t.TempDir(), fail, up.Listener.Addr().String())
@@ -320,6 +326,40 @@ func TestClientAbortNoReport(t *testing.T) {
 	}
 	if r.ck.reports.Load() != 0 {
 		t.Fatal("report after client abort")
+	}
+}
+
+// A client that resets while its allowed request waits for the upstream's
+// response: the exchange is cancelled, no report, outcome client_abort.
+func TestClientAbortWaitingForUpstreamNoReport(t *testing.T) {
+	entered := make(chan struct{})
+	cancelled := make(chan struct{})
+	r := newRigUpstream(t, "close", allowAll, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		close(entered)
+		<-req.Context().Done() // the proxy closed the upstream connection
+		close(cancelled)
+	}))
+	c, err := net.Dial("tcp", strings.TrimPrefix(r.base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "GET /api/slow HTTP/1.1\r\nHost: a\r\nX-Key: k\r\n\r\n")
+	<-entered
+	if err := c.(*net.TCPConn).SetLinger(0); err != nil { // close with a reset
+		t.Fatal(err)
+	}
+	c.Close()
+	l := r.accessLines(t, 1)[0]
+	if l["outcome"] != "client_abort" {
+		t.Fatalf("access line %v", l)
+	}
+	if r.ck.reports.Load() != 0 {
+		t.Fatal("report after client abort")
+	}
+	select {
+	case <-cancelled:
+	case <-time.After(10 * time.Second): // hang guard
+		t.Fatal("upstream exchange not cancelled")
 	}
 }
 

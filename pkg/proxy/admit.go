@@ -86,6 +86,7 @@ func (w *watchers) start(c *conn) {
 func (w *watchers) loop(ch chan *conn) {
 	for c := range ch {
 		c.watch()
+		c.watchDone <- struct{}{}
 		w.mu.Lock()
 		if w.closed {
 			w.mu.Unlock()

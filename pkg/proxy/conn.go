@@ -42,11 +42,16 @@ type conn struct {
 	rn        int
 	rerr      error
 
-	// admission watcher
-	peekFn func(uintptr) bool
-	pfd    [1]unix.PollFd
-	gone   bool
-	actx   admitCtx
+	// client-abort watcher (see watch.go)
+	peekFn   func(uintptr) bool
+	pfd      [1]unix.PollFd
+	gone     atomic.Bool  // the client went away (set by the watcher)
+	wmode    atomic.Int32 // watchAdmit or watchResponse
+	watching bool         // a watcher runs for c (the connection goroutine's view)
+	fin      bool         // response phase: the client half-closed (watcher's, read after watchDone)
+	wmu      sync.Mutex
+	wup      net.Conn // upstream connection the watcher closes when the client goes away
+	actx     admitCtx
 
 	// idle parking
 	fd           int   // socket descriptor (-1: cannot park)
@@ -107,7 +112,8 @@ func (c *conn) release() {
 	c.remote, c.local = netip.AddrPort{}, netip.AddrPort{}
 	c.req, c.dec, c.res = Request{}, Decision{}, Result{}
 	c.head.Reset()
-	c.nreq, c.linger, c.sent100, c.gone = 0, false, false, false
+	c.nreq, c.linger, c.sent100, c.fin = 0, false, false, false
+	c.gone.Store(false)
 	c.lr = io.LimitedReader{}
 	connPool.Put(c)
 }
@@ -363,8 +369,14 @@ func (c *conn) serveOne() bool {
 			// (not the idle wait's, which may be only ParkIdleAfter).
 			c.nc.SetReadDeadline(start.Add(svc.headerTimeout()))
 		}
-		c.dec = c.admit(hook)
-		if c.gone {
+		// A request whose body is already buffered needs no more client
+		// reads before its response: the watcher keeps watching through
+		// the upstream exchange.
+		follow := !h.Upgrade && (mode == httpparse.BodyNone ||
+			mode == httpparse.BodyLength && int64(c.buf.w-c.buf.r) >= h.ContentLength)
+		c.dec = c.admit(hook, follow)
+		if c.gone.Load() {
+			c.watchStop()
 			c.res.ClientAborted = true
 			c.res.End = cfg.now()
 			hook.Done(&c.req, &c.dec, &c.res)
@@ -378,6 +390,10 @@ func (c *conn) serveOne() bool {
 		}
 	}
 	keep := c.forward(cfg, svc, headStart+h.HeadLen)
+	if c.watching && c.watchStop() {
+		c.res.ClientAborted, c.res.UpstreamErr = true, nil
+		keep = false
+	}
 	c.res.End = cfg.now()
 	if hook != nil {
 		hook.Done(&c.req, &c.dec, &c.res)
@@ -479,47 +495,6 @@ func statusBody(status int) string {
 		return "505 HTTP Version Not Supported\n"
 	}
 	return strconv.Itoa(status) + "\n"
-}
-
-// admit calls the hook while a watcher notices a client that goes away.
-func (c *conn) admit(hook Hook) Decision {
-	c.gone = false
-	c.actx.reset()
-	if c.raw == nil {
-		return hook.Admit(&c.actx, &c.req)
-	}
-	c.p.watchers.start(c)
-	d := hook.Admit(&c.actx, &c.req)
-	c.nc.SetReadDeadline(aLongTimeAgo) // wake the watcher
-	<-c.watchDone
-	c.nc.SetReadDeadline(time.Time{})
-	return d
-}
-
-// watch runs on a watcher goroutine during admission.
-func (c *conn) watch() {
-	c.raw.Read(c.peekFn)
-	if c.gone {
-		c.actx.cancel()
-	}
-	c.watchDone <- struct{}{}
-}
-
-// peekReady runs inside the poller while admission waits: it reports the
-// client gone on a hang-up, reset or half-close (POLLRDHUP), and otherwise
-// keeps waiting, also while request body or pipelined bytes sit unread
-// (each new arrival or the FIN wakes it again).
-func (c *conn) peekReady(fd uintptr) bool {
-	c.pfd[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}
-	n, err := unix.Poll(c.pfd[:], 0)
-	if err != nil || n == 0 {
-		return false
-	}
-	if c.pfd[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0 {
-		c.gone = true
-		return true
-	}
-	return false
 }
 
 // deny answers the Decision's status, fields and body.

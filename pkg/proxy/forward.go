@@ -19,6 +19,9 @@ var errRetry = errors.New("proxy: pooled upstream connection broken")
 
 var continue100 = []byte("HTTP/1.1 100 Continue\r\n\r\n")
 
+// errClientGone: the abort watcher saw the client go away.
+var errClientGone = errors.New("proxy: client went away")
+
 // errBodyTooLarge: a chunked request body exceeded Service.MaxBodyBytes.
 var errBodyTooLarge = errors.New("proxy: request body too large")
 
@@ -164,6 +167,15 @@ func (c *conn) exchange(cfg *Config, svc *Service, u *upConn, base int, retryabl
 		}
 	}
 
+	// From here on the client is not read until the response is written:
+	// the abort watcher cancels the exchange when the client goes away.
+	c.watchResponsePhase(cfg)
+	if c.attachUp(u) {
+		u.close()
+		c.res.ClientAborted = true
+		return false, nil
+	}
+
 	// Response head (1xx interim responses are relayed or dropped).
 	u.buf.get(bufSize)
 	lim := httpparse.Limits{}
@@ -184,6 +196,11 @@ func (c *conn) exchange(cfg *Config, svc *Service, u *upConn, base int, retryabl
 				u.buf.compact()
 			}
 			if _, err := u.fill(); err != nil {
+				if c.detachUp() {
+					u.close()
+					c.res.ClientAborted = true
+					return false, nil
+				}
 				if retryable && u.buf.w == 0 && !isTimeout(err) {
 					return false, errRetry
 				}
@@ -226,6 +243,11 @@ func (c *conn) exchange(cfg *Config, svc *Service, u *upConn, base int, retryabl
 			extra = c.dec.Header
 		}
 		c.res.Status = 101
+		if c.watchStop() { // the tunnel reads the client
+			u.close()
+			c.res.ClientAborted = true
+			return false, nil
+		}
 		if err := c.writeClient(appendResponseHead(c.getWB(), r, extra, false, true, false), idle); err != nil {
 			u.close()
 			c.res.ClientAborted = true
@@ -324,6 +346,12 @@ func (c *conn) exchange(cfg *Config, svc *Service, u *upConn, base int, retryabl
 			c.res.UpstreamErr = fmt.Errorf("relay response body: %w", srcErr)
 		}
 	}
+	if c.watchStop() {
+		// The client reset (or fully closed) before the response was
+		// completely written; a failed relay is not the upstream's.
+		c.res.UpstreamErr = nil
+		err = errClientGone
+	}
 	if err != nil {
 		c.res.ClientAborted = true
 		upKeep = false
@@ -337,6 +365,9 @@ func (c *conn) exchange(cfg *Config, svc *Service, u *upConn, base int, retryabl
 
 // releaseUpstream pools u when its exchange ended cleanly, else closes it.
 func (c *conn) releaseUpstream(cfg *Config, u *upConn, keep bool) bool {
+	if c.detachUp() {
+		keep = false // the watcher may have closed it
+	}
 	if keep {
 		c.p.pools.put(cfg, u)
 	} else {

@@ -28,6 +28,13 @@
 //   - A pooled upstream connection that fails before any response byte is
 //     retried once on a fresh connection, only for idempotent requests
 //     without a body.
+//   - With a Hook, a client that goes away is noticed during admission
+//     and until its response is completely written: Result.ClientAborted
+//     is set and an upstream exchange in progress is cancelled (its
+//     connection closed, not pooled). A reset or a failed write is an
+//     abort; a FIN is one only during admission (after it, a client that
+//     merely shut down its write side still gets the response). See
+//     watch.go.
 //   - Idle keep-alive connections hold no buffers; after
 //     Config.ParkIdleAfter they also give up their goroutine (see park.go).
 //   - Update swaps the configuration for new requests; a request keeps the
