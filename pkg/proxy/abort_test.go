@@ -146,3 +146,30 @@ func TestClientHalfCloseWhileUpstreamWorks(t *testing.T) {
 	}
 	c.expectClosed()
 }
+
+// One connection's requests, one after the other, are watched by one
+// watcher goroutine: a watcher is back in the pool before its connection
+// can start the next admission.
+func TestWatcherPoolBounded(t *testing.T) {
+	up := fastUpstream(t, fixedResponse)
+	p, addr := startProxy(t, allowHook{}, &Service{Upstream: up}, nil)
+	c := dialClient(t, addr)
+	const n = 300
+	req := "GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+	var all string
+	for i := 0; i < n; i++ {
+		all += req // pipelined: the next admission starts at once
+	}
+	c.send(all)
+	for i := 0; i < n; i++ {
+		if r, _ := c.resp("GET"); r.StatusCode != 200 {
+			t.Fatalf("status %d", r.StatusCode)
+		}
+	}
+	p.watchers.mu.Lock()
+	started := p.watchers.started
+	p.watchers.mu.Unlock()
+	if started != 1 {
+		t.Fatalf("%d watcher goroutines for one connection", started)
+	}
+}

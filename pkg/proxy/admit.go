@@ -59,13 +59,21 @@ func (a *admitCtx) reset() {
 	}
 }
 
-// watchers is a pool of goroutines that watch a client socket while its
-// request waits for admission (starting a goroutine per request would
-// allocate). Idle watchers park on their channel until Shutdown.
+// watchers is a pool of goroutines that watch a client socket for a
+// connection (starting a goroutine per request would allocate). Idle
+// watchers park on their channel until Shutdown.
+//
+// Bound: a watcher rejoins the idle list before it signals its connection
+// that it is done, so a connection never starts its next watch while its
+// previous watcher is still on its way back. The number of watcher
+// goroutines is therefore at most the peak number of connections watched
+// at once (each connection has at most one watcher running), which is at
+// most the peak number of open connections.
 type watchers struct {
-	mu     sync.Mutex
-	idle   []chan *conn
-	closed bool
+	mu      sync.Mutex
+	idle    []chan *conn
+	closed  bool
+	started int // watcher goroutines started (tests)
 }
 
 func (w *watchers) start(c *conn) {
@@ -77,6 +85,7 @@ func (w *watchers) start(c *conn) {
 		ch <- c
 		return
 	}
+	w.started++
 	w.mu.Unlock()
 	ch := make(chan *conn, 1)
 	go w.loop(ch)
@@ -86,14 +95,16 @@ func (w *watchers) start(c *conn) {
 func (w *watchers) loop(ch chan *conn) {
 	for c := range ch {
 		c.watch()
-		c.watchDone <- struct{}{}
 		w.mu.Lock()
-		if w.closed {
-			w.mu.Unlock()
+		closed := w.closed
+		if !closed {
+			w.idle = append(w.idle, ch) // before the signal: see watchers
+		}
+		w.mu.Unlock()
+		c.watchDone <- struct{}{} // c is not touched after this
+		if closed {
 			return
 		}
-		w.idle = append(w.idle, ch)
-		w.mu.Unlock()
 	}
 }
 
