@@ -155,6 +155,17 @@ func Start(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rlserver: listen %q: %w", cfg.Listen, err)
 	}
+	if ap.Port() == 0 {
+		// Linux may give a port-0 SO_REUSEPORT bind a port that another
+		// SO_REUSEPORT socket of the same user already holds (another
+		// embedded server, say), and would then split datagrams between
+		// the two. Take a port no socket holds, then build the group on it.
+		port, err := freeUDPPort(ap.Addr())
+		if err != nil {
+			return nil, fmt.Errorf("rlserver: listen %s: %w", ap, err)
+		}
+		ap = netip.AddrPortFrom(ap.Addr(), port)
+	}
 	for i := 0; i < cfg.Workers; i++ {
 		c, err := listenReusePort(ap)
 		if err != nil {

@@ -22,6 +22,21 @@ const MaxBatch = 64
 // seen (and dropped) instead of silently truncated.
 const recvBufLen = 2048
 
+// freeUDPPort returns a UDP port on addr that no socket holds: a bind
+// without SO_REUSEPORT only succeeds on such a port. The probe socket is
+// closed before the caller binds its SO_REUSEPORT group there; a socket that
+// takes the port in between makes that bind fail (no sharing with a
+// non-reuseport socket) or is, at worst, as unlucky as before.
+func freeUDPPort(addr netip.Addr) (uint16, error) {
+	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, 0)))
+	if err != nil {
+		return 0, fmt.Errorf("reserve a free port: %w", err)
+	}
+	port := c.LocalAddr().(*net.UDPAddr).AddrPort().Port()
+	c.Close()
+	return port, nil
+}
+
 // listenReusePort opens a non-blocking UDP socket with SO_REUSEPORT bound to
 // addr and hands it to the Go netpoller.
 func listenReusePort(addr netip.AddrPort) (*net.UDPConn, error) {
