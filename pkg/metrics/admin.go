@@ -96,17 +96,14 @@ type Admin struct {
 // serves h until Close. The socket has SO_REUSEPORT so that during a
 // rolling update a new process can bind the same admin address while the
 // old one drains (the kernel spreads connections over both until the old
-// one closes).
+// one closes). A port-0 address gets a port of its own without
+// SO_REUSEPORT: nobody can share an address they cannot know, and Linux
+// could otherwise hand out a port another SO_REUSEPORT listener holds.
 func StartAdmin(addr string, h http.Handler) (*Admin, error) {
-	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		if err := c.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
-		}); err != nil {
-			return err
-		}
-		return serr
-	}}
+	var lc net.ListenConfig
+	if _, port, err := net.SplitHostPort(addr); err == nil && port != "0" && port != "" {
+		lc.Control = reusePort
+	}
 	ln, err := lc.Listen(context.Background(), "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("admin listener %s: %w", addr, err)
@@ -120,6 +117,16 @@ func StartAdmin(addr string, h http.Handler) (*Admin, error) {
 		a.err <- err
 	}()
 	return a, nil
+}
+
+func reusePort(_, _ string, c syscall.RawConn) error {
+	var serr error
+	if err := c.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+	}); err != nil {
+		return err
+	}
+	return serr
 }
 
 // Addr is the bound address.

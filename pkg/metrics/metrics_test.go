@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -173,19 +174,35 @@ func readDoc() (string, error) {
 }
 
 // Two processes (here: two listeners) can hold the same admin address
-// during a rolling update.
+// during a rolling update; a port-0 admin address is never shared.
 func TestAdminReusePort(t *testing.T) {
 	m := New("t", "c")
-	a, err := StartAdmin("127.0.0.1:0", m.Handler(&Readiness{}))
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := free.Addr().String()
+	free.Close()
+	a, err := StartAdmin(addr, m.Handler(&Readiness{}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close(context.Background())
-	b, err := StartAdmin(a.Addr().String(), m.Handler(&Readiness{}))
+	b, err := StartAdmin(addr, m.Handler(&Readiness{}))
 	if err != nil {
-		t.Fatalf("second admin listener on %s: %v", a.Addr(), err)
+		t.Fatalf("second admin listener on %s: %v", addr, err)
 	}
 	if err := b.Close(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+
+	eph, err := StartAdmin("127.0.0.1:0", m.Handler(&Readiness{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eph.Close(context.Background())
+	if c, err := StartAdmin(eph.Addr().String(), m.Handler(&Readiness{})); err == nil {
+		c.Close(context.Background())
+		t.Fatalf("a second listener joined the ephemeral admin port %s", eph.Addr())
 	}
 }
