@@ -156,7 +156,11 @@ func newRawUpstream(t *testing.T, fn func(n int, c net.Conn)) *rawUpstream {
 		t.Fatal(err)
 	}
 	u := &rawUpstream{ln: ln}
+	// The accept loop holds a count itself, so that a connection's Add
+	// never races with Wait at a zero count.
+	u.wg.Add(1)
 	go func() {
+		defer u.wg.Done()
 		for {
 			c, err := ln.Accept()
 			if err != nil {
