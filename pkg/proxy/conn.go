@@ -72,6 +72,12 @@ type conn struct {
 	nreq    int
 	linger  bool // unread client bytes may remain: close gracefully
 	sent100 bool
+
+	// A fresh connection (accepted, first request not started) is not
+	// idle for a drain: the drain waits for its first request until
+	// freshUntil (the header timeout after its first wait began).
+	fresh      atomic.Bool
+	freshUntil time.Time // set once, before the first stateIdle
 }
 
 var connPool = sync.Pool{New: func() any {
@@ -86,6 +92,7 @@ func newConn(p *Proxy, nc net.Conn, pick func(*Config, netip.AddrPort) *Service)
 	c := connPool.Get().(*conn)
 	c.p, c.nc, c.pick = p, nc, pick
 	c.state.Store(stateActive)
+	c.fresh.Store(true)
 	c.fd, c.slot = -1, -1
 	if sc, ok := nc.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {
@@ -114,6 +121,8 @@ func (c *conn) release() {
 	c.head.Reset()
 	c.nreq, c.linger, c.sent100, c.fin = 0, false, false, false
 	c.gone.Store(false)
+	c.fresh.Store(false)
+	c.freshUntil = time.Time{}
 	c.lr = io.LimitedReader{}
 	connPool.Put(c)
 }
@@ -243,11 +252,15 @@ func (c *conn) waitIdle() int {
 		return idleClose
 	}
 	c.buf.r, c.buf.w = 0, 0
+	now := time.Now()
+	fresh := c.fresh.Load()
+	if fresh && c.freshUntil.IsZero() {
+		c.freshUntil = now.Add(svc.headerTimeout())
+	}
 	c.state.Store(stateIdle)
-	if c.p.shutdown.Load() {
+	if c.p.shutdown.Load() && !fresh {
 		return idleClose
 	}
-	now := time.Now()
 	c.idleDeadline = now.Add(svc.idleTimeout())
 	wait := c.idleDeadline
 	if pa := cfg.parkIdleAfter(); pa > 0 && c.fd >= 0 && now.Add(pa).Before(wait) {
@@ -270,7 +283,15 @@ func (c *conn) waitIdle() int {
 	if err != nil || !c.state.CompareAndSwap(stateIdle, stateActive) {
 		return idleClose // idle timeout, close, reset or drain
 	}
+	c.fresh.Store(false)
 	return idleReady
+}
+
+// waitsFirst reports whether c is a fresh connection whose first request
+// a drain still waits for at now. Call it only after observing c idle or
+// parked (freshUntil is written before the first stateIdle).
+func (c *conn) waitsFirst(now time.Time) bool {
+	return c.fresh.Load() && now.Before(c.freshUntil)
 }
 
 func (c *conn) finish() {

@@ -186,11 +186,15 @@ func (pk *parker) sweeper() {
 	}
 }
 
-// closeParked closes every parked connection (drain).
-func (pk *parker) closeParked() {
+// closeParked closes every parked connection (drain), except fresh ones
+// that may still wait for their first request at now (zero now: all).
+func (pk *parker) closeParked(now time.Time) {
 	var all []*conn
 	pk.mu.Lock()
 	for _, c := range pk.slots {
+		if c != nil && !now.IsZero() && c.waitsFirst(now) {
+			continue
+		}
 		if c != nil && c.state.CompareAndSwap(stateParked, stateClosed) {
 			pk.unparkLocked(c)
 			all = append(all, c)

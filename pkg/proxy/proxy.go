@@ -37,6 +37,10 @@
 //     watch.go.
 //   - Idle keep-alive connections hold no buffers; after
 //     Config.ParkIdleAfter they also give up their goroutine (see park.go).
+//   - Shutdown (graceful drain) closes idle keep-alive connections at
+//     once, but waits for the first request of a just-accepted connection
+//     for up to Service.HeaderTimeout after its accept; that request is
+//     served with Connection: close.
 //   - Update swaps the configuration for new requests; a request keeps the
 //     configuration it started with.
 package proxy
@@ -297,7 +301,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
-		p.closeIdle()
+		p.closeIdle(time.Now())
 		select {
 		case <-done:
 			p.pools.closeAll()
@@ -305,7 +309,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 			p.parker.stop()
 			return nil
 		case <-ctx.Done():
-			p.parker.closeParked()
+			p.parker.closeParked(time.Time{})
 			p.mu.Lock()
 			for c := range p.conns {
 				c.nc.Close()
@@ -323,11 +327,17 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	}
 }
 
-func (p *Proxy) closeIdle() {
-	p.parker.closeParked()
+// closeIdle closes idle connections, except fresh ones (accepted, first
+// request not arrived) before their freshUntil; Shutdown calls it until
+// every connection ended.
+func (p *Proxy) closeIdle(now time.Time) {
+	p.parker.closeParked(now)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for c := range p.conns {
+		if c.state.Load() != stateIdle || c.waitsFirst(now) {
+			continue
+		}
 		if c.state.CompareAndSwap(stateIdle, stateClosed) {
 			c.nc.Close()
 		}
