@@ -93,13 +93,17 @@ func TestGuardTripsAndRecovers(t *testing.T) {
 	if got := e.c.reports() - before; got != uint64(3*slow) {
 		t.Errorf("servers applied %d reports for %d slow responses, want %d", got, slow, 3*slow)
 	}
+	// The access line is written after the 429 reached the client.
 	var deny map[string]any
-	for _, l := range e.p.access() {
-		if l["status"] == float64(429) {
-			deny = l
+	waitFor(t, "the guard deny's access line", func() bool {
+		for _, l := range e.p.access() {
+			if l["status"] == float64(429) {
+				deny = l
+			}
 		}
-	}
-	if deny == nil || deny["cause"] != "deny_guard" || deny["verdict"] != "deny" {
+		return deny != nil
+	})
+	if deny["cause"] != "deny_guard" || deny["verdict"] != "deny" {
 		t.Fatalf("guard deny access line %v", deny)
 	}
 	e.up.delay.Store(0)
