@@ -20,6 +20,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/bintest"
 	"github.com/rl-tproxy/rl-tproxy/internal/netnstest"
 )
 
@@ -177,19 +178,14 @@ func builtBinary(t *testing.T) string {
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	if buildDir == "" && buildErr == nil {
-		gobin, err := exec.LookPath("go")
-		if err != nil {
+		if _, err := exec.LookPath("go"); err != nil {
 			t.Skip("needs the go tool to build cmd/rl-tproxy")
 		}
 		dir, err := os.MkdirTemp("", "rl-tproxy-deploy-bin-")
 		if err != nil {
 			t.Fatal(err)
 		}
-		build := exec.Command(gobin, "build", "-o", filepath.Join(dir, "rl-tproxy"), "./cmd/rl-tproxy")
-		build.Dir = ".."
-		if out, err := build.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/rl-tproxy: %v\n%s", err, out)
-		}
+		_, buildErr = bintest.Build(dir)
 		buildDir = dir
 	}
 	if buildErr != nil {

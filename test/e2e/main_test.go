@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/bintest"
 	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
 	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
 	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
@@ -41,17 +42,13 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	out, err := exec.Command("go", "env", "GOMOD").Output()
+	repoRoot, err = bintest.ModuleRoot()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "go env GOMOD:", err)
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	repoRoot = filepath.Dir(strings.TrimSpace(string(out)))
-	binPath = filepath.Join(dir, "rl-tproxy")
-	build := exec.Command("go", "build", "-o", binPath, "./cmd/rl-tproxy")
-	build.Dir = repoRoot
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
+	binPath, err = bintest.Build(dir)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "build rl-tproxy:", err)
 		os.Exit(1)
 	}
@@ -470,15 +467,7 @@ services:
         limit: [strict]
         report: slow
 `, o.srv, c.dns.Addr(), o.credentials, o.fail, o.rate, o.burst, o.listen, o.upstream, o.extra)
-	p := filepath.Join(dir, "policy.yaml")
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, []byte(body), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, p); err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return bintest.WriteFile(t, filepath.Join(dir, "policy.yaml"), body, 0o644)
 }
 
 // env is one test's cluster, upstream and proxy.

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/bintest"
 	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
 	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
 )
@@ -34,16 +35,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	out, err := exec.Command("go", "env", "GOMOD").Output()
+	binPath, err = bintest.Build(dir)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "go env GOMOD:", err)
-		os.Exit(1)
-	}
-	binPath = filepath.Join(dir, "rl-tproxy")
-	build := exec.Command("go", "build", "-o", binPath, "./cmd/rl-tproxy")
-	build.Dir = filepath.Dir(strings.TrimSpace(string(out)))
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build rl-tproxy:", err)
 		os.Exit(1)
 	}
@@ -81,14 +74,7 @@ func credentialYAML(c credentials.Credential) string {
 
 func writeFile(t testing.TB, path, body string) string {
 	t.Helper()
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	return bintest.WriteFile(t, path, body, 0o600)
 }
 
 // ---- child processes ----

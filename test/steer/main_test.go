@@ -26,6 +26,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/bintest"
 )
 
 // binPath is the rl-tproxy binary built by TestMain.
@@ -37,16 +39,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	out, err := exec.Command("go", "env", "GOMOD").Output()
+	binPath, err = bintest.Build(dir)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "go env GOMOD:", err)
-		os.Exit(1)
-	}
-	binPath = filepath.Join(dir, "rl-tproxy")
-	build := exec.Command("go", "build", "-o", binPath, "./cmd/rl-tproxy")
-	build.Dir = filepath.Dir(strings.TrimSpace(string(out)))
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build rl-tproxy:", err)
 		os.RemoveAll(dir)
 		os.Exit(1)
