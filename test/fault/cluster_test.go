@@ -153,14 +153,27 @@ func TestAllNodesDown(t *testing.T) {
 		c.restart(i)
 	}
 	for _, s := range sides {
+		s.p.resetCounts()
+		probes := 0
 		waitFor(t, 30*time.Second, "an allow after the restart", func() bool {
 			resp, err := http.Get(s.p.base + "/api")
 			if err != nil {
 				return false
 			}
 			resp.Body.Close()
+			probes++
 			_, causes := s.p.counts()
 			return resp.StatusCode == 200 && causes["allow"] > 0
+		})
+		// A probe's access line is written after its response: wait for
+		// every probe's line before counting afresh.
+		waitFor(t, 30*time.Second, "the probes' access lines", func() bool {
+			o, _ := s.p.counts()
+			total := 0
+			for _, v := range o {
+				total += v
+			}
+			return total >= probes
 		})
 		s.p.resetCounts()
 		if st := load(t, s.p.base+"/api", 50, 5, nil); st[200] != 50 {
