@@ -120,6 +120,8 @@ func TestAllNodesDown(t *testing.T) {
 		if st := load(t, s.p.base+"/api", 20, 4, nil); st[200] != 20 {
 			t.Fatalf("fail %s: warm-up statuses %v", s.fail, st)
 		}
+		// Access lines trail responses: let the warm-up's all be counted.
+		waitFor(t, 30*time.Second, "the warm-up's access lines", func() bool { o, _ := s.p.counts(); return total2(o) >= 20 })
 	}
 	for _, nd := range c.nodes {
 		nd.p.kill()
@@ -200,6 +202,8 @@ func TestDNSStoppedLastKnownGood(t *testing.T) {
 	if st := load(t, p.base+"/api", 20, 4, nil); st[200] != 20 {
 		t.Fatalf("warm-up statuses %v", st)
 	}
+	// Access lines trail responses: let the warm-up's all be counted.
+	waitFor(t, 30*time.Second, "the warm-up's access lines", func() bool { o, _ := p.counts(); return total2(o) >= 20 })
 	queries := c.dns.Queries()
 	c.dns.Close()
 	// SRV and A TTLs are 1s (refresh clamped to 5s); failed lookups retry

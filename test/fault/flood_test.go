@@ -115,6 +115,8 @@ func TestForgedDatagramFlood(t *testing.T) {
 	if st := load(t, p.base+"/api", 20, 4, nil); st[200] != 20 {
 		t.Fatalf("warm-up statuses %v", st)
 	}
+	// Access lines trail responses: let the warm-up's all be counted.
+	waitFor(t, 30*time.Second, "the warm-up's access lines", func() bool { o, _ := p.counts(); return total2(o) >= 20 })
 	ports := udpPorts(t, p.pid())
 	if len(ports) == 0 {
 		t.Fatal("no UDP sockets found for the proxy process")
