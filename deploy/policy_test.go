@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 )
 
 // loadPolicy writes policy (with its credentials path pointed at a temp

@@ -19,12 +19,13 @@ import (
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 	"github.com/rl-tproxy/rl-tproxy/pkg/embedded"
-	"github.com/rl-tproxy/rl-tproxy/pkg/gate"
+	"github.com/rl-tproxy/rl-tproxy/pkg/hook"
 	"github.com/rl-tproxy/rl-tproxy/pkg/metrics"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 	"github.com/rl-tproxy/rl-tproxy/pkg/redirect"
 	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient"
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
 	"github.com/rl-tproxy/rl-tproxy/pkg/rlserver"
 )
 
@@ -160,7 +161,7 @@ type product struct {
 	log      *slog.Logger
 	m        *metrics.Metrics
 	ready    *metrics.Readiness
-	gate     *gate.Gate
+	gate     *hook.Gate
 	proxy    *proxy.Proxy
 	admin    *metrics.Admin
 	reloader *admission.Reloader
@@ -174,7 +175,7 @@ type product struct {
 
 	mu        sync.Mutex // guards below
 	pol       *admission.Policy
-	client    *gate.Client
+	client    *hook.Client
 	clientKey string
 	emb       *embedded.Embedded
 	embKey    string
@@ -201,7 +202,7 @@ func startRuntime(parent context.Context, pol *admission.Policy, opts runOptions
 			_ = rt.shutdown(sctx)
 		}
 	}()
-	rt.gate = gate.New(gate.Config{Metrics: rt.m, AccessLog: opts.Log, Logger: opts.Log})
+	rt.gate = hook.New(hook.Config{Metrics: rt.m, AccessLog: opts.Log, Logger: opts.Log})
 	rt.ready.Set("policy", func() error {
 		if p, _ := rt.gate.Policy(); p == nil {
 			return errors.New("no policy loaded")
@@ -213,7 +214,7 @@ func startRuntime(parent context.Context, pol *admission.Policy, opts runOptions
 	}
 	rt.gate.Swap(pol)
 	rt.pol = pol
-	pcfg := proxy.Config{Services: gate.ProxyServices(pol), Hook: rt.gate, Logger: opts.Log}
+	pcfg := proxy.Config{Services: hook.ProxyServices(pol), Hook: rt.gate, Logger: opts.Log}
 	if steeredPorts(pol) != nil {
 		if err := rt.attachRedirect(pol); err != nil {
 			return nil, err
@@ -338,7 +339,7 @@ func (rt *product) setClient(pol *admission.Policy) error {
 	p := rl.RequestPolicy
 	c, err := rlclient.New(rlclient.Config{
 		SRV: srvName, Resolver: resolver, ResolverTimeout: rl.ResolverTimeout, Credential: cred,
-		Policy: rlclient.RequestPolicy(p),
+		Policy: ratelimitly.RequestPolicy(p),
 		Bind:   rl.Bind, Logger: rt.log,
 	})
 	if err != nil {
@@ -358,7 +359,7 @@ func (rt *product) setClient(pol *admission.Policy) error {
 			return fmt.Errorf("new RateLimitly client (srv %s): %w; keeping the current one", srvName, err)
 		}
 	}
-	gc := gate.NewClient(c)
+	gc := hook.NewClient(c)
 	oldEmb := rt.emb
 	replacedEmb := newEmb && oldEmb != nil
 	closed := rt.gate.SetChecker(gc, gc)
@@ -432,7 +433,7 @@ func (rt *product) apply(p *admission.Policy) error {
 	// Everything that can fail happens before anything is swapped: the
 	// proxy configuration is validated and new listeners are opened first.
 	cfg := *rt.proxy.Config()
-	cfg.Services = gate.ProxyServices(p)
+	cfg.Services = hook.ProxyServices(p)
 	if _, err := proxy.New(cfg); err != nil {
 		return fmt.Errorf("proxy configuration: %w", err)
 	}

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
 const testServerCreds = `credentials:

@@ -1,6 +1,10 @@
 package admission
 
-import "time"
+import (
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+)
 
 // Verdict is the decision provenance signal: allow only after a valid
 // response satisfied the whole allow contract, deny only after a valid
@@ -56,56 +60,6 @@ func (o Outcome) String() string {
 // OutcomeNames lists every outcome name in index order.
 func OutcomeNames() []string { return outcomeNames[:] }
 
-// Cause says why an outcome happened.
-type Cause uint8
-
-const (
-	CauseAllow        Cause = iota // valid allow
-	CauseDenyResource              // valid deny: a resource had tokens_deficit > 0
-	CauseDenyGuard                 // valid deny: a guard did not pass
-	CauseDenyStatus                // valid response whose status was not OK
-	CauseDenyRefused               // valid response, success false, no resource short and every guard passed
-	CauseNoEndpoints               // no usable discovery target
-	CauseSendFailure               // UDP send failure
-	CauseTimeout                   // no valid response before the horizon
-	CauseProtocol                  // authentication or protocol failure
-	CauseCardinality               // result arrays did not match the request
-	CauseInvalidValue              // a rendered bucket/service/label broke a limit
-	CauseConstruction              // the request could not be built (too many items, datagram too large)
-	CauseCancelled                 // the client went away during the check
-	CauseUnprotected               // matched a location without limit or guard
-	CauseUnmatched                 // no service or location matched
-	CauseInternal                  // internal failure
-	numCauses
-)
-
-var causeNames = [numCauses]string{
-	"allow", "deny_resource", "deny_guard", "deny_status", "deny_refused", "no_endpoints", "send_failure",
-	"timeout", "protocol", "cardinality", "invalid_value", "construction", "cancelled", "unprotected",
-	"unmatched", "internal",
-}
-
-func (c Cause) String() string {
-	if c < numCauses {
-		return causeNames[c]
-	}
-	return "unknown"
-}
-
-// CauseNames lists every cause name in index order.
-func CauseNames() []string { return causeNames[:] }
-
-// IsFailure reports whether c means "no valid decision" (the failure policy
-// applies).
-func (c Cause) IsFailure() bool {
-	switch c {
-	case CauseNoEndpoints, CauseSendFailure, CauseTimeout, CauseProtocol, CauseCardinality,
-		CauseInvalidValue, CauseConstruction:
-		return true
-	}
-	return false
-}
-
 // Action is what the proxy does with the request.
 type Action uint8
 
@@ -127,7 +81,7 @@ func (a Action) String() string {
 // and the local limiter's answer decides admit or deny (LocalOutcome). A
 // shadow location never rejects: whatever enforcement would have denied is
 // OutcomeShadowDeny and admitted.
-func Resolve(v Verdict, c Cause, fail FailPolicy, shadow bool) (Outcome, Action) {
+func Resolve(v Verdict, c ratelimitly.Cause, fail FailPolicy, shadow bool) (Outcome, Action) {
 	switch {
 	case v == VerdictAllow:
 		return OutcomeAllow, ActionAdmit
@@ -136,9 +90,9 @@ func Resolve(v Verdict, c Cause, fail FailPolicy, shadow bool) (Outcome, Action)
 			return OutcomeShadowDeny, ActionAdmit
 		}
 		return OutcomeDeny, ActionDeny
-	case c == CauseCancelled:
+	case c == ratelimitly.CauseCancelled:
 		return OutcomeClientAbort, ActionDrop
-	case c == CauseUnprotected || c == CauseUnmatched:
+	case c == ratelimitly.CauseUnprotected || c == ratelimitly.CauseUnmatched:
 		return OutcomeBypass, ActionAdmit
 	case c.IsFailure():
 		switch fail {

@@ -4,17 +4,18 @@ import (
 	"context"
 	"time"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
 // CheckResult is what a Checker reports for one combined check.
 type CheckResult struct {
 	// Valid is true when a valid, authenticated response was chosen; Resp
 	// then holds it. Otherwise Fail says why there is no valid decision
-	// (CauseNoEndpoints, CauseSendFailure, CauseTimeout, CauseProtocol,
-	// CauseCardinality, CauseConstruction or CauseCancelled).
+	// (ratelimitly.CauseNoEndpoints, ratelimitly.CauseSendFailure, ratelimitly.CauseTimeout, ratelimitly.CauseProtocol,
+	// ratelimitly.CauseCardinality, ratelimitly.CauseConstruction or ratelimitly.CauseCancelled).
 	Valid bool
-	Fail  Cause
+	Fail  ratelimitly.Cause
 	Resp  wire.RateResponse
 }
 
@@ -26,32 +27,23 @@ type Checker interface {
 	Report(service []byte, d time.Duration)
 }
 
-// Classify applies the allow contract to a valid response for a request of
-// nGuards guards and nResources resources: allow only when the status is
-// OK, success is true, every guard passed, every tokens_deficit is 0 and
-// the result arrays have exactly the cardinality sent. A cardinality
-// mismatch is a protocol failure (no verdict), never a decision.
-func Classify(resp *wire.RateResponse, nGuards, nResources int) (Verdict, Cause) {
-	if len(resp.Guards) != nGuards || len(resp.Resources) != nResources {
-		return VerdictNone, CauseCardinality
+// Classify applies the allow contract (ratelimitly.Classify) and gives
+// the verdict that goes with it.
+func Classify(resp *wire.RateResponse, nGuards, nResources int) (Verdict, ratelimitly.Cause) {
+	c := ratelimitly.Classify(resp, nGuards, nResources)
+	return VerdictOf(c), c
+}
+
+// VerdictOf is the verdict a cause carries: allow, deny, or none for every
+// cause that is not a valid decision.
+func VerdictOf(c ratelimitly.Cause) Verdict {
+	switch {
+	case c == ratelimitly.CauseAllow:
+		return VerdictAllow
+	case c.Denied():
+		return VerdictDeny
 	}
-	if resp.Status != wire.StatusOK {
-		return VerdictDeny, CauseDenyStatus
-	}
-	for i := range resp.Resources {
-		if resp.Resources[i].TokensDeficit != 0 {
-			return VerdictDeny, CauseDenyResource
-		}
-	}
-	for i := range resp.Guards {
-		if !resp.Guards[i].Passed {
-			return VerdictDeny, CauseDenyGuard
-		}
-	}
-	if !resp.Success {
-		return VerdictDeny, CauseDenyRefused
-	}
-	return VerdictAllow, CauseAllow
+	return VerdictNone
 }
 
 // Decision is the admission state of one request. Callers pool and reuse
@@ -60,7 +52,7 @@ type Decision struct {
 	Location *Location // nil when unmatched
 	Verdict  Verdict
 	Outcome  Outcome
-	Cause    Cause
+	Cause    ratelimitly.Cause
 	Action   Action
 	Shadow   bool
 	// Local is set when the local fallback decided (fail: local) and
@@ -80,7 +72,7 @@ type Decision struct {
 // Reset empties d keeping its buffers.
 func (d *Decision) Reset() {
 	d.Location = nil
-	d.Verdict, d.Outcome, d.Cause, d.Action, d.Shadow = VerdictNone, OutcomeBypass, CauseUnmatched, ActionAdmit, false
+	d.Verdict, d.Outcome, d.Cause, d.Action, d.Shadow = VerdictNone, OutcomeBypass, ratelimitly.CauseUnmatched, ActionAdmit, false
 	d.Local, d.LocalAllowed = false, false
 	d.Admission = 0
 	d.Zones = d.Zones[:0]
@@ -96,11 +88,11 @@ func (d *Decision) Reset() {
 const renderBufSize = 2048
 
 // Build renders every zone, guard and label template of loc for r into
-// d.Req (one combined check). It returns CauseInvalidValue when a rendered
-// value is empty or too long, CauseConstruction when the request cannot
-// be encoded into one datagram, and CauseAllow (meaning "built") otherwise.
+// d.Req (one combined check). It returns ratelimitly.CauseInvalidValue when a rendered
+// value is empty or too long, ratelimitly.CauseConstruction when the request cannot
+// be encoded into one datagram, and ratelimitly.CauseAllow (meaning "built") otherwise.
 // It allocates nothing once d's buffers have grown.
-func Build(loc *Location, r *Request, d *Decision) Cause {
+func Build(loc *Location, r *Request, d *Decision) ratelimitly.Cause {
 	if cap(d.buf) < renderBufSize {
 		d.buf = make([]byte, 0, renderBufSize)
 	}
@@ -109,7 +101,7 @@ func Build(loc *Location, r *Request, d *Decision) Cause {
 		start := len(d.buf)
 		d.buf, err = loc.Label.Render(d.buf, r)
 		if err != nil || len(d.buf)-start > MaxLabelLen {
-			return CauseInvalidValue
+			return ratelimitly.CauseInvalidValue
 		}
 		if len(d.buf) > start {
 			d.Req.Label = d.buf[start:len(d.buf):len(d.buf)]
@@ -121,7 +113,7 @@ func Build(loc *Location, r *Request, d *Decision) Cause {
 		d.buf, err = g.Tracker.Service.Render(d.buf, r)
 		n := len(d.buf) - start
 		if err != nil || n == 0 || n > MaxBucketLen {
-			return CauseInvalidValue
+			return ratelimitly.CauseInvalidValue
 		}
 		d.Req.Guards = append(d.Req.Guards, wire.Guard{Service: d.buf[start:len(d.buf):len(d.buf)], ThresholdMs: g.ThresholdMs})
 	}
@@ -130,19 +122,19 @@ func Build(loc *Location, r *Request, d *Decision) Cause {
 		d.buf, err = z.Bucket.Render(d.buf, r)
 		n := len(d.buf) - start
 		if err != nil || n == 0 || n > MaxBucketLen {
-			return CauseInvalidValue
+			return ratelimitly.CauseInvalidValue
 		}
 		b := d.buf[start:len(d.buf):len(d.buf)]
 		d.Req.Resources = append(d.Req.Resources, wire.Resource{Bucket: b, Rate: z.Rate, PeriodMs: z.PeriodMs, Burst: z.Burst, Cost: z.Cost})
 		d.local = append(d.local, LocalZone{Zone: z.Name, Bucket: b, Rate: z.Rate, PeriodMs: z.PeriodMs, Burst: z.Burst, Cost: z.Cost})
 	}
 	if len(d.Req.Guards) == 0 && len(d.Req.Resources) == 0 {
-		return CauseConstruction
+		return ratelimitly.CauseConstruction
 	}
 	if d.Req.Validate() != nil || d.Req.EncodedLen() > wire.MaxBody {
-		return CauseConstruction
+		return ratelimitly.CauseConstruction
 	}
-	return CauseAllow
+	return ratelimitly.CauseAllow
 }
 
 // Engine decides requests: match, build, check, classify, failure policy,
@@ -166,7 +158,7 @@ func (e *Engine) Decide(ctx context.Context, p *Policy, svc *Service, r *Request
 		return
 	}
 	if !loc.Protected() {
-		d.Cause = CauseUnprotected
+		d.Cause = ratelimitly.CauseUnprotected
 		return
 	}
 	d.Shadow = loc.Mode == ModeShadow
@@ -176,7 +168,7 @@ func (e *Engine) Decide(ctx context.Context, p *Policy, svc *Service, r *Request
 	}
 	start := now()
 	fail := p.RateLimitly.Fail
-	if c := Build(loc, r, d); c != CauseAllow {
+	if c := Build(loc, r, d); c != ratelimitly.CauseAllow {
 		d.Cause = c
 		if len(d.local) != len(loc.Limits) {
 			// A zone's bucket could not be rendered: there is no key to
@@ -188,13 +180,13 @@ func (e *Engine) Decide(ctx context.Context, p *Policy, svc *Service, r *Request
 		switch {
 		case d.Result.Valid:
 			d.Verdict, d.Cause = Classify(&d.Result.Resp, len(d.Req.Guards), len(d.Req.Resources))
-		case d.Result.Fail == CauseAllow:
-			d.Cause = CauseInternal // a checker must say why it has no decision
+		case d.Result.Fail == ratelimitly.CauseAllow:
+			d.Cause = ratelimitly.CauseInternal // a checker must say why it has no decision
 		default:
 			d.Cause = d.Result.Fail
 		}
 		if ctx.Err() != nil && d.Verdict == VerdictNone {
-			d.Cause = CauseCancelled
+			d.Cause = ratelimitly.CauseCancelled
 		}
 	}
 	d.Outcome, d.Action = Resolve(d.Verdict, d.Cause, fail, d.Shadow)

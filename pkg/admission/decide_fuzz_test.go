@@ -4,7 +4,8 @@ import (
 	"encoding/binary"
 	"testing"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
 // FuzzClassify: any response shape is classified without panicking, and an
@@ -48,7 +49,7 @@ func FuzzClassify(f *testing.F) {
 				}
 			}
 		}
-		if c == CauseCardinality && v != VerdictNone {
+		if c == ratelimitly.CauseCardinality && v != VerdictNone {
 			t.Fatal("cardinality mismatch with a verdict")
 		}
 	})

@@ -7,7 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
 // scriptChecker answers every check with a fixed result and records what
@@ -96,7 +97,7 @@ var (
 func TestFailureTable(t *testing.T) {
 	type want struct {
 		verdict Verdict
-		cause   Cause
+		cause   ratelimitly.Cause
 		outcome [3]Outcome // open, close, local (first request)
 		action  [3]Action
 	}
@@ -110,37 +111,37 @@ func TestFailureTable(t *testing.T) {
 		want   want
 	}{
 		{"valid allow", validResp(wire.StatusOK, true, okGuard, okRes), nil, nil,
-			want{VerdictAllow, CauseAllow, [3]Outcome{OutcomeAllow, OutcomeAllow, OutcomeAllow}, [3]Action{ActionAdmit, ActionAdmit, ActionAdmit}}},
+			want{VerdictAllow, ratelimitly.CauseAllow, [3]Outcome{OutcomeAllow, OutcomeAllow, OutcomeAllow}, [3]Action{ActionAdmit, ActionAdmit, ActionAdmit}}},
 		{"resource deny", validResp(wire.StatusOK, false, okGuard, shortRes), nil, nil,
-			want{VerdictDeny, CauseDenyResource, [3]Outcome{OutcomeDeny, OutcomeDeny, OutcomeDeny}, [3]Action{ActionDeny, ActionDeny, ActionDeny}}},
+			want{VerdictDeny, ratelimitly.CauseDenyResource, [3]Outcome{OutcomeDeny, OutcomeDeny, OutcomeDeny}, [3]Action{ActionDeny, ActionDeny, ActionDeny}}},
 		{"guard deny", validResp(wire.StatusOK, false, badGuard, okRes), nil, nil,
-			want{VerdictDeny, CauseDenyGuard, [3]Outcome{OutcomeDeny, OutcomeDeny, OutcomeDeny}, [3]Action{ActionDeny, ActionDeny, ActionDeny}}},
+			want{VerdictDeny, ratelimitly.CauseDenyGuard, [3]Outcome{OutcomeDeny, OutcomeDeny, OutcomeDeny}, [3]Action{ActionDeny, ActionDeny, ActionDeny}}},
 		{"guard failed though success", validResp(wire.StatusOK, true, badGuard, okRes), nil, nil,
-			want{VerdictDeny, CauseDenyGuard, [3]Outcome{OutcomeDeny, OutcomeDeny, OutcomeDeny}, [3]Action{ActionDeny, ActionDeny, ActionDeny}}},
+			want{VerdictDeny, ratelimitly.CauseDenyGuard, [3]Outcome{OutcomeDeny, OutcomeDeny, OutcomeDeny}, [3]Action{ActionDeny, ActionDeny, ActionDeny}}},
 		{"deficit though success", validResp(wire.StatusOK, true, okGuard, shortRes), nil, nil,
-			want{VerdictDeny, CauseDenyResource, [3]Outcome{OutcomeDeny, OutcomeDeny, OutcomeDeny}, [3]Action{ActionDeny, ActionDeny, ActionDeny}}},
+			want{VerdictDeny, ratelimitly.CauseDenyResource, [3]Outcome{OutcomeDeny, OutcomeDeny, OutcomeDeny}, [3]Action{ActionDeny, ActionDeny, ActionDeny}}},
 		{"RateLimitly deny (success false)", validResp(wire.StatusOK, false, okGuard, okRes), nil, nil,
-			want{VerdictDeny, CauseDenyRefused, [3]Outcome{OutcomeDeny, OutcomeDeny, OutcomeDeny}, [3]Action{ActionDeny, ActionDeny, ActionDeny}}},
+			want{VerdictDeny, ratelimitly.CauseDenyRefused, [3]Outcome{OutcomeDeny, OutcomeDeny, OutcomeDeny}, [3]Action{ActionDeny, ActionDeny, ActionDeny}}},
 		{"RateLimitly status over quota", validResp(wire.StatusOverQuota, true, okGuard, okRes), nil, nil,
-			want{VerdictDeny, CauseDenyStatus, [3]Outcome{OutcomeDeny, OutcomeDeny, OutcomeDeny}, [3]Action{ActionDeny, ActionDeny, ActionDeny}}},
-		{"no usable discovery target", CheckResult{Fail: CauseNoEndpoints}, nil, nil, want{VerdictNone, CauseNoEndpoints, failOut, admitted}},
-		{"UDP send failure", CheckResult{Fail: CauseSendFailure}, nil, nil, want{VerdictNone, CauseSendFailure, failOut, admitted}},
-		{"response timeout", CheckResult{Fail: CauseTimeout}, nil, nil, want{VerdictNone, CauseTimeout, failOut, admitted}},
-		{"authentication/protocol failure", CheckResult{Fail: CauseProtocol}, nil, nil, want{VerdictNone, CauseProtocol, failOut, admitted}},
-		{"cardinality mismatch (client)", CheckResult{Fail: CauseCardinality}, nil, nil, want{VerdictNone, CauseCardinality, failOut, admitted}},
+			want{VerdictDeny, ratelimitly.CauseDenyStatus, [3]Outcome{OutcomeDeny, OutcomeDeny, OutcomeDeny}, [3]Action{ActionDeny, ActionDeny, ActionDeny}}},
+		{"no usable discovery target", CheckResult{Fail: ratelimitly.CauseNoEndpoints}, nil, nil, want{VerdictNone, ratelimitly.CauseNoEndpoints, failOut, admitted}},
+		{"UDP send failure", CheckResult{Fail: ratelimitly.CauseSendFailure}, nil, nil, want{VerdictNone, ratelimitly.CauseSendFailure, failOut, admitted}},
+		{"response timeout", CheckResult{Fail: ratelimitly.CauseTimeout}, nil, nil, want{VerdictNone, ratelimitly.CauseTimeout, failOut, admitted}},
+		{"authentication/protocol failure", CheckResult{Fail: ratelimitly.CauseProtocol}, nil, nil, want{VerdictNone, ratelimitly.CauseProtocol, failOut, admitted}},
+		{"cardinality mismatch (client)", CheckResult{Fail: ratelimitly.CauseCardinality}, nil, nil, want{VerdictNone, ratelimitly.CauseCardinality, failOut, admitted}},
 		{"cardinality mismatch (extra resource)", validResp(wire.StatusOK, true, okGuard, append(okRes, okRes...)), nil, nil,
-			want{VerdictNone, CauseCardinality, failOut, admitted}},
+			want{VerdictNone, ratelimitly.CauseCardinality, failOut, admitted}},
 		{"cardinality mismatch (missing guard)", validResp(wire.StatusOK, true, nil, okRes), nil, nil,
-			want{VerdictNone, CauseCardinality, failOut, admitted}},
+			want{VerdictNone, ratelimitly.CauseCardinality, failOut, admitted}},
 		{"invalid dynamic value (empty bucket)", validResp(wire.StatusOK, true, okGuard, okRes), nil, hdrs{"x-key": ""},
-			want{VerdictNone, CauseInvalidValue, failOut, admitted}},
+			want{VerdictNone, ratelimitly.CauseInvalidValue, failOut, admitted}},
 		{"invalid dynamic value (bucket over 1024)", validResp(wire.StatusOK, true, okGuard, okRes), nil, hdrs{"x-key": strings.Repeat("b", 1030)},
-			want{VerdictNone, CauseInvalidValue, failOut, admitted}},
+			want{VerdictNone, ratelimitly.CauseInvalidValue, failOut, admitted}},
 		{"invalid dynamic value (label over 256)", validResp(wire.StatusOK, true, okGuard, okRes), nil, hdrs{"x-key": "a", "x-label": strings.Repeat("l", 257)},
-			want{VerdictNone, CauseInvalidValue, failOut, admitted}},
-		{"request-construction failure", CheckResult{Fail: CauseConstruction}, nil, nil, want{VerdictNone, CauseConstruction, failOut, admitted}},
-		{"internal failure", CheckResult{Fail: CauseInternal}, nil, nil,
-			want{VerdictNone, CauseInternal, [3]Outcome{OutcomeInternalError, OutcomeInternalError, OutcomeInternalError}, [3]Action{ActionInternal, ActionInternal, ActionInternal}}},
+			want{VerdictNone, ratelimitly.CauseInvalidValue, failOut, admitted}},
+		{"request-construction failure", CheckResult{Fail: ratelimitly.CauseConstruction}, nil, nil, want{VerdictNone, ratelimitly.CauseConstruction, failOut, admitted}},
+		{"internal failure", CheckResult{Fail: ratelimitly.CauseInternal}, nil, nil,
+			want{VerdictNone, ratelimitly.CauseInternal, [3]Outcome{OutcomeInternalError, OutcomeInternalError, OutcomeInternalError}, [3]Action{ActionInternal, ActionInternal, ActionInternal}}},
 	}
 	for _, row := range rows {
 		for fi, fail := range []FailPolicy{FailOpen, FailClose, FailLocal} {
@@ -158,10 +159,10 @@ func TestFailureTable(t *testing.T) {
 					t.Fatalf("got verdict %v cause %v outcome %v action %v; want %v %v %v %v",
 						d.Verdict, d.Cause, d.Outcome, d.Action, row.want.verdict, row.want.cause, row.want.outcome[fi], row.want.action[fi])
 				}
-				if row.want.cause == CauseInvalidValue && ch.calls != 0 {
+				if row.want.cause == ratelimitly.CauseInvalidValue && ch.calls != 0 {
 					t.Fatal("an invalid rendered value was sent to RateLimitly")
 				}
-				if fail == FailLocal && row.want.outcome[fi] == OutcomeFailLocal && row.want.cause != CauseInvalidValue {
+				if fail == FailLocal && row.want.outcome[fi] == OutcomeFailLocal && row.want.cause != ratelimitly.CauseInvalidValue {
 					// The local bucket (burst 2) admits one more, then denies.
 					e.Decide(context.Background(), p, svc, testRequest(h), &d)
 					if d.Action != ActionAdmit {
@@ -208,16 +209,16 @@ func TestUnprotectedAndUnmatchedSendNothing(t *testing.T) {
 	e := &Engine{Checker: ch}
 	var d Decision
 	e.Decide(context.Background(), p, svc, testRequest(hdrs{"x-key": "a"}), &d)
-	if d.Outcome != OutcomeBypass || d.Cause != CauseUnprotected || d.Location != open || d.Action != ActionAdmit {
+	if d.Outcome != OutcomeBypass || d.Cause != ratelimitly.CauseUnprotected || d.Location != open || d.Action != ActionAdmit {
 		t.Fatalf("unprotected: %v %v", d.Outcome, d.Cause)
 	}
 	svc.Locations = svc.Locations[:1]
 	e.Decide(context.Background(), p, svc, testRequest(hdrs{"x-key": "a"}), &d)
-	if d.Outcome != OutcomeBypass || d.Cause != CauseUnmatched || d.Location != nil {
+	if d.Outcome != OutcomeBypass || d.Cause != ratelimitly.CauseUnmatched || d.Location != nil {
 		t.Fatalf("unmatched: %v %v", d.Outcome, d.Cause)
 	}
 	e.Decide(context.Background(), p, nil, testRequest(nil), &d)
-	if d.Outcome != OutcomeBypass || d.Cause != CauseUnmatched {
+	if d.Outcome != OutcomeBypass || d.Cause != ratelimitly.CauseUnmatched {
 		t.Fatalf("no service: %v %v", d.Outcome, d.Cause)
 	}
 	if ch.calls != 0 {
@@ -232,8 +233,8 @@ func TestShadowMode(t *testing.T) {
 		out  Outcome
 	}{
 		{FailOpen, validResp(wire.StatusOK, false, okGuard, shortRes), OutcomeShadowDeny},
-		{FailClose, CheckResult{Fail: CauseTimeout}, OutcomeShadowDeny},
-		{FailOpen, CheckResult{Fail: CauseTimeout}, OutcomeFailOpen},
+		{FailClose, CheckResult{Fail: ratelimitly.CauseTimeout}, OutcomeShadowDeny},
+		{FailOpen, CheckResult{Fail: ratelimitly.CauseTimeout}, OutcomeFailOpen},
 		{FailOpen, validResp(wire.StatusOK, true, okGuard, okRes), OutcomeAllow},
 	} {
 		p, svc := testPolicy(t, c.fail, ModeShadow)
@@ -249,10 +250,10 @@ func TestShadowMode(t *testing.T) {
 func TestClientAbortDuringCheck(t *testing.T) {
 	p, svc := testPolicy(t, FailClose, ModeEnforce)
 	ctx, cancel := context.WithCancel(context.Background())
-	ch := &scriptChecker{res: CheckResult{Fail: CauseTimeout}, mutate: func(*wire.RateRequest, *CheckResult) { cancel() }}
+	ch := &scriptChecker{res: CheckResult{Fail: ratelimitly.CauseTimeout}, mutate: func(*wire.RateRequest, *CheckResult) { cancel() }}
 	var d Decision
 	(&Engine{Checker: ch}).Decide(ctx, p, svc, testRequest(hdrs{"x-key": "a"}), &d)
-	if d.Outcome != OutcomeClientAbort || d.Cause != CauseCancelled || d.Action != ActionDrop || d.Verdict != VerdictNone {
+	if d.Outcome != OutcomeClientAbort || d.Cause != ratelimitly.CauseCancelled || d.Action != ActionDrop || d.Verdict != VerdictNone {
 		t.Fatalf("abort: %v %v %v %v", d.Verdict, d.Outcome, d.Cause, d.Action)
 	}
 }
@@ -307,7 +308,7 @@ func TestOutcomeAndCauseNames(t *testing.T) {
 		}
 		seen[i.String()] = true
 	}
-	for i := Cause(0); i < numCauses; i++ {
+	for i := ratelimitly.Cause(0); i < ratelimitly.NumCauses; i++ {
 		if seen["c:"+i.String()] || i.String() == "unknown" {
 			t.Fatalf("bad cause %d %s", i, i)
 		}

@@ -15,8 +15,8 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient"
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 )
 
 // Static limits of rendered values (the wire and the nginx contract).
@@ -249,7 +249,7 @@ func (l *loader) ratelimitly(n *yaml.Node) {
 	}
 	rl := &l.p.RateLimitly
 	rl.ResolverTimeout = DefaultResolverTimeout
-	rl.RequestPolicy = rlclient.Standard(DefaultUnit)
+	rl.RequestPolicy = ratelimitly.Standard(DefaultUnit)
 	var credNode, rpNode, embeddedNode, resolverNode, resolverTimeoutNode *yaml.Node
 	targetBad := false // srv or embedded was written but invalid (already reported)
 	for _, e := range pairs {
@@ -360,9 +360,9 @@ func (l *loader) requestPolicy(n *yaml.Node, out *RequestPolicy) {
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!str" { // shorthand: request_policy: standard
 		switch n.Value {
 		case PolicyStandard:
-			*out = rlclient.Standard(DefaultUnit)
+			*out = ratelimitly.Standard(DefaultUnit)
 		case PolicySingleRound:
-			*out = rlclient.SingleRound(DefaultUnit)
+			*out = ratelimitly.SingleRound(DefaultUnit)
 		default:
 			l.errorf(n, "%s: want standard or single_round (custom needs a mapping), got %q", ctx, short(n.Value))
 		}
@@ -397,9 +397,9 @@ func (l *loader) requestPolicy(n *yaml.Node, out *RequestPolicy) {
 	}
 	switch name {
 	case PolicyStandard:
-		*out = rlclient.Standard(unit)
+		*out = ratelimitly.Standard(unit)
 	case PolicySingleRound:
-		*out = rlclient.SingleRound(unit)
+		*out = ratelimitly.SingleRound(unit)
 	case PolicyCustom:
 		*out = RequestPolicy{Name: PolicyCustom, Unit: unit}
 	}
@@ -493,7 +493,7 @@ func (l *loader) credentials(rlNode, credNode *yaml.Node) {
 }
 
 // checkHorizon validates the request policy's horizon against the wire TTL
-// and the credential's max_horizon (rlclient.RequestPolicy.Validate).
+// and the credential's max_horizon (ratelimitly.RequestPolicy.Validate).
 func (l *loader) checkHorizon(rlNode, rpNode *yaml.Node) {
 	rl := &l.p.RateLimitly
 	at := rpNode

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
 )
 
 // ptSecret is a test-only key (32 bytes, base64).
@@ -311,9 +311,9 @@ func TestRequestPolicyHorizon(t *testing.T) {
 		p    RequestPolicy
 		want time.Duration
 	}{
-		{rlclient.Standard(20 * ms), 60 * ms},
-		{rlclient.Standard(7 * ms), 21 * ms},
-		{rlclient.SingleRound(20 * ms), 20 * ms},
+		{ratelimitly.Standard(20 * ms), 60 * ms},
+		{ratelimitly.Standard(7 * ms), 21 * ms},
+		{ratelimitly.SingleRound(20 * ms), 20 * ms},
 		{RequestPolicy{Name: PolicyCustom, Unit: 10 * ms}, 10 * ms},
 		{RequestPolicy{Name: PolicyCustom, Unit: 10 * ms, Replays: 3, ReplayGaps: []time.Duration{5 * ms, 7 * ms}, FinalReceive: 4 * ms}, (10 + 5 + 7 + 7 + 4) * ms},
 		{RequestPolicy{Name: PolicyCustom, Unit: 10 * ms, Replays: 2, ReplayGaps: []time.Duration{5 * ms, 7 * ms}}, (10 + 5 + 7) * ms},

@@ -3,7 +3,6 @@ package admission
 import (
 	"errors"
 	"fmt"
-	"github.com/rl-tproxy/rl-tproxy/internal/fileerr"
 	"io"
 	"math"
 	"net/netip"
@@ -11,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/fileerr"
 
 	"gopkg.in/yaml.v3"
 )

@@ -1,13 +1,16 @@
-// Package admission turns a policy file into the compiled rules the proxy
-// applies to each request: services, locations, zones, trackers, templates
-// and matching, plus the admission decision built on them.
+// Package admission owns the policy and the admission contract: it loads,
+// validates and compiles the policy file (services, locations, zones,
+// trackers, templates), matches a request to its location, builds the
+// combined RateLimitly check and turns its result into a verdict, outcome
+// and action under the failure policy. It sends nothing itself: a Checker
+// does (pkg/hook adapts pkg/rlclient to it).
 package admission
 
 import (
 	"net/netip"
 	"time"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 )
 
 // Policy is a validated, compiled policy file. It is immutable after Load:

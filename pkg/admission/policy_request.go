@@ -3,22 +3,22 @@ package admission
 import (
 	"strconv"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
 )
 
 // RequestPolicy is the RateLimitly request policy (fan-out, replay,
 // completion) the policy file selects. It is rlclient's type, so the
 // horizon formula and its validation live in one place
-// (rlclient.RequestPolicy.Horizon and Validate).
-type RequestPolicy = rlclient.RequestPolicy
+// (ratelimitly.RequestPolicy.Horizon and Validate).
+type RequestPolicy = ratelimitly.RequestPolicy
 
 // Request-policy names and the default unit.
 const (
-	PolicyStandard    = rlclient.PolicyStandard
-	PolicySingleRound = rlclient.PolicySingleRound
-	PolicyCustom      = rlclient.PolicyCustom
-	DefaultUnit       = rlclient.DefaultUnit
-	MaxReplays        = rlclient.MaxReplays
+	PolicyStandard    = ratelimitly.PolicyStandard
+	PolicySingleRound = ratelimitly.PolicySingleRound
+	PolicyCustom      = ratelimitly.PolicyCustom
+	DefaultUnit       = ratelimitly.DefaultUnit
+	MaxReplays        = ratelimitly.MaxReplays
 )
 
 func itoa(n int) string { return strconv.Itoa(n) }

@@ -15,7 +15,7 @@ import (
 
 	"github.com/miekg/dns"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 	"github.com/rl-tproxy/rl-tproxy/pkg/rlserver"
 )
 

@@ -5,13 +5,15 @@ import (
 	"time"
 
 	"crypto/rand"
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient"
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
 	"testing"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient"
 
 	"github.com/miekg/dns"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 )
 
 func TestDNSAnswersTheServer(t *testing.T) {
@@ -69,7 +71,7 @@ func TestClientThroughEmbeddedDiscovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	cl, err := rlclient.New(rlclient.Config{SRV: e.SRV, Resolver: e.Resolver, Credential: c, Policy: rlclient.Standard(20 * time.Millisecond), Shards: 1})
+	cl, err := rlclient.New(rlclient.Config{SRV: e.SRV, Resolver: e.Resolver, Credential: c, Policy: ratelimitly.Standard(20 * time.Millisecond), Shards: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +94,7 @@ func TestClientThroughEmbeddedDiscovery(t *testing.T) {
 		}
 		causes = append(causes, d.Cause)
 	}
-	if len(causes) != 3 || causes[0] != rlclient.CauseAllow || causes[1] != rlclient.CauseAllow || causes[2] != rlclient.CauseDeny {
+	if len(causes) != 3 || causes[0] != rlclient.CauseAllow || causes[1] != rlclient.CauseAllow || causes[2] != ratelimitly.CauseDenyResource {
 		t.Fatalf("causes %v, want allow allow deny (burst 2)", causes)
 	}
 	if st := e.Server.Stats(); st.Allows != 2 || st.Denies != 1 {

@@ -10,7 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
 // latencies records per-check durations without allocating.
@@ -72,7 +73,7 @@ func BenchmarkRings256x3(b *testing.B) { benchRings(b, 3) }
 
 func benchRings(b *testing.B, nodes int) {
 	cl := startCluster(b, nodes, nil)
-	c := newTestClient(b, cl.dns.Addr(), clientOpts{shards: runtimeProcs(), policy: Standard(time.Second)})
+	c := newTestClient(b, cl.dns.Addr(), clientOpts{shards: runtimeProcs(), policy: ratelimitly.Standard(time.Second)})
 	waitReady(b, c)
 	var failed atomic.Int64
 	lat := new(latencies)

@@ -1,6 +1,6 @@
 // Package rlclient is the RateLimitly client: it discovers the servers of a
 // deployment by DNS SRV, sends each rate check to every endpoint through
-// per-CPU UDP rings (pkg/udpring), follows a request policy (fan-out,
+// per-CPU UDP rings (pkg/udpshard), follows a request policy (fan-out,
 // replay, final receive, completion delivery) and returns exactly one
 // decision or failure cause per check; it also sends latency reports.
 //
@@ -34,7 +34,7 @@
 // not answer, when the policy enables completion delivery.
 //
 // A check's datagrams are queued on its shard; under load the shard's
-// loop sends the datagrams of many checks together (udpring FlushAsync:
+// loop sends the datagrams of many checks together (udpshard FlushAsync:
 // one sendmmsg, one UDP_SEGMENT message per endpoint), with about one
 // check per shard in flight the check sends them itself.
 //
@@ -42,13 +42,13 @@
 // shard with a min-heap of deadlines: no goroutine or timer per request,
 // and zero allocations per Check in steady state. Before it acts on a due
 // deadline the timer goroutine reads the answers already queued on its
-// shard's sockets (udpring Drain), so that answers that arrived while the
+// shard's sockets (udpshard Drain), so that answers that arrived while the
 // readers could not run (a stalled or overloaded process) still decide
 // instead of being replayed or timed out. A response may arrive on
 // any shard's socket: it is matched by request id through a shared table,
 // then authenticated, and matched to an endpoint by source address.
 // Steering feedback (steering_feedback = 0 in an authenticated answer)
-// asks the sending shard for a safe source-port rebind (udpring).
+// asks the sending shard for a safe source-port rebind (udpshard).
 package rlclient
 
 import (
@@ -64,9 +64,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
-	"github.com/rl-tproxy/rl-tproxy/pkg/udpring"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/udpshard"
 )
 
 // Config configures a Client.
@@ -75,12 +77,12 @@ type Config struct {
 	Resolver        string // "" = /etc/resolv.conf; else IP[:port][,IP[:port]...]
 	ResolverTimeout time.Duration
 	Credential      credentials.Credential
-	Policy          RequestPolicy // zero = Standard(DefaultUnit)
-	Bind            netip.Addr    // local address of the UDP sockets; invalid = any
+	Policy          ratelimitly.RequestPolicy // zero = Standard(DefaultUnit)
+	Bind            netip.Addr                // local address of the UDP sockets; invalid = any
 	Logger          *slog.Logger
 
 	Shards   int   // UDP/timer shards; 0 = GOMAXPROCS
-	QueueLen int   // per-shard send queue; 0 = udpring default
+	QueueLen int   // per-shard send queue; 0 = udpshard default
 	Clock    Clock // nil = wall clock
 }
 
@@ -100,7 +102,7 @@ type Stats struct {
 	ReportsDropped uint64            // reports not sent (no endpoints, invalid, queue full)
 	Steers         uint64            // answers that asked for a source-port change
 	Drops          RecvDrops
-	Ring           udpring.Stats
+	Ring           udpshard.Stats
 }
 
 // RecvDrops counts received datagrams that did not affect a request.
@@ -126,15 +128,15 @@ type counters struct {
 // Client is a RateLimitly client. It is safe for concurrent use.
 type Client struct {
 	cfg     Config
-	policy  RequestPolicy
+	policy  ratelimitly.RequestPolicy
 	horizon time.Duration
 	ttlMs   uint16
 	key     *wire.Key
 	clock   Clock
 	log     *slog.Logger
-	ring    *udpring.Ring
+	ring    *udpshard.Ring
 	disc    *discovery
-	shards  []*eshard
+	shards  []*shardEngine
 	table   reqTable
 	pool    reqPool
 	next    atomic.Uint32
@@ -152,7 +154,7 @@ func New(cfg Config) (*Client, error) {
 		return nil, errors.New("rlclient: config: SRV name is required")
 	}
 	if cfg.Policy.Unit == 0 && cfg.Policy.Name == "" {
-		cfg.Policy = Standard(DefaultUnit)
+		cfg.Policy = ratelimitly.Standard(ratelimitly.DefaultUnit)
 	}
 	if err := cfg.Policy.Validate(cfg.Credential); err != nil {
 		return nil, fmt.Errorf("rlclient: %w", err)
@@ -175,9 +177,9 @@ func New(cfg Config) (*Client, error) {
 	}
 	c := &Client{cfg: cfg, policy: cfg.Policy, key: key, clock: clk, log: lg, done: make(chan struct{})}
 	c.horizon = cfg.Policy.Horizon()
-	c.ttlMs = uint16(ceilMs(c.horizon))
+	c.ttlMs = uint16(ratelimitly.CeilMs(c.horizon))
 	c.table.init()
-	c.ring, err = udpring.New(udpring.Config{
+	c.ring, err = udpshard.New(udpshard.Config{
 		Bind: cfg.Bind, Shards: cfg.Shards, QueueLen: cfg.QueueLen, Handler: c.onDatagram,
 		OnSendError: c.onSendError, Logger: lg, ReadGate: testReadGate,
 	})
@@ -185,7 +187,7 @@ func New(cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("rlclient: %w", err)
 	}
 	for i := 0; i < c.ring.Shards(); i++ {
-		es := &eshard{c: c, idx: i, wake: make(chan struct{}, 1), heap: make([]timerEntry, 0, 256)}
+		es := &shardEngine{c: c, idx: i, wake: make(chan struct{}, 1), heap: make([]timerEntry, 0, 256)}
 		c.shards = append(c.shards, es)
 	}
 	for _, es := range c.shards {
@@ -197,9 +199,9 @@ func New(cfg Config) (*Client, error) {
 	return c, nil
 }
 
-// testReadGate is handed to udpring as Config.ReadGate: tests set it
+// testReadGate is handed to udpshard as Config.ReadGate: tests set it
 // (before New) to hold the socket readers back. Nil in production.
-var testReadGate func(*udpring.Socket)
+var testReadGate func(*udpshard.Socket)
 
 // Ready reports whether discovery has succeeded at least once.
 func (c *Client) Ready() bool { return c.disc.ready.Load() }
@@ -270,8 +272,8 @@ type request struct {
 	id    uint64
 	state uint8
 	c     *Client
-	es    *eshard
-	sock  *udpring.Socket
+	es    *shardEngine
+	sock  *udpshard.Socket
 	mem   *membership
 
 	start      time.Time
@@ -283,7 +285,7 @@ type request struct {
 	sendFailed uint64
 	best       int
 	bestEpoch  uint64
-	bestAllow  bool
+	bestCause  Cause // ratelimitly.Classify of the best answer
 	sawCard    bool
 	sawProto   bool
 
@@ -309,7 +311,7 @@ const (
 )
 
 // Check runs one rate check and fills out. It returns nil for a valid
-// decision (out.Cause is CauseAllow or CauseDeny) and the cause's error
+// decision (out.Cause.Decided(): CauseAllow or a CauseDeny* value) and the cause's error
 // otherwise. req is only read during the call. Cancelling ctx retires the
 // request at once (CauseCancelled) with nothing left behind.
 func (c *Client) Check(ctx context.Context, req *wire.RateRequest, out *Decision) error {
@@ -350,9 +352,9 @@ func (c *Client) Check(ctx context.Context, req *wire.RateRequest, out *Decision
 	r.round, r.attempt = 0, 0
 	r.full = 1<<uint(len(mem.eps)) - 1
 	r.answered, r.valid, r.sendFailed = 0, 0, 0
-	r.best, r.bestEpoch, r.bestAllow, r.sawCard, r.sawProto = -1, 0, false, false, false
+	r.best, r.bestEpoch, r.bestCause, r.sawCard, r.sawProto = -1, 0, CauseTimeout, false, false
 	r.nGuards, r.nResources = len(req.Guards), len(req.Resources)
-	r.cause = CauseNone
+	r.cause = CauseTimeout // overwritten when the request ends (r.state says whether it has)
 	r.pushed = false
 	r.state = statePending
 	c.table.put(r)
@@ -554,7 +556,7 @@ func (r *request) roundEndLocked() {
 		r.round++
 		r.attempt++
 		r.sendRound()
-		r.es.schedule(r, deadline.Add(p.gap(r.round-1)))
+		r.es.schedule(r, deadline.Add(p.Gap(r.round-1)))
 	case r.round == p.Replays && p.FinalReceive > 0:
 		deadline := r.roundEnd()
 		r.round++
@@ -569,7 +571,7 @@ func (r *request) roundEnd() time.Time {
 	p := &r.c.policy
 	t := r.start.Add(p.Unit)
 	for i := 0; i < r.round && i < p.Replays; i++ {
-		t = t.Add(p.gap(i))
+		t = t.Add(p.Gap(i))
 	}
 	return t
 }
@@ -587,11 +589,7 @@ func (r *request) failCause() Cause {
 }
 
 func (r *request) decideLocked() {
-	if r.bestAllow {
-		r.finishLocked(CauseAllow)
-	} else {
-		r.finishLocked(CauseDeny)
-	}
+	r.finishLocked(r.bestCause)
 }
 
 // afterAnswer applies the early-decision rules. r.mu is held.
@@ -649,8 +647,8 @@ func (c *Client) onSendError(token uint64, _ error) {
 	}
 }
 
-// eshard is the engine side of a shard: deadlines and receive scratch.
-type eshard struct {
+// shardEngine is the engine side of a shard: deadlines and receive scratch.
+type shardEngine struct {
 	c     *Client
 	idx   int
 	mu    sync.Mutex
@@ -668,7 +666,7 @@ type eshard struct {
 }
 
 // onDatagram handles every datagram received by any shard socket.
-func (c *Client) onDatagram(rx *udpring.Socket, pkt []byte, from netip.AddrPort) {
+func (c *Client) onDatagram(rx *udpshard.Socket, pkt []byte, from netip.AddrPort) {
 	es := c.shards[rx.Shard()]
 	es.rxMu.Lock()
 	defer es.rxMu.Unlock()
@@ -754,7 +752,7 @@ func (c *Client) onDatagram(rx *udpring.Socket, pkt []byte, from netip.AddrPort)
 // request was retired: it still carries steering feedback, and its epoch
 // is learned so that "oldest known endpoint" converges even when early
 // decisions cut requests short.
-func (c *Client) lateAnswer(rx *udpring.Socket, h *wire.Header, bodyErr error, resp *wire.RateResponse, from netip.AddrPort) {
+func (c *Client) lateAnswer(rx *udpshard.Socket, h *wire.Header, bodyErr error, resp *wire.RateResponse, from netip.AddrPort) {
 	c.c.unknownID.Add(1)
 	if !h.Steering() {
 		c.c.steers.Add(1)
@@ -779,16 +777,9 @@ func (r *request) acceptLocked(i int, resp *wire.RateResponse) {
 		return
 	}
 	r.best, r.bestEpoch = i, e
-	allow := resp.Success
-	for k := range resp.Guards {
-		r.guards[k] = resp.Guards[k]
-		allow = allow && resp.Guards[k].Passed
-	}
-	for k := range resp.Resources {
-		r.resources[k] = resp.Resources[k]
-		allow = allow && resp.Resources[k].TokensDeficit == 0
-	}
-	r.bestAllow = allow
+	copy(r.guards[:], resp.Guards)
+	copy(r.resources[:], resp.Resources)
+	r.bestCause = ratelimitly.Classify(resp, int(r.nGuards), int(r.nResources))
 }
 
 // Report sends one latency report for service to every endpoint, fire and

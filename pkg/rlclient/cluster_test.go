@@ -11,8 +11,9 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 	"github.com/rl-tproxy/rl-tproxy/pkg/rlserver"
 )
 
@@ -119,7 +120,7 @@ func TestClusterAllowDeny(t *testing.T) {
 		}
 	}
 	err := c.Check(context.Background(), req, &dec)
-	if err != nil || dec.Cause != CauseDeny || dec.Allow || dec.Resources[0].TokensDeficit != 1 || dec.RetryAfter() <= 0 {
+	if err != nil || dec.Cause != ratelimitly.CauseDenyResource || dec.Allow || dec.Resources[0].TokensDeficit != 1 || dec.RetryAfter() <= 0 {
 		t.Fatalf("4th check: err %v decision %+v", err, dec)
 	}
 	// Every node saw every check once (fan-out, no double consumption).
@@ -137,7 +138,7 @@ func TestClusterOneNodeDownDecidedWithinUnit(t *testing.T) {
 	clk := newManualClock(time.Now())
 	cl := startCluster(t, 3, clk)
 	u := 20 * time.Millisecond
-	c := newTestClient(t, cl.dns.Addr(), clientOpts{clock: clk, policy: Standard(u)})
+	c := newTestClient(t, cl.dns.Addr(), clientOpts{clock: clk, policy: ratelimitly.Standard(u)})
 	waitReady(t, c)
 	learnEpochs(t, c)
 	cl.servers[0].Close() // the oldest node
@@ -155,7 +156,7 @@ func TestClusterAllDownTimesOutAtHorizon(t *testing.T) {
 	clk := newManualClock(time.Now())
 	cl := startCluster(t, 3, clk)
 	u := 20 * time.Millisecond
-	c := newTestClient(t, cl.dns.Addr(), clientOpts{clock: clk, policy: Standard(u)})
+	c := newTestClient(t, cl.dns.Addr(), clientOpts{clock: clk, policy: ratelimitly.Standard(u)})
 	waitReady(t, c)
 	for _, s := range cl.servers {
 		s.Close()
@@ -290,7 +291,7 @@ func TestClusterReplayConsumesOnce(t *testing.T) {
 	relay.dropAnswers.Store(1) // the answer to the first attempt is lost
 	cl.dns.SetSRV(testSRV, targetsFor(relay.addr())...)
 	u := 20 * time.Millisecond
-	c := newTestClient(t, cl.dns.Addr(), clientOpts{clock: clk, policy: Standard(u)})
+	c := newTestClient(t, cl.dns.Addr(), clientOpts{clock: clk, policy: ratelimitly.Standard(u)})
 	waitReady(t, c)
 	req := bucketRequest("replay-once", 5)
 	ch := checkAsync(context.Background(), c, req)
@@ -334,7 +335,7 @@ func TestClusterCompletionReachesNodeThatMissedRequest(t *testing.T) {
 		t.Fatalf("second check from node 3: err %v decision %+v", err, dec)
 	}
 	// single_round has no completion delivery.
-	sr := newTestClient(t, cl.dns.Addr(), clientOpts{policy: SingleRound(50 * time.Millisecond)})
+	sr := newTestClient(t, cl.dns.Addr(), clientOpts{policy: ratelimitly.SingleRound(50 * time.Millisecond)})
 	waitReady(t, sr)
 	cl.ctl[0].dropRequests.Store(false)
 	cl.ctl[2].dropRequests.Store(true)
@@ -445,7 +446,7 @@ func TestClusterDnsmasq(t *testing.T) {
 	}
 	req := bucketRequest("dnsmasq", 2)
 	var dec Decision
-	for i, want := range []Cause{CauseAllow, CauseAllow, CauseDeny} {
+	for i, want := range []Cause{CauseAllow, CauseAllow, ratelimitly.CauseDenyResource} {
 		if err := c.Check(context.Background(), req, &dec); err != nil || dec.Cause != want {
 			t.Fatalf("check %d: err %v cause %v, want %v", i, err, dec.Cause, want)
 		}

@@ -4,39 +4,35 @@ import (
 	"errors"
 	"time"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
-// Cause says why a check ended. Exactly one cause is recorded per check;
-// only CauseAllow and CauseDeny are decisions.
-type Cause uint8
+// Cause is the project's one cause vocabulary (pkg/ratelimitly). A check
+// ends with exactly one: CauseAllow or a CauseDeny* value for a valid
+// answer (ratelimitly.Classify of the chosen answer), otherwise
+// CauseTimeout, CauseNoEndpoints, CauseSendFailure, CauseProtocol,
+// CauseCardinality, CauseConstruction or CauseCancelled.
+type Cause = ratelimitly.Cause
 
-// Causes.
+// The causes a check can end with.
 const (
-	CauseNone         Cause = iota
-	CauseAllow              // valid answer: allowed
-	CauseDeny               // valid answer: denied
-	CauseTimeout            // no valid answer within the horizon
-	CauseNoEndpoints        // discovery has no usable membership
-	CauseSendFailure        // every endpoint's datagram was refused locally
-	CauseProtocol           // answers failed authentication, were malformed or not status OK
-	CauseCardinality        // an answer's result arrays differ in length from the request
-	CauseConstruction       // the request could not be encoded (bounds, size)
-	CauseCancelled          // the caller's context ended first
-	numCauses
+	CauseAllow        = ratelimitly.CauseAllow
+	CauseTimeout      = ratelimitly.CauseTimeout
+	CauseNoEndpoints  = ratelimitly.CauseNoEndpoints
+	CauseSendFailure  = ratelimitly.CauseSendFailure
+	CauseProtocol     = ratelimitly.CauseProtocol
+	CauseCardinality  = ratelimitly.CauseCardinality
+	CauseConstruction = ratelimitly.CauseConstruction
+	CauseCancelled    = ratelimitly.CauseCancelled
+	numCauses         = ratelimitly.NumCauses
 )
 
-var causeNames = [numCauses]string{"none", "allow", "deny", "timeout", "no_endpoints", "send_failure", "protocol", "cardinality", "construction", "cancelled"}
-
-func (c Cause) String() string {
-	if c < numCauses {
-		return causeNames[c]
-	}
-	return "unknown"
+// CheckCauses lists every cause a check can end with, in index order.
+var CheckCauses = []Cause{
+	CauseAllow, ratelimitly.CauseDenyResource, ratelimitly.CauseDenyGuard, ratelimitly.CauseDenyRefused,
+	CauseNoEndpoints, CauseSendFailure, CauseTimeout, CauseProtocol, CauseCardinality, CauseConstruction, CauseCancelled,
 }
-
-// Decided reports whether the cause is a valid decision (allow or deny).
-func (c Cause) Decided() bool { return c == CauseAllow || c == CauseDeny }
 
 // Errors returned by Check, one per non-decision cause (compare with ==;
 // they are preallocated so a failing Check does not allocate).
@@ -65,7 +61,7 @@ var causeErr = [numCauses]error{
 // checks that pass the same Decision.
 type Decision struct {
 	Cause       Cause
-	Allow       bool   // Cause == CauseAllow
+	Allow       bool   // Cause == CauseAllow (a valid answer that denies: Cause.Denied())
 	ServerEpoch uint64 // server_epoch of the chosen answer
 	Endpoint    string // SRV target of the chosen answer
 	Attempts    int    // sends made to the endpoints (1 + replays)

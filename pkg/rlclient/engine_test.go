@@ -9,7 +9,8 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
 // fakeCluster starts n fake nodes (epochs 1000, 2000, ...) behind a DNS
@@ -62,7 +63,7 @@ func TestFakeAllowDenyPrefersOldest(t *testing.T) {
 	for _, n := range nodes {
 		n.set(func(n *fakeNode) { n.deny = true })
 	}
-	if err := c.Check(context.Background(), req, &dec); err != nil || dec.Cause != CauseDeny || dec.Allow {
+	if err := c.Check(context.Background(), req, &dec); err != nil || !dec.Cause.Denied() || dec.Allow {
 		t.Fatalf("deny: err %v decision %+v", err, dec)
 	}
 	if dec.RetryAfter() != 250*time.Millisecond {
@@ -74,7 +75,7 @@ func TestFakeAllowDenyPrefersOldest(t *testing.T) {
 		t.Fatalf("oldest allow over younger deny: err %v decision %+v", err, dec)
 	}
 	st := c.Stats()
-	if st.Causes[CauseAllow] != 22 || st.Causes[CauseDeny] != 1 || st.InFlight != 0 {
+	if st.Causes[CauseAllow] != 22 || st.Causes[ratelimitly.CauseDenyResource] != 1 || st.InFlight != 0 {
 		t.Errorf("stats causes %v inflight %d", st.Causes, st.InFlight)
 	}
 }
@@ -86,7 +87,7 @@ func TestFakeTimeoutAtHorizonWithReplay(t *testing.T) {
 	}
 	clk := newManualClock(time.Now())
 	u := 20 * time.Millisecond
-	c := newTestClient(t, d.Addr(), clientOpts{clock: clk, policy: Standard(u)})
+	c := newTestClient(t, d.Addr(), clientOpts{clock: clk, policy: ratelimitly.Standard(u)})
 	waitReady(t, c)
 	ch := checkAsync(context.Background(), c, testRequest())
 	waitFor(t, "first round", func() bool { return allCount(nodes, wire.KindRateRequest) == 3 })
@@ -125,7 +126,7 @@ func TestFakeAnswerInFinalReceiveDecides(t *testing.T) {
 	}
 	clk := newManualClock(time.Now())
 	u := 20 * time.Millisecond
-	c := newTestClient(t, d.Addr(), clientOpts{clock: clk, policy: Standard(u)})
+	c := newTestClient(t, d.Addr(), clientOpts{clock: clk, policy: ratelimitly.Standard(u)})
 	waitReady(t, c)
 	ch := checkAsync(context.Background(), c, testRequest())
 	waitFor(t, "first round", func() bool { return allCount(nodes, wire.KindRateRequest) == 2 })
@@ -187,7 +188,7 @@ func TestFakeSingleRoundTimesOutAtUnit(t *testing.T) {
 	}
 	clk := newManualClock(time.Now())
 	u := 30 * time.Millisecond
-	c := newTestClient(t, d.Addr(), clientOpts{clock: clk, policy: SingleRound(u)})
+	c := newTestClient(t, d.Addr(), clientOpts{clock: clk, policy: ratelimitly.SingleRound(u)})
 	waitReady(t, c)
 	if c.Horizon() != u {
 		t.Fatalf("horizon %v", c.Horizon())
@@ -210,7 +211,7 @@ func TestFakeOneDownDecidedAtUnitWithoutReplay(t *testing.T) {
 	d, nodes := fakeCluster(t, 3)
 	clk := newManualClock(time.Now())
 	u := 20 * time.Millisecond
-	c := newTestClient(t, d.Addr(), clientOpts{clock: clk, policy: Standard(u)})
+	c := newTestClient(t, d.Addr(), clientOpts{clock: clk, policy: ratelimitly.Standard(u)})
 	waitReady(t, c)
 	// Learn epochs with everyone up.
 	var dec Decision
@@ -433,14 +434,14 @@ func TestReportFireAndForget(t *testing.T) {
 func TestPolicies(t *testing.T) {
 	u := 10 * time.Millisecond
 	tests := []struct {
-		p    RequestPolicy
+		p    ratelimitly.RequestPolicy
 		want time.Duration
 	}{
-		{Standard(u), 3 * u},
-		{SingleRound(u), u},
-		{Standard(0), 3 * DefaultUnit},
-		{RequestPolicy{Name: PolicyCustom, Unit: u, ReplayGaps: []time.Duration{5 * time.Millisecond, 7 * time.Millisecond}, Replays: 3, FinalReceive: 2 * time.Millisecond}, u + 5*time.Millisecond + 14*time.Millisecond + 2*time.Millisecond},
-		{RequestPolicy{Name: PolicyCustom, Unit: u, Replays: 2}, 3 * u},
+		{ratelimitly.Standard(u), 3 * u},
+		{ratelimitly.SingleRound(u), u},
+		{ratelimitly.Standard(0), 3 * ratelimitly.DefaultUnit},
+		{ratelimitly.RequestPolicy{Name: ratelimitly.PolicyCustom, Unit: u, ReplayGaps: []time.Duration{5 * time.Millisecond, 7 * time.Millisecond}, Replays: 3, FinalReceive: 2 * time.Millisecond}, u + 5*time.Millisecond + 14*time.Millisecond + 2*time.Millisecond},
+		{ratelimitly.RequestPolicy{Name: ratelimitly.PolicyCustom, Unit: u, Replays: 2}, 3 * u},
 	}
 	for _, tc := range tests {
 		if got := tc.p.Horizon(); got != tc.want {
@@ -452,14 +453,14 @@ func TestPolicies(t *testing.T) {
 	}
 	cred := testCred()
 	cred.MaxHorizon = 50 * time.Millisecond
-	for _, bad := range []RequestPolicy{
-		{Name: PolicyCustom},
-		{Name: PolicyCustom, Unit: u, Replays: -1},
-		{Name: PolicyCustom, Unit: u, Replays: MaxReplays + 1},
-		{Name: PolicyCustom, Unit: u, ReplayGaps: []time.Duration{0}, Replays: 1},
-		{Name: PolicyCustom, Unit: 70 * time.Second},
-		{Name: PolicyCustom, Unit: u, FinalReceive: -1},
-		Standard(20 * time.Millisecond), // 60ms > max_horizon 50ms
+	for _, bad := range []ratelimitly.RequestPolicy{
+		{Name: ratelimitly.PolicyCustom},
+		{Name: ratelimitly.PolicyCustom, Unit: u, Replays: -1},
+		{Name: ratelimitly.PolicyCustom, Unit: u, Replays: ratelimitly.MaxReplays + 1},
+		{Name: ratelimitly.PolicyCustom, Unit: u, ReplayGaps: []time.Duration{0}, Replays: 1},
+		{Name: ratelimitly.PolicyCustom, Unit: 70 * time.Second},
+		{Name: ratelimitly.PolicyCustom, Unit: u, FinalReceive: -1},
+		ratelimitly.Standard(20 * time.Millisecond), // 60ms > max_horizon 50ms
 	} {
 		if err := bad.Validate(cred); err == nil {
 			t.Errorf("policy %+v accepted", bad)
@@ -468,15 +469,10 @@ func TestPolicies(t *testing.T) {
 }
 
 func TestCauseStrings(t *testing.T) {
-	seen := map[string]bool{}
-	for c := Cause(0); c < numCauses; c++ {
-		s := c.String()
-		if seen[s] {
-			t.Errorf("duplicate cause name %q", s)
-		}
-		seen[s] = true
-		if c > CauseDeny && causeErr[c] == nil {
-			t.Errorf("cause %s has no error", s)
+	// Every failure a check can end with has its own error.
+	for _, c := range CheckCauses {
+		if !c.Decided() && causeErr[c] == nil {
+			t.Errorf("cause %s has no error", c)
 		}
 	}
 	for i, e := range causeErr {
@@ -521,7 +517,7 @@ func TestFakeCustomPolicySchedule(t *testing.T) {
 	ms := time.Millisecond
 	// Unit 10, replays after 10 (gap 5) and after 15 (gap 7) and after 22
 	// (gap 7 again: the last gap repeats), final receive 3: horizon 32.
-	p := RequestPolicy{Name: PolicyCustom, Unit: 10 * ms, ReplayGaps: []time.Duration{5 * ms, 7 * ms}, Replays: 3, FinalReceive: 3 * ms, Completion: true}
+	p := ratelimitly.RequestPolicy{Name: ratelimitly.PolicyCustom, Unit: 10 * ms, ReplayGaps: []time.Duration{5 * ms, 7 * ms}, Replays: 3, FinalReceive: 3 * ms, Completion: true}
 	c := newTestClient(t, d.Addr(), clientOpts{clock: clk, policy: p})
 	waitReady(t, c)
 	if c.Horizon() != 32*ms || c.ttlMs != 32 {

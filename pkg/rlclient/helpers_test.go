@@ -11,8 +11,9 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
 const testSRV = "_ratelimitly._udp.rl.test"
@@ -185,7 +186,7 @@ func targetsFor(addrs ...netip.AddrPort) []dnstest.Target {
 }
 
 type clientOpts struct {
-	policy RequestPolicy
+	policy ratelimitly.RequestPolicy
 	clock  Clock
 	cred   credentials.Credential
 	shards int
@@ -202,7 +203,7 @@ func newTestClient(t testing.TB, dnsAddr string, o clientOpts) *Client {
 	if o.policy.Name == "" {
 		// Real-clock tests decide early; a generous unit keeps a loaded CI
 		// machine from turning a slow answer into a timeout.
-		o.policy = Standard(2 * time.Second)
+		o.policy = ratelimitly.Standard(2 * time.Second)
 	}
 	c, err := New(Config{SRV: testSRV, Resolver: dnsAddr, ResolverTimeout: time.Second, Credential: o.cred,
 		Policy: o.policy, Bind: netip.MustParseAddr("127.0.0.1"), Shards: o.shards, Clock: o.clock})

@@ -13,8 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
-	"github.com/rl-tproxy/rl-tproxy/pkg/udpring"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/udpshard"
 )
 
 // gatedClient starts a client whose socket readers are held back until
@@ -24,7 +25,7 @@ import (
 func gatedClient(t *testing.T, dnsAddr string, o clientOpts) (*Client, func()) {
 	t.Helper()
 	gate := make(chan struct{})
-	testReadGate = func(*udpring.Socket) { <-gate }
+	testReadGate = func(*udpshard.Socket) { <-gate }
 	c := newTestClient(t, dnsAddr, o)
 	testReadGate = nil
 	var once sync.Once
@@ -74,7 +75,7 @@ func TestStalledReadersAnswersBeatOverdueDeadlines(t *testing.T) {
 	d, nodes := fakeCluster(t, 3)
 	clk := newManualClock(time.Now())
 	u := 100 * time.Millisecond
-	c, release := gatedClient(t, d.Addr(), clientOpts{clock: clk, policy: Standard(u), shards: 1})
+	c, release := gatedClient(t, d.Addr(), clientOpts{clock: clk, policy: ratelimitly.Standard(u), shards: 1})
 	waitReady(t, c)
 	ch := checkAsync(context.Background(), c, testRequest())
 	waitFor(t, "requests sent", func() bool { return allCount(nodes, wire.KindRateRequest) == 3 })
@@ -111,7 +112,7 @@ func TestStalledReadersAnswersBeatOverdueDeadlines(t *testing.T) {
 func TestRandomCancellationsNeverTimeOutOthers(t *testing.T) {
 	d, _ := fakeCluster(t, 3)
 	clk := newManualClock(time.Now())
-	c := newTestClient(t, d.Addr(), clientOpts{clock: clk, policy: Standard(100 * time.Millisecond), shards: 2})
+	c := newTestClient(t, d.Addr(), clientOpts{clock: clk, policy: ratelimitly.Standard(100 * time.Millisecond), shards: 2})
 	waitReady(t, c)
 	const workers, perWorker = 8, 150
 	var (

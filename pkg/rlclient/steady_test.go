@@ -12,7 +12,8 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
 // startQuietNode is an allocation-free responder (allow, epoch 1) used
@@ -163,7 +164,7 @@ func TestNoLeaksAfterManyChecksWithCancellations(t *testing.T) {
 	}
 	wg.Wait()
 	t.Logf("causes: %v", causes)
-	if causes[CauseCancelled] == 0 || causes[CauseAllow]+causes[CauseDeny] == 0 {
+	if causes[CauseCancelled] == 0 || causes[CauseAllow]+causes[ratelimitly.CauseDenyResource] == 0 {
 		t.Fatalf("want both cancellations and decisions: %v", causes)
 	}
 	for k := range causes {

@@ -13,9 +13,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
 // handleFixture drives worker.handle in-process (no sockets) with fresh

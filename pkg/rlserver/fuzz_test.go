@@ -2,10 +2,11 @@ package rlserver
 
 import (
 	"bytes"
-	"github.com/rl-tproxy/rl-tproxy/internal/fuzzcorpus"
 	"testing"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+	"github.com/rl-tproxy/rl-tproxy/internal/fuzzcorpus"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
 // FuzzHandle feeds the server's datagram handler (header, key lookup,

@@ -4,7 +4,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 	"golang.org/x/sys/unix"
 )
 

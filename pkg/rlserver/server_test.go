@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
 // fakeClock is an injected clock advanced explicitly by tests.

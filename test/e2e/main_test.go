@@ -26,8 +26,8 @@ import (
 
 	"github.com/rl-tproxy/rl-tproxy/internal/bintest"
 	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 	"github.com/rl-tproxy/rl-tproxy/pkg/rlserver"
 )
 

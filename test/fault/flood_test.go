@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
 // udpPorts lists the local ports of the UDP sockets process pid holds, read

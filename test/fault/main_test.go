@@ -23,7 +23,7 @@ import (
 
 	"github.com/rl-tproxy/rl-tproxy/internal/bintest"
 	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 )
 
 var binPath string

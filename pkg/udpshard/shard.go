@@ -1,4 +1,4 @@
-// Package udpring moves datagrams for the RateLimitly client: one shard per
+// Package udpshard moves datagrams for the RateLimitly client: one shard per
 // CPU, each an event loop owning an unconnected UDP socket on its own
 // ephemeral port (never shared: no SO_REUSEPORT, see openSocket), with
 // batched sendmmsg/recvmmsg through the Go netpoller, delivery of every
@@ -45,7 +45,7 @@
 // queued datagram still targets it. A failed replacement keeps the working
 // socket, leaves the rebind pending and retries with bounded exponential
 // backoff. A socket is never closed from its own read path.
-package udpring
+package udpshard
 
 import (
 	"errors"
@@ -76,10 +76,10 @@ const (
 
 // Errors returned by Send.
 var (
-	ErrClosed    = errors.New("udpring: closed")
-	ErrQueueFull = errors.New("udpring: send queue full")
-	ErrTooLarge  = errors.New("udpring: datagram too large")
-	ErrFamily    = errors.New("udpring: destination address family not reachable from the bound socket")
+	ErrClosed    = errors.New("udpshard: closed")
+	ErrQueueFull = errors.New("udpshard: send queue full")
+	ErrTooLarge  = errors.New("udpshard: datagram too large")
+	ErrFamily    = errors.New("udpshard: destination address family not reachable from the bound socket")
 )
 
 // Handler receives one datagram. It runs on a reader goroutine; pkt is valid
@@ -300,7 +300,7 @@ type shard struct {
 // New opens one socket per shard and starts the shard loops.
 func New(cfg Config) (*Ring, error) {
 	if cfg.Handler == nil {
-		return nil, errors.New("udpring: config: Handler is required")
+		return nil, errors.New("udpshard: config: Handler is required")
 	}
 	if cfg.Shards <= 0 {
 		cfg.Shards = runtime.GOMAXPROCS(0)
@@ -344,7 +344,7 @@ func New(cfg Config) (*Ring, error) {
 		sock, err := r.open(s)
 		if err != nil {
 			r.closeAll()
-			return nil, fmt.Errorf("udpring: shard %d: %w", i, err)
+			return nil, fmt.Errorf("udpshard: shard %d: %w", i, err)
 		}
 		s.cur = sock
 		r.shards = append(r.shards, s)
@@ -902,7 +902,7 @@ func (s *shard) sendMsgs(sock *Socket, slots []sendSlot, nm int) int {
 			if g.cnt > 1 && gsoRefused(s.werr) {
 				if !sock.noGSO.Swap(true) {
 					s.c.gsoFallbacks.Add(1)
-					s.r.log.Info("udpring: UDP segmentation offload refused, sending datagrams one by one on this socket",
+					s.r.log.Info("udpshard: UDP segmentation offload refused, sending datagrams one by one on this socket",
 						"shard", s.idx, "local", sock.local, "err", s.werr)
 				}
 				return off
@@ -985,7 +985,7 @@ func (s *shard) maybeRebind() {
 		} else if s.backoff *= 2; s.backoff > s.r.cfg.RebindBackoffMax {
 			s.backoff = s.r.cfg.RebindBackoffMax
 		}
-		s.r.log.Warn("udpring: rebind failed, keeping current socket", "shard", s.idx, "retry_in", s.backoff, "err", err)
+		s.r.log.Warn("udpshard: rebind failed, keeping current socket", "shard", s.idx, "retry_in", s.backoff, "err", err)
 		s.retry.Reset(s.backoff)
 		return
 	}
@@ -998,7 +998,7 @@ func (s *shard) maybeRebind() {
 	s.rebindPending = false
 	s.mu.Unlock()
 	s.c.rebinds.Add(1)
-	s.r.log.Debug("udpring: rebound", "shard", s.idx, "from", old.local, "to", sock.local)
+	s.r.log.Debug("udpshard: rebound", "shard", s.idx, "from", old.local, "to", sock.local)
 }
 
 // retire closes switched-out sockets that nobody holds and no queued

@@ -1,4 +1,4 @@
-package udpring
+package udpshard
 
 import (
 	"encoding/binary"
@@ -88,7 +88,7 @@ func openFamily(bind netip.Addr) (*os.File, syscall.RawConn, int, bool, netip.Ad
 	case *unix.SockaddrInet6:
 		local = netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port))
 	}
-	f := os.NewFile(uintptr(fd), "udpring:"+local.String())
+	f := os.NewFile(uintptr(fd), "udpshard:"+local.String())
 	if f == nil {
 		return fail("register", os.ErrInvalid)
 	}

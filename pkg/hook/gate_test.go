@@ -1,4 +1,4 @@
-package gate
+package hook
 
 import (
 	"bufio"
@@ -23,7 +23,8 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
 // fakeChecker answers checks with fn and counts reports.
@@ -69,7 +70,7 @@ func denyResource(ctx context.Context, req *wire.RateRequest, out *admission.Che
 	}
 }
 
-func failWith(c admission.Cause) func(context.Context, *wire.RateRequest, *admission.CheckResult) {
+func failWith(c ratelimitly.Cause) func(context.Context, *wire.RateRequest, *admission.CheckResult) {
 	return func(_ context.Context, _ *wire.RateRequest, out *admission.CheckResult) {
 		out.Valid, out.Fail = false, c
 	}
@@ -280,10 +281,10 @@ func TestReportRulesThroughProxy(t *testing.T) {
 	}{
 		{"allow", "close", "/api", allowAll, 200, "allow", 1, 1},
 		{"deny", "open", "/api", denyResource, 429, "deny", 1, 0},
-		{"fail-open", "open", "/api", failWith(admission.CauseTimeout), 200, "fail_open", 1, 1},
-		{"fail-close", "close", "/api", failWith(admission.CauseTimeout), 429, "fail_close", 1, 0},
-		{"fail-local", "local", "/api", failWith(admission.CauseNoEndpoints), 200, "fail_local", 1, 1},
-		{"internal", "open", "/api", failWith(admission.CauseInternal), 500, "internal_error", 1, 0},
+		{"fail-open", "open", "/api", failWith(ratelimitly.CauseTimeout), 200, "fail_open", 1, 1},
+		{"fail-close", "close", "/api", failWith(ratelimitly.CauseTimeout), 429, "fail_close", 1, 0},
+		{"fail-local", "local", "/api", failWith(ratelimitly.CauseNoEndpoints), 200, "fail_local", 1, 1},
+		{"internal", "open", "/api", failWith(ratelimitly.CauseInternal), 500, "internal_error", 1, 0},
 		{"shadow deny", "close", "/shadow", denyResource, 200, "shadow_deny", 1, 1},
 		{"unprotected", "close", "/healthz", allowAll, 200, "bypass", 0, 1},
 	} {
@@ -311,7 +312,7 @@ func TestClientAbortNoReport(t *testing.T) {
 	r := newRig(t, "open", func(ctx context.Context, _ *wire.RateRequest, out *admission.CheckResult) {
 		close(entered)
 		<-ctx.Done()
-		out.Valid, out.Fail = false, admission.CauseCancelled
+		out.Valid, out.Fail = false, ratelimitly.CauseCancelled
 	})
 	c, err := net.Dial("tcp", strings.TrimPrefix(r.base, "http://"))
 	if err != nil {
@@ -515,8 +516,8 @@ func TestAdmitDoneNoAlloc(t *testing.T) {
 		name string
 		fn   func(context.Context, *wire.RateRequest, *admission.CheckResult)
 		fail string
-	}{{"allow", allowAll, "close"}, {"deny", denyResource, "close"}, {"fail", failWith(admission.CauseTimeout), "close"},
-		{"local", failWith(admission.CauseNoEndpoints), "local"}} {
+	}{{"allow", allowAll, "close"}, {"deny", denyResource, "close"}, {"fail", failWith(ratelimitly.CauseTimeout), "close"},
+		{"local", failWith(ratelimitly.CauseNoEndpoints), "local"}} {
 		g, r := quietGate(t, c.fail, c.fn)
 		ctx := context.Background()
 		res := &proxy.Result{Status: 200, End: time.Now()}
@@ -551,7 +552,7 @@ func BenchmarkAdmitDone(b *testing.B) {
 
 // fail: local says so in the log (rate-limited) and in the metrics.
 func TestLocalFallbackLogsAndCounts(t *testing.T) {
-	g, r := quietGate(t, "local", failWith(admission.CauseNoEndpoints))
+	g, r := quietGate(t, "local", failWith(ratelimitly.CauseNoEndpoints))
 	var buf lockedBuf
 	g.log = slog.New(slog.NewTextHandler(&buf, nil))
 	res := &proxy.Result{Status: 200, End: time.Now()}

@@ -1,5 +1,5 @@
 //go:build !race
 
-package gate
+package hook
 
 const raceEnabled = false

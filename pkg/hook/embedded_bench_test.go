@@ -1,4 +1,4 @@
-package gate
+package hook
 
 import (
 	"context"
@@ -13,8 +13,9 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/embedded"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient"
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
 )
 
 // BenchmarkAdmitEmbedded measures one whole admission (render, encode,
@@ -31,7 +32,7 @@ func BenchmarkAdmitEmbedded(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer e.Close()
-	cl, err := rlclient.New(rlclient.Config{SRV: e.SRV, Resolver: e.Resolver, Credential: c, Policy: rlclient.Standard(20 * time.Millisecond)})
+	cl, err := rlclient.New(rlclient.Config{SRV: e.SRV, Resolver: e.Resolver, Credential: c, Policy: ratelimitly.Standard(20 * time.Millisecond)})
 	if err != nil {
 		b.Fatal(err)
 	}

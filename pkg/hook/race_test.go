@@ -1,6 +1,6 @@
 //go:build race
 
-package gate
+package hook
 
 // raceEnabled: sync.Pool drops items at random under -race, so allocation
 // counts are meaningless there.

@@ -1,4 +1,4 @@
-package gate
+package hook
 
 import (
 	"context"
@@ -8,7 +8,8 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
 // checkerRef counts the requests using one checker so that a replaced
@@ -76,7 +77,7 @@ func (g *Gate) Close() <-chan struct{} { return g.SetChecker(noChecker{}, nil) }
 type noChecker struct{}
 
 func (noChecker) Check(_ context.Context, _ *wire.RateRequest, out *admission.CheckResult) {
-	out.Valid, out.Fail = false, admission.CauseNoEndpoints
+	out.Valid, out.Fail = false, ratelimitly.CauseNoEndpoints
 }
 
 func (noChecker) Report([]byte, time.Duration) {}

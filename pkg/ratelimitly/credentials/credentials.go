@@ -7,7 +7,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"github.com/rl-tproxy/rl-tproxy/internal/fileerr"
 	"io"
 	"log/slog"
 	"os"
@@ -15,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/fileerr"
 
 	"gopkg.in/yaml.v3"
 )

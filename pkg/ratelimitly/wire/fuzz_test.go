@@ -2,8 +2,9 @@ package wire
 
 import (
 	"bytes"
-	"github.com/rl-tproxy/rl-tproxy/internal/fuzzcorpus"
 	"testing"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/fuzzcorpus"
 )
 
 // Every decoder: never panics; what decodes re-encodes to the same bytes

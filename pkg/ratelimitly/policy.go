@@ -1,11 +1,11 @@
-package rlclient
+package ratelimitly
 
 import (
 	"errors"
 	"fmt"
 	"time"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/credentials"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 )
 
 // DefaultUnit is the round unit U of the named policies when none is given.
@@ -55,8 +55,8 @@ func SingleRound(unit time.Duration) RequestPolicy {
 	return RequestPolicy{Name: PolicySingleRound, Unit: unit}
 }
 
-// gap is the length of the round opened by replay i (0-based).
-func (p RequestPolicy) gap(i int) time.Duration {
+// Gap is the length of the round opened by replay i (0-based).
+func (p RequestPolicy) Gap(i int) time.Duration {
 	if len(p.ReplayGaps) == 0 {
 		return p.Unit
 	}
@@ -72,7 +72,7 @@ func (p RequestPolicy) gap(i int) time.Duration {
 func (p RequestPolicy) Horizon() time.Duration {
 	h := p.Unit + p.FinalReceive
 	for i := 0; i < p.Replays; i++ {
-		h += p.gap(i)
+		h += p.Gap(i)
 	}
 	return h
 }
@@ -94,7 +94,7 @@ func (p RequestPolicy) Validate(cred credentials.Credential) error {
 		}
 	}
 	h := p.Horizon()
-	if ms := ceilMs(h); ms > 65535 {
+	if ms := CeilMs(h); ms > 65535 {
 		return fmt.Errorf("request policy %s: horizon %v exceeds the wire limit of 65535ms", p.Name, h)
 	}
 	if cred.MaxHorizon > 0 && h > cred.MaxHorizon {
@@ -103,6 +103,7 @@ func (p RequestPolicy) Validate(cred credentials.Credential) error {
 	return nil
 }
 
-func ceilMs(d time.Duration) int64 {
+// CeilMs is d in whole milliseconds, rounded up (the wire's ttl_ms unit).
+func CeilMs(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }

@@ -1,4 +1,4 @@
-package udpring
+package udpshard
 
 import (
 	"runtime"

@@ -1,4 +1,4 @@
-package gate
+package hook
 
 import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
 // A client seals a request into a reusable buffer, and opens the answer

@@ -1,7 +1,6 @@
 package rlclient
 
 import (
-	"sync"
 	"time"
 )
 
@@ -17,7 +16,7 @@ type timerEntry struct {
 // es.mu). A request has at most one entry; it is removed when the request
 // ends, so the timer goroutine wakes only for real deadlines, and is kicked
 // only when the new deadline is earlier than the one it sleeps for.
-func (es *eshard) schedule(r *request, at time.Time) {
+func (es *shardEngine) schedule(r *request, at time.Time) {
 	es.mu.Lock()
 	if r.hidx >= 0 {
 		es.removeLocked(r.hidx)
@@ -35,7 +34,7 @@ func (es *eshard) schedule(r *request, at time.Time) {
 }
 
 // unschedule drops r's pending deadline (r.mu held).
-func (es *eshard) unschedule(r *request) {
+func (es *shardEngine) unschedule(r *request) {
 	es.mu.Lock()
 	if r.hidx >= 0 {
 		es.removeLocked(r.hidx)
@@ -43,14 +42,14 @@ func (es *eshard) unschedule(r *request) {
 	es.mu.Unlock()
 }
 
-func (es *eshard) swap(i, j int) {
+func (es *shardEngine) swap(i, j int) {
 	h := es.heap
 	h[i], h[j] = h[j], h[i]
 	h[i].r.hidx = i
 	h[j].r.hidx = j
 }
 
-func (es *eshard) up(i int) int {
+func (es *shardEngine) up(i int) int {
 	es.heap[i].r.hidx = i
 	for i > 0 {
 		p := (i - 1) / 2
@@ -63,7 +62,7 @@ func (es *eshard) up(i int) int {
 	return i
 }
 
-func (es *eshard) down(i int) {
+func (es *shardEngine) down(i int) {
 	n := len(es.heap)
 	for {
 		l := 2*i + 1
@@ -83,7 +82,7 @@ func (es *eshard) down(i int) {
 }
 
 // removeLocked removes entry i (es.mu held).
-func (es *eshard) removeLocked(i int) timerEntry {
+func (es *shardEngine) removeLocked(i int) timerEntry {
 	h := es.heap
 	e := h[i]
 	e.r.hidx = -1
@@ -102,11 +101,11 @@ func (es *eshard) removeLocked(i int) timerEntry {
 }
 
 // popLocked removes the earliest entry (es.mu held).
-func (es *eshard) popLocked() timerEntry { return es.removeLocked(0) }
+func (es *shardEngine) popLocked() timerEntry { return es.removeLocked(0) }
 
 // timerLoop is the shard's only timer: it sleeps until the earliest
 // deadline and runs the due round ends.
-func (es *eshard) timerLoop() {
+func (es *shardEngine) timerLoop() {
 	defer es.c.wg.Done()
 	t := es.c.clock.NewTimer(time.Hour)
 	defer t.Stop()
@@ -151,99 +150,4 @@ func (es *eshard) timerLoop() {
 			e.r.onTimer(e.gen)
 		}
 	}
-}
-
-// reqTable maps live request ids to their state, striped to spread lock
-// contention. Ids have their low 6 bits zero (tokenMask); bits 6..11 pick
-// the stripe.
-type reqTable struct {
-	stripes [64]tableStripe
-}
-
-type tableStripe struct {
-	mu sync.Mutex
-	m  map[uint64]*request
-	_  [40]byte
-}
-
-func (t *reqTable) init() {
-	for i := range t.stripes {
-		t.stripes[i].m = make(map[uint64]*request, 64)
-	}
-}
-
-func (t *reqTable) stripe(id uint64) *tableStripe { return &t.stripes[(id>>6)&63] }
-
-func (t *reqTable) put(r *request) {
-	s := t.stripe(r.id)
-	s.mu.Lock()
-	s.m[r.id] = r
-	s.mu.Unlock()
-}
-
-func (t *reqTable) get(id uint64) *request {
-	s := t.stripe(id)
-	s.mu.Lock()
-	r := s.m[id]
-	s.mu.Unlock()
-	return r
-}
-
-func (t *reqTable) remove(id uint64) {
-	s := t.stripe(id)
-	s.mu.Lock()
-	delete(s.m, id)
-	s.mu.Unlock()
-}
-
-// failAll ends every live request with CauseCancelled (Close).
-func (t *reqTable) failAll(*Client) {
-	var live []*request
-	for i := range t.stripes {
-		s := &t.stripes[i]
-		s.mu.Lock()
-		for _, r := range s.m {
-			live = append(live, r)
-		}
-		s.mu.Unlock()
-	}
-	for _, r := range live {
-		r.mu.Lock()
-		r.finishLocked(CauseCancelled)
-		r.mu.Unlock()
-	}
-}
-
-// reqPool recycles request state (a plain free list: unlike sync.Pool it
-// is never emptied by the GC, so steady state does not allocate).
-type reqPool struct {
-	mu   sync.Mutex
-	free []*request
-}
-
-func (p *reqPool) get(c *Client) *request {
-	p.mu.Lock()
-	if n := len(p.free); n > 0 {
-		r := p.free[n-1]
-		p.free[n-1] = nil
-		p.free = p.free[:n-1]
-		p.mu.Unlock()
-		return r
-	}
-	p.mu.Unlock()
-	return &request{c: c, done: make(chan struct{}, 1), hidx: -1}
-}
-
-func (p *reqPool) put(r *request) {
-	r.mu.Lock()
-	r.gen++
-	r.id = 0
-	r.state = stateDone
-	r.mem = nil
-	r.sock = nil
-	r.es = nil
-	r.mu.Unlock()
-	p.mu.Lock()
-	p.free = append(p.free, r)
-	p.mu.Unlock()
 }

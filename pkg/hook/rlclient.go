@@ -1,4 +1,4 @@
-package gate
+package hook
 
 import (
 	"context"
@@ -7,8 +7,9 @@ import (
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 	"github.com/rl-tproxy/rl-tproxy/pkg/metrics"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient"
-	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient/wire"
 )
 
 // Client adapts an *rlclient.Client to admission.Checker.
@@ -24,17 +25,6 @@ func NewClient(c *rlclient.Client) *Client {
 	return a
 }
 
-// causeMap maps the client's non-decision causes to admission causes.
-var causeMap = map[rlclient.Cause]admission.Cause{
-	rlclient.CauseTimeout:      admission.CauseTimeout,
-	rlclient.CauseNoEndpoints:  admission.CauseNoEndpoints,
-	rlclient.CauseSendFailure:  admission.CauseSendFailure,
-	rlclient.CauseProtocol:     admission.CauseProtocol,
-	rlclient.CauseCardinality:  admission.CauseCardinality,
-	rlclient.CauseConstruction: admission.CauseConstruction,
-	rlclient.CauseCancelled:    admission.CauseCancelled,
-}
-
 // Check implements admission.Checker. The client has already chosen a
 // valid answer (status OK, exact cardinality); its Allow is the answer's
 // success, and the guard and resource results are handed on so that the
@@ -45,17 +35,12 @@ func (a *Client) Check(ctx context.Context, req *wire.RateRequest, out *admissio
 	err := a.C.Check(ctx, req, d)
 	out.Resp.Guards, out.Resp.Resources = out.Resp.Guards[:0], out.Resp.Resources[:0]
 	if err == nil && d.Cause.Decided() {
-		out.Valid, out.Fail = true, admission.CauseAllow
+		out.Valid, out.Fail = true, ratelimitly.CauseAllow
 		out.Resp.Status, out.Resp.Success, out.Resp.ServerEpoch = wire.StatusOK, d.Allow, d.ServerEpoch
 		out.Resp.Guards = append(out.Resp.Guards, d.Guards...)
 		out.Resp.Resources = append(out.Resp.Resources, d.Resources...)
 	} else {
-		out.Valid = false
-		c, ok := causeMap[d.Cause]
-		if !ok {
-			c = admission.CauseInternal
-		}
-		out.Fail = c
+		out.Valid, out.Fail = false, d.Cause // one vocabulary: no translation
 	}
 	a.pool.Put(d)
 }
@@ -70,10 +55,8 @@ func (a *Client) Close() error { return a.C.Close() }
 func (a *Client) Stats() metrics.ClientStats {
 	s := a.C.Stats()
 	byCause := map[string]uint64{}
-	for i, n := range s.Causes {
-		if name := rlclient.Cause(i).String(); name != "none" && name != "unknown" {
-			byCause[name] = n
-		}
+	for _, c := range rlclient.CheckCauses {
+		byCause[c.String()] = s.Causes[c]
 	}
 	return metrics.ClientStats{
 		Ready:     s.Ready,

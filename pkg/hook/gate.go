@@ -1,8 +1,10 @@
-// Package gate decides each proxied request: it implements proxy.Hook on
-// top of the admission engine and a RateLimitly checker, writes the deny
-// answers, sends the latency reports the contract allows, and records
-// every request's verdict, outcome and cause in the access log and metrics.
-package gate
+// Package hook plugs admission into the data path: it is the proxy.Hook
+// that, per request, runs the admission engine against the current
+// RateLimitly checker (swapped live on reload), writes the deny answer,
+// sends the latency report the contract allows and records the request's
+// verdict, outcome and cause in the access log and metrics. The rules
+// themselves live in pkg/admission.
+package hook
 
 import (
 	"context"
@@ -17,6 +19,7 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 	"github.com/rl-tproxy/rl-tproxy/pkg/metrics"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
 )
 
 // Config configures a Gate.
@@ -91,7 +94,7 @@ func New(cfg Config) *Gate {
 	}
 	g.local = admission.NewLocalLimiter(g.now, 0)
 	g.inflight = g.m.Inflight()
-	for _, c := range admission.CauseNames() {
+	for _, c := range ratelimitly.CauseNames() {
 		g.causes = append(g.causes, g.m.Cause(c))
 	}
 	g.pool.New = func() any { return &state{buf: make([]byte, 0, admission.AnswerBufSize)} }
@@ -281,7 +284,7 @@ const localWarnEvery = 10 * time.Second
 
 // warnLocal says, at most once per localWarnEvery, that decisions are
 // being taken by the local token buckets.
-func (g *Gate) warnLocal(c admission.Cause) {
+func (g *Gate) warnLocal(c ratelimitly.Cause) {
 	now := g.now().UnixNano()
 	last := g.lastLocalWarn.Load()
 	if now-last < int64(localWarnEvery) || !g.lastLocalWarn.CompareAndSwap(last, now) {
