@@ -37,7 +37,9 @@ echo "test/deps.sh: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -q >/dev/null
 apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
-# nginx from Debian starts a default site on install in some images; the
-# tests run their own instances.
-systemctl stop nginx >/dev/null 2>&1 || true
-pkill -x nginx >/dev/null 2>&1 || true
+# nginx from Debian starts its default site on install in some images; the
+# tests run their own instances and never need it. Stop only that service
+# (never `pkill nginx`: other nginx processes on the machine are not ours).
+if [[ " ${missing[*]} " == *" nginx "* ]]; then
+  systemctl disable --now nginx >/dev/null 2>&1 || true
+fi
