@@ -42,4 +42,7 @@ apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 # (never `pkill nginx`: other nginx processes on the machine are not ours).
 if [[ " ${missing[*]} " == *" nginx "* ]]; then
   systemctl disable --now nginx >/dev/null 2>&1 || true
+  # without systemd the package's init script may have started it: stop
+  # the daemon the package's pid file names, and only that one
+  if [ -s /run/nginx.pid ]; then kill "$(cat /run/nginx.pid)" 2>/dev/null || true; fi
 fi
