@@ -44,7 +44,18 @@ type Request struct {
 	Head          *httpparse.Request
 	Path, Query   []byte    // the target split at the first '?'
 	Start         time.Time // arrival of the first byte of the request head
+	// Proto is the protocol the client spoke (ProtoHTTP11, ProtoH2, ...),
+	// set by the code path that built the Request; the access log shows it.
+	Proto string
 }
+
+// Request.Proto values. Each protocol's path sets its own.
+const (
+	ProtoHTTP10         = "http/1.0"
+	ProtoHTTP11         = "http/1.1"
+	ProtoH2             = "h2"
+	ProtoTLSPassthrough = "tls-passthrough"
+)
 
 // HeaderValue returns the first value of the named request header
 // (case-insensitive). It does not allocate.
@@ -60,6 +71,9 @@ type Decision struct {
 	Header      []httpparse.Header
 	Body        []byte
 	ContentType string
+	// Forward holds fields added to the request sent upstream on allow; a
+	// client field with the same name is dropped (replaced).
+	Forward []httpparse.Header
 	// State is opaque to the proxy and handed back in Done.
 	State any
 }
@@ -81,6 +95,15 @@ type Result struct {
 	// BytesIn counts request body bytes read from the client; BytesOut
 	// counts response bytes written to the client (head and body).
 	BytesIn, BytesOut int64
+	// Upstream is the upstream address the request was sent to ("" when
+	// it was not forwarded); UpstreamStatus is the final status of the
+	// upstream's response head (0 when none arrived); UpstreamTTFB is the
+	// time from the start of the upstream exchange (pooled connection or
+	// dial) to the end of that response head.
+	Upstream       string
+	UpstreamStatus int
+	UpstreamTTFB   time.Duration
+	upStart        time.Time
 }
 
 // Service is one protected service: where its clients arrive and where its

@@ -373,7 +373,10 @@ func (c *conn) serveOne() bool {
 	c.nreq++
 	c.sent100 = false
 
-	c.req = Request{Remote: c.remote, Local: c.local, Service: svc, Head: h, Start: start}
+	c.req = Request{Remote: c.remote, Local: c.local, Service: svc, Head: h, Start: start, Proto: ProtoHTTP11}
+	if h.Minor == 0 {
+		c.req.Proto = ProtoHTTP10
+	}
 	c.req.Path, c.req.Query = splitTarget(h.Target)
 	c.res = Result{}
 	c.dec = Decision{Allow: true}

@@ -42,6 +42,7 @@ func (c *conn) forward(cfg *Config, svc *Service, base int) bool {
 	bodyless := mode == httpparse.BodyNone || mode == httpparse.BodyLength && h.ContentLength == 0
 	canRetry := bodyless && idempotent(h.Method)
 	fresh := false
+	c.res.Upstream, c.res.upStart = svc.Upstream, cfg.now()
 	for {
 		u, err := c.getUpstream(cfg, svc, fresh)
 		if err != nil {
@@ -96,7 +97,7 @@ func (c *conn) exchange(cfg *Config, svc *Service, u *upConn, base int, retryabl
 
 	// Head, plus the body when it is already buffered and small.
 	b := c.getWB()
-	b = appendRequestHead(b, h, svc, c.remote)
+	b = appendRequestHead(b, h, svc, c.remote, c.dec.Forward)
 	bodyLeft := int64(0)
 	if mode == httpparse.BodyLength {
 		bodyLeft = h.ContentLength
@@ -232,6 +233,7 @@ func (c *conn) exchange(cfg *Config, svc *Service, u *upConn, base int, retryabl
 		}
 	}
 	u.buf.r += r.HeadLen
+	c.res.UpstreamStatus, c.res.UpstreamTTFB = r.Status, cfg.now().Sub(c.res.upStart)
 
 	if r.Status == 101 {
 		if !h.Upgrade || !r.Upgrade {

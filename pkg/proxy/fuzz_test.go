@@ -37,7 +37,7 @@ func FuzzForwardHead(f *testing.F) {
 		if opts&16 != 0 {
 			remote = netip.MustParseAddrPort("[2001:db8::1]:5")
 		}
-		out := appendRequestHead(nil, &h, svc, remote)
+		out := appendRequestHead(nil, &h, svc, remote, nil)
 		var h2 httpparse.Request
 		if err := h2.Parse(out, strictLimits); err != nil {
 			t.Fatalf("re-serialised head rejected: %v\n%q\nfrom %q", err, out, data)

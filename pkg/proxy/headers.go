@@ -55,8 +55,9 @@ func appendHeaderBytes(b, name, value []byte) []byte {
 // Dropped: hop-by-hop fields and every field named in Connection,
 // Content-Length/Transfer-Encoding (re-emitted), Expect (the proxy answers
 // 100 Continue itself after admission), and the forwarding fields the
-// proxy rewrites. On an upgrade, Upgrade and "Connection: upgrade" pass.
-func appendRequestHead(b []byte, h *httpparse.Request, svc *Service, remote netip.AddrPort) []byte {
+// proxy rewrites, and the fields of add, which are appended instead. On an
+// upgrade, Upgrade and "Connection: upgrade" pass.
+func appendRequestHead(b []byte, h *httpparse.Request, svc *Service, remote netip.AddrPort, add []httpparse.Header) []byte {
 	b = append(b, h.Method...)
 	b = append(b, ' ')
 	b = append(b, h.Target...)
@@ -74,7 +75,7 @@ func appendRequestHead(b []byte, h *httpparse.Request, svc *Service, remote neti
 	for i := range h.Headers {
 		f := &h.Headers[i]
 		n := f.Name
-		if isHopByHop(n) || conn && httpparse.ConnectionHas(h.Headers, n) {
+		if isHopByHop(n) || conn && httpparse.ConnectionHas(h.Headers, n) || len(add) > 0 && named(add, n) {
 			continue
 		}
 		switch len(n) {
@@ -146,6 +147,9 @@ func appendRequestHead(b []byte, h *httpparse.Request, svc *Service, remote neti
 		b = ip.AppendTo(b)
 		b = append(b, '\r', '\n')
 	}
+	for i := range add {
+		b = appendHeaderBytes(b, add[i].Name, add[i].Value)
+	}
 	switch h.BodyMode() {
 	case httpparse.BodyChunked:
 		b = append(b, "Transfer-Encoding: chunked\r\n"...)
@@ -155,6 +159,35 @@ func appendRequestHead(b []byte, h *httpparse.Request, svc *Service, remote neti
 		b = append(b, '\r', '\n')
 	}
 	return append(b, '\r', '\n')
+}
+
+// named reports whether hs has a field called name (case-insensitive).
+func named(hs []httpparse.Header, name []byte) bool {
+	for i := range hs {
+		if equalFoldBytes(hs[i].Name, name) {
+			return true
+		}
+	}
+	return false
+}
+
+func equalFoldBytes(a, b []byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, y := a[i], b[i]
+		if x >= 'A' && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if y >= 'A' && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
 }
 
 // appendJoined appends the values of every field named name, joined by ", ".
