@@ -137,7 +137,7 @@ type locationSettings struct {
 }
 
 var (
-	topKeys         = []string{"ratelimitly", "defaults", "zones", "trackers", "services"}
+	topKeys         = []string{"ratelimitly", "defaults", "zones", "trackers", "services", "request_id"}
 	rlKeys          = []string{"srv", "embedded", "resolver", "resolver_timeout", "credentials", "request_policy", "fail", "bind", "debug"}
 	rpKeys          = []string{"name", "unit", "replay_gaps", "replays", "final_receive", "completion"}
 	serviceSetKeys  = []string{"forwarded_headers", "timeouts", "limits", "ratelimit_headers", "steer_loopback"}
@@ -188,9 +188,11 @@ func (l *loader) load(data []byte) {
 	if !ok {
 		return
 	}
-	var rlNode, defaultsNode, zonesNode, trackersNode, servicesNode *yaml.Node
+	var rlNode, defaultsNode, zonesNode, trackersNode, servicesNode, ridNode *yaml.Node
 	for _, e := range pairs {
 		switch e.key {
+		case "request_id":
+			ridNode = e.v
 		case "ratelimitly":
 			rlNode = e.v
 		case "defaults":
@@ -208,6 +210,7 @@ func (l *loader) load(data []byte) {
 	} else {
 		l.ratelimitly(rlNode)
 	}
+	l.requestID(ridNode)
 	if zonesNode != nil {
 		l.zones(zonesNode)
 	}

@@ -21,6 +21,7 @@ type Policy struct {
 	Zones       []*Zone    // in file order
 	Trackers    []*Tracker // in file order
 	Services    []*Service // in file order
+	RequestID   RequestID
 
 	zoneByName    map[string]*Zone
 	trackerByName map[string]*Tracker
