@@ -64,6 +64,10 @@ type generation struct {
 	locs      map[*admission.Location]*locInfo
 	unmatched map[string]*locInfo // by service name ("-" = no service)
 	byName    map[string]*admission.Service
+	// ridName is the request id field (policy request_id.header);
+	// ridGenerate says whether to create an id the client did not send.
+	ridName     []byte
+	ridGenerate bool
 }
 
 type locInfo struct {
@@ -97,7 +101,10 @@ func New(cfg Config) *Gate {
 	for _, c := range ratelimitly.CauseNames() {
 		g.causes = append(g.causes, g.m.Cause(c))
 	}
-	g.pool.New = func() any { return &state{buf: make([]byte, 0, admission.AnswerBufSize)} }
+	g.pool.New = func() any {
+		return &state{buf: make([]byte, 0, admission.AnswerBufSize), rid: make([]byte, 0, MaxRequestIDLen),
+			fwd: make([]httpparse.Header, 0, 1)}
+	}
 	g.checker.Store(&checkerRef{c: noChecker{}})
 	return g
 }
@@ -111,7 +118,8 @@ func (g *Gate) Swap(p *admission.Policy) uint64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	gen := &generation{pol: p, gen: g.genSeq.Add(1), locs: map[*admission.Location]*locInfo{},
-		unmatched: map[string]*locInfo{}, byName: map[string]*admission.Service{}}
+		unmatched: map[string]*locInfo{}, byName: map[string]*admission.Service{},
+		ridName: []byte(p.RequestID.Header), ridGenerate: p.RequestID.Generate}
 	noLoc := func(svc string) *locInfo {
 		return &locInfo{name: "-", answer: admission.NewDenyAnswer(admission.AnswerSpec{}),
 			m: g.m.Location(svc, "-", "", admission.DefaultDenyStatus)}
@@ -152,7 +160,9 @@ type state struct {
 	svc    string
 	areq   admission.Request
 	dec    admission.Decision
-	hdrs   [3]httpparse.Header
+	hdrs   [4]httpparse.Header // the deny answer's 3 fields and the request id
+	fwd    []httpparse.Header  // fields added upstream (a generated request id)
+	rid    []byte              // the request id ("" when none)
 	buf    []byte
 	report []byte
 	path   []byte // the normalized path matched and rendered ({path})
@@ -193,6 +203,7 @@ func (g *Gate) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
 	default:
 		st.svc = "-"
 	}
+	st.requestID(r.Head)
 	if st.gen == nil {
 		st.dec.Reset()
 		st.info = nil
@@ -209,11 +220,14 @@ func (g *Gate) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
 	}
 	switch st.dec.Action {
 	case admission.ActionAdmit:
-		return proxy.Decision{Allow: true, State: st}
+		return proxy.Decision{Allow: true, Forward: st.fwd, State: st}
 	case admission.ActionDeny:
 		a := st.info.answer
 		hs, buf := a.Render(st.hdrs[:0], st.buf[:0], st.dec.Zones)
 		st.buf = buf
+		if len(st.rid) > 0 {
+			hs = append(hs, httpparse.Header{Name: st.gen.ridName, Value: st.rid})
+		}
 		return proxy.Decision{Status: a.Status, Header: hs, Body: a.Body, ContentType: a.ContentType, State: st}
 	case admission.ActionDrop:
 		// The client is gone; whatever is written is never read.
@@ -328,46 +342,4 @@ func (g *Gate) logDecision(st *state) {
 		attrs = append(attrs, slog.Bool("local_allowed", dec.LocalAllowed))
 	}
 	g.log.LogAttrs(context.Background(), slog.LevelDebug, "decision", attrs...)
-}
-
-func (g *Gate) logAccess(r *proxy.Request, d *proxy.Decision, res *proxy.Result, st *state, outcome admission.Outcome, reported bool) {
-	if !g.access.Enabled(context.Background(), slog.LevelInfo) {
-		return
-	}
-	loc := "-"
-	if st.info != nil {
-		loc = st.info.name
-	}
-	var method, host []byte
-	if r.Head != nil {
-		method, host = r.Head.Method, r.Head.Host
-	}
-	end := res.End
-	if end.IsZero() {
-		end = g.now()
-	}
-	attrs := []slog.Attr{
-		slog.String("service", st.svc),
-		slog.String("location", loc),
-		slog.String("remote", r.Remote.String()),
-		slog.String("method", string(method)),
-		slog.String("host", string(host)),
-		slog.String("path", string(r.Path)),
-		slog.Int("status", res.Status),
-		slog.String("verdict", st.dec.Verdict.String()),
-		slog.String("outcome", outcome.String()),
-		slog.String("cause", st.dec.Cause.String()),
-		slog.Float64("admission_ms", float64(st.dec.Admission.Microseconds())/1000),
-		slog.Float64("duration_ms", float64(end.Sub(r.Start).Microseconds())/1000),
-		slog.Int64("bytes_in", res.BytesIn),
-		slog.Int64("bytes_out", res.BytesOut),
-		slog.Bool("report", reported),
-	}
-	if st.gen != nil {
-		attrs = append(attrs, slog.Uint64("generation", st.gen.gen))
-	}
-	if res.UpstreamErr != nil {
-		attrs = append(attrs, slog.String("upstream_error", res.UpstreamErr.Error()))
-	}
-	g.access.LogAttrs(context.Background(), slog.LevelInfo, "access", attrs...)
 }

@@ -1,0 +1,140 @@
+package hook
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+)
+
+// Access line field names that a log layout (pkg/accesslog) reads back.
+const (
+	FieldRemote    = "remote"
+	FieldMethod    = "method"
+	FieldPath      = "path"
+	FieldQuery     = "query"
+	FieldProto     = "proto"
+	FieldStatus    = "status"
+	FieldBytesOut  = "bytes_out"
+	FieldReferer   = "referer"
+	FieldUserAgent = "user_agent"
+)
+
+// logAccess writes the access line (docs/metrics.md lists its fields).
+func (g *Gate) logAccess(r *proxy.Request, d *proxy.Decision, res *proxy.Result, st *state, outcome admission.Outcome, reported bool) {
+	if !g.access.Enabled(context.Background(), slog.LevelInfo) {
+		return
+	}
+	loc := "-"
+	if st.info != nil {
+		loc = st.info.name
+	}
+	var method, host []byte
+	if r.Head != nil {
+		method, host = r.Head.Method, r.Head.Host
+	}
+	end := res.End
+	if end.IsZero() {
+		end = g.now()
+	}
+	proto := r.Proto
+	if proto == "" {
+		proto = proxy.ProtoHTTP11
+	}
+	attrs := make([]slog.Attr, 0, 32)
+	attrs = append(attrs,
+		slog.String("service", st.svc),
+		slog.String("location", loc),
+		slog.String(FieldRemote, r.Remote.String()),
+		slog.String(FieldMethod, string(method)),
+		slog.String("host", string(host)),
+		slog.String(FieldPath, string(r.Path)),
+	)
+	if len(r.Query) > 0 {
+		attrs = append(attrs, slog.String(FieldQuery, string(r.Query)))
+	}
+	attrs = append(attrs,
+		slog.String(FieldProto, proto),
+		slog.Int(FieldStatus, res.Status),
+		slog.String("verdict", st.dec.Verdict.String()),
+		slog.String("outcome", outcome.String()),
+		slog.String("cause", st.dec.Cause.String()),
+	)
+	if zones, guards := deniedBy(&st.dec); zones != "" || guards != "" {
+		if zones != "" {
+			attrs = append(attrs, slog.String("deny_zones", zones))
+		}
+		if guards != "" {
+			attrs = append(attrs, slog.String("deny_guards", guards))
+		}
+	}
+	if !d.Allow && st.dec.Action == admission.ActionDeny {
+		attrs = append(attrs, slog.Uint64("retry_after", uint64(admission.RetryAfterSeconds(st.dec.Zones))))
+	}
+	attrs = append(attrs,
+		slog.Float64("admission_ms", float64(st.dec.Admission.Microseconds())/1000),
+		slog.Float64("duration_ms", float64(end.Sub(r.Start).Microseconds())/1000),
+	)
+	if res.Upstream != "" {
+		attrs = append(attrs, slog.String("upstream", res.Upstream))
+		if res.UpstreamStatus != 0 {
+			attrs = append(attrs, slog.Int("upstream_status", res.UpstreamStatus),
+				slog.Float64("upstream_ttfb_ms", float64(res.UpstreamTTFB.Microseconds())/1000))
+		}
+	}
+	attrs = append(attrs,
+		slog.Int64("bytes_in", res.BytesIn),
+		slog.Int64(FieldBytesOut, res.BytesOut),
+		slog.Bool("report", reported),
+	)
+	if len(st.rid) > 0 {
+		attrs = append(attrs, slog.String("request_id", string(st.rid)))
+	}
+	if r.Head != nil {
+		for _, f := range [...]struct{ name, key string }{{"traceparent", "traceparent"}, {"referer", FieldReferer}, {"user-agent", FieldUserAgent}} {
+			if v, ok := r.Head.Header(f.name); ok && len(v) > 0 {
+				attrs = append(attrs, slog.String(f.key, string(v)))
+			}
+		}
+	}
+	if st.gen != nil {
+		attrs = append(attrs, slog.Uint64("generation", st.gen.gen))
+	}
+	if res.UpstreamErr != nil {
+		attrs = append(attrs, slog.String("upstream_error", res.UpstreamErr.Error()))
+	}
+	g.access.LogAttrs(context.Background(), slog.LevelInfo, "access", attrs...)
+}
+
+// deniedBy names the zones that were short and the guards (by tracker)
+// that failed in a deny (or a shadow "would deny"): from RateLimitly's
+// answer, or from the local buckets under fail: local.
+func deniedBy(dec *admission.Decision) (zones, guards string) {
+	loc := dec.Location
+	if loc == nil {
+		return "", ""
+	}
+	var zs, gs []string
+	switch {
+	case dec.Result.Valid && dec.Verdict == admission.VerdictDeny:
+		for i, rr := range dec.Result.Resp.Resources {
+			if rr.TokensDeficit > 0 && i < len(loc.Limits) {
+				zs = append(zs, loc.Limits[i].Name)
+			}
+		}
+		for i, gr := range dec.Result.Resp.Guards {
+			if !gr.Passed && i < len(loc.Guards) {
+				gs = append(gs, loc.Guards[i].Tracker.Name)
+			}
+		}
+	case dec.Local && !dec.LocalAllowed:
+		for i, z := range dec.Zones {
+			if z.Known && z.RetryAfterMs > 0 && i < len(loc.Limits) {
+				zs = append(zs, loc.Limits[i].Name)
+			}
+		}
+	}
+	return strings.Join(zs, ","), strings.Join(gs, ",")
+}
