@@ -15,7 +15,6 @@ const (
 	CauseAllow        Cause = iota // valid allow
 	CauseDenyResource              // valid deny: a resource had tokens_deficit > 0
 	CauseDenyGuard                 // valid deny: a guard did not pass
-	CauseDenyStatus                // valid response whose status was not OK
 	CauseDenyRefused               // valid response, success false, no resource short and every guard passed
 	CauseNoEndpoints               // no usable discovery target
 	CauseSendFailure               // UDP send failure
@@ -32,7 +31,7 @@ const (
 )
 
 var causeNames = [NumCauses]string{
-	"allow", "deny_resource", "deny_guard", "deny_status", "deny_refused", "no_endpoints", "send_failure",
+	"allow", "deny_resource", "deny_guard", "deny_refused", "no_endpoints", "send_failure",
 	"timeout", "protocol", "cardinality", "invalid_value", "construction", "cancelled", "unprotected",
 	"unmatched", "internal",
 }
@@ -69,13 +68,16 @@ func (c Cause) IsFailure() bool {
 // nGuards guards and nResources resources: allow only when the status is
 // OK, success is true, every guard passed, every tokens_deficit is 0 and
 // the result arrays have exactly the cardinality sent. A cardinality
-// mismatch is a protocol failure (CauseCardinality), never a decision.
+// mismatch (CauseCardinality) and a status other than OK (CauseProtocol)
+// are failures, never decisions: such an answer is not a valid answer, so
+// the client replays to its server and the failure policy applies if no
+// server gives a valid one.
 func Classify(resp *wire.RateResponse, nGuards, nResources int) Cause {
 	if len(resp.Guards) != nGuards || len(resp.Resources) != nResources {
 		return CauseCardinality
 	}
 	if resp.Status != wire.StatusOK {
-		return CauseDenyStatus
+		return CauseProtocol
 	}
 	for i := range resp.Resources {
 		if resp.Resources[i].TokensDeficit != 0 {
