@@ -23,6 +23,13 @@ type ClientStats struct {
 	Replays       uint64
 	ByCause       map[string]uint64 // check results by client cause
 	ResolveErrors uint64
+	// ReportsDropped counts latency reports not sent (no endpoints, an
+	// invalid service, a full send queue).
+	ReportsDropped uint64
+	Usable         int    // endpoints in the usable set
+	Probes         uint64 // probes sent to unusable endpoints
+	DecidedEarly   uint64 // checks decided on an answer
+	DecidedAtUnit  uint64 // checks decided at a round deadline
 }
 
 // ServerStats is what an embedded RateLimitly server reports.
@@ -82,6 +89,10 @@ var (
 	descClientReplays   = desc("ratelimitly_replays_total", "Replay rounds sent by the client.")
 	descClientCauses    = desc("ratelimitly_checks_total", "Checks finished by the client, by client cause.", "cause")
 	descClientResolve   = desc("ratelimitly_resolve_errors_total", "Failed SRV discovery attempts.")
+	descReportsDropped  = desc("reports_dropped_total", "Latency reports not sent (no RateLimitly endpoint, invalid service, full send queue).")
+	descClientUsable    = desc("ratelimitly_usable_endpoints", "RateLimitly endpoints in the usable set (answered one of their last requests).")
+	descClientProbes    = desc("ratelimitly_probes_total", "Probes sent to RateLimitly endpoints outside the usable set.")
+	descClientDecided   = desc("ratelimitly_checks_decided_total", "Checks decided, by when: early (on an answer) or deadline (at a round end, after waiting for a missing endpoint).", "when")
 
 	descSrvRequests = desc("embedded_server_requests_total", "Rate requests handled by the embedded RateLimitly server.")
 	descSrvAllows   = desc("embedded_server_allows_total", "Allows answered by the embedded RateLimitly server.")
@@ -107,7 +118,7 @@ func (m *Metrics) sources() *sources {
 		m.src = &sources{
 			client: &statsCollector{descs: []*prometheus.Desc{descClientReady, descClientEndpoints, descClientSent, descClientRecv,
 				descClientDropped, descClientBatches, descClientRebinds, descClientReports, descClientCompl, descClientReplays,
-				descClientCauses, descClientResolve}},
+				descClientCauses, descClientResolve, descReportsDropped, descClientUsable, descClientProbes, descClientDecided}},
 			server: &statsCollector{descs: []*prometheus.Desc{descSrvRequests, descSrvAllows, descSrvDenies, descSrvReports, descSrvCompl, descSrvDropped}},
 			proxy:  &statsCollector{descs: []*prometheus.Desc{descOpenConns, descUpstreamIdle}},
 		}
@@ -162,6 +173,11 @@ func (m *Metrics) SetClientStats(fn func() ClientStats) {
 			counter(ch, descClientCauses, s.ByCause[k], k)
 		}
 		counter(ch, descClientResolve, s.ResolveErrors)
+		counter(ch, descReportsDropped, s.ReportsDropped)
+		gauge(ch, descClientUsable, float64(s.Usable))
+		counter(ch, descClientProbes, s.Probes)
+		counter(ch, descClientDecided, s.DecidedEarly, "early")
+		counter(ch, descClientDecided, s.DecidedAtUnit, "deadline")
 	})
 }
 

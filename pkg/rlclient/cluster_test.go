@@ -203,12 +203,14 @@ func TestClusterCardinalityMismatchNeverDecides(t *testing.T) {
 	for _, ctl := range cl.ctl {
 		ctl.extraGuard.Store(true)
 	}
-	c := newTestClient(t, cl.dns.Addr(), clientOpts{})
+	// Every node answers invalidly: each check replays at U and fails once
+	// the replays are answered the same way (a short unit keeps it quick).
+	c := newTestClient(t, cl.dns.Addr(), clientOpts{policy: ratelimitly.Standard(200 * time.Millisecond)})
 	waitReady(t, c)
 	var dec Decision
 	for i := 0; i < 5; i++ {
 		err := c.Check(context.Background(), testRequest(), &dec)
-		if err != ErrCardinality || dec.Cause != CauseCardinality || dec.Allow || len(dec.Guards) != 0 {
+		if err != ErrCardinality || dec.Cause != CauseCardinality || dec.Allow || len(dec.Guards) != 0 || dec.Attempts != 2 {
 			t.Fatalf("check %d: err %v decision %+v", i, err, dec)
 		}
 	}

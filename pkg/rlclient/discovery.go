@@ -34,11 +34,12 @@ const (
 	DefaultResolverTimeout = 2 * time.Second
 )
 
-// Endpoint is one RateLimitly server: its SRV target (server identity) and
-// the address the client sends to.
+// Endpoint is one address of a RateLimitly server: its SRV target and one
+// of the target's A/AAAA addresses with the SRV port. A target with several
+// addresses is several endpoints, each sent every request.
 type Endpoint struct {
 	Target   string         // SRV target name, fully qualified, lower case
-	Addr     netip.AddrPort // chosen address and the SRV port
+	Addr     netip.AddrPort // one address of the target and the SRV port
 	Priority uint16
 	Weight   uint16
 }
@@ -47,7 +48,8 @@ type Endpoint struct {
 // survives refreshes while target and address stay the same.
 type endpoint struct {
 	Endpoint
-	epoch atomic.Uint64 // latest server_epoch seen (0 = unknown)
+	epoch  atomic.Uint64 // latest server_epoch seen (0 = unknown)
+	health health
 }
 
 // membership is one immutable discovery result.
@@ -149,7 +151,8 @@ func (r *resolver) exchange(ctx context.Context, name string, qtype uint16) (*dn
 
 // lookup resolves the SRV name into a strict membership: every target must
 // be a proper name with a nonzero port and at least one usable address of a
-// family the bind address can reach; targets and addresses must be unique.
+// family the bind address can reach; each of its addresses is an endpoint;
+// targets must be unique and no address may belong to two targets.
 func (r *resolver) lookup(ctx context.Context, srvName string, bind netip.Addr) ([]Endpoint, time.Duration, error) {
 	name := dns.Fqdn(srvName)
 	resp, err := r.exchange(ctx, name, dns.TypeSRV)
@@ -213,54 +216,66 @@ func (r *resolver) lookup(ctx context.Context, srvName string, bind netip.Addr) 
 			return nil, 0, fmt.Errorf("SRV %s: duplicate target %s", name, key)
 		}
 		seenTarget[key] = true
-		rrs := glue[target]
-		if len(rrs) == 0 {
-			for _, qt := range []uint16{dns.TypeA, dns.TypeAAAA} {
-				if (qt == dns.TypeA && !want4) || (qt == dns.TypeAAAA && !want6) {
-					continue
-				}
-				ar, err := r.exchange(ctx, target, qt)
-				if err != nil {
-					return nil, 0, fmt.Errorf("SRV %s target %s: %w", name, target, err)
-				}
-				rrs = append(rrs, ar.Answer...)
-			}
+		addrs, err := r.targetAddrs(ctx, target, glue[target], want4, want6, minTTL)
+		if err != nil {
+			return nil, 0, fmt.Errorf("SRV %s target %s: %w", name, target, err)
 		}
-		var v4, v6 []netip.Addr
-		for _, rr := range rrs {
-			if !strings.EqualFold(rr.Header().Name, target) {
-				continue
-			}
-			switch a := rr.(type) {
-			case *dns.A:
-				if ip, ok := netip.AddrFromSlice(a.A); ok && usable(ip.Unmap()) && want4 {
-					v4 = append(v4, ip.Unmap())
-					minTTL(a.Hdr.Ttl)
-				}
-			case *dns.AAAA:
-				if ip, ok := netip.AddrFromSlice(a.AAAA); ok && usable(ip) && !ip.Is4In6() && want6 {
-					v6 = append(v6, ip)
-					minTTL(a.Hdr.Ttl)
-				}
-			}
-		}
-		var addr netip.Addr
-		switch {
-		case len(v4) > 0:
-			addr = v4[0]
-		case len(v6) > 0:
-			addr = v6[0]
-		default:
+		if len(addrs) == 0 {
 			return nil, 0, fmt.Errorf("SRV %s: target %s has no usable address", name, target)
 		}
-		ap := netip.AddrPortFrom(addr, s.Port)
-		if other, dup := seenAddr[ap]; dup {
-			return nil, 0, fmt.Errorf("SRV %s: targets %s and %s share address %s", name, other, target, ap)
+		for _, addr := range addrs {
+			ap := netip.AddrPortFrom(addr, s.Port)
+			if other, dup := seenAddr[ap]; dup {
+				if other == target {
+					continue // the same address listed twice for one target
+				}
+				return nil, 0, fmt.Errorf("SRV %s: targets %s and %s share address %s", name, other, target, ap)
+			}
+			seenAddr[ap] = target
+			eps = append(eps, Endpoint{Target: target, Addr: ap, Priority: s.Priority, Weight: s.Weight})
 		}
-		seenAddr[ap] = target
-		eps = append(eps, Endpoint{Target: target, Addr: ap, Priority: s.Priority, Weight: s.Weight})
+	}
+	if len(eps) > MaxEndpoints {
+		return nil, 0, fmt.Errorf("SRV %s: %d endpoint addresses, at most %d supported", name, len(eps), MaxEndpoints)
 	}
 	return eps, ttl, nil
+}
+
+// targetAddrs is every usable address of target, IPv4 ones first, in
+// answer order: from glue when the SRV answer carried some, else from A
+// and AAAA lookups (of the families wanted).
+func (r *resolver) targetAddrs(ctx context.Context, target string, rrs []dns.RR, want4, want6 bool, minTTL func(uint32)) ([]netip.Addr, error) {
+	if len(rrs) == 0 {
+		for _, qt := range []uint16{dns.TypeA, dns.TypeAAAA} {
+			if (qt == dns.TypeA && !want4) || (qt == dns.TypeAAAA && !want6) {
+				continue
+			}
+			ar, err := r.exchange(ctx, target, qt)
+			if err != nil {
+				return nil, err
+			}
+			rrs = append(rrs, ar.Answer...)
+		}
+	}
+	var v4, v6 []netip.Addr
+	for _, rr := range rrs {
+		if !strings.EqualFold(rr.Header().Name, target) {
+			continue
+		}
+		switch a := rr.(type) {
+		case *dns.A:
+			if ip, ok := netip.AddrFromSlice(a.A); ok && usable(ip.Unmap()) && want4 {
+				v4 = append(v4, ip.Unmap())
+				minTTL(a.Hdr.Ttl)
+			}
+		case *dns.AAAA:
+			if ip, ok := netip.AddrFromSlice(a.AAAA); ok && usable(ip) && !ip.Is4In6() && want6 {
+				v6 = append(v6, ip)
+				minTTL(a.Hdr.Ttl)
+			}
+		}
+	}
+	return append(v4, v6...), nil
 }
 
 func usable(a netip.Addr) bool {
@@ -391,6 +406,8 @@ func (d *discovery) publish(eps []Endpoint, ttl time.Duration, now time.Time) {
 				if p.Target == e.Target && p.Addr == e.Addr {
 					ep = &endpoint{Endpoint: e}
 					ep.epoch.Store(p.epoch.Load())
+					ep.health.pending.Store(p.health.pending.Load())
+					ep.health.since.Store(p.health.since.Load())
 					break
 				}
 			}

@@ -38,9 +38,14 @@ func TestLookupStrict(t *testing.T) {
 		wantErr string
 		wantN   int
 	}{
-		{name: "ok", setup: func(s *dnstest.Server) { s.SetSRV(testSRV, ok...) }, wantN: 2},
-		{name: "glue", setup: func(s *dnstest.Server) { s.SetSRV(testSRV, ok...); s.SetGlue(true) }, wantN: 2},
-		{name: "tcp after truncation", setup: func(s *dnstest.Server) { s.SetSRV(testSRV, ok...); s.SetTruncateUDP(true) }, wantN: 2},
+		{name: "ok", setup: func(s *dnstest.Server) { s.SetSRV(testSRV, ok...) }, wantN: 3},
+		{name: "glue", setup: func(s *dnstest.Server) { s.SetSRV(testSRV, ok...); s.SetGlue(true) }, wantN: 3},
+		{name: "tcp after truncation", setup: func(s *dnstest.Server) { s.SetSRV(testSRV, ok...); s.SetTruncateUDP(true) }, wantN: 3},
+		{name: "v4 bind skips AAAA", bind: "127.0.0.1", setup: func(s *dnstest.Server) { s.SetSRV(testSRV, ok...) }, wantN: 2},
+		{name: "address listed twice is one endpoint", setup: func(s *dnstest.Server) {
+			s.SetSRV(testSRV, ok[0], dnstest.Target{Name: "b.rl.test", Port: 7002, Priority: 3, Weight: 9,
+				Addrs: []netip.Addr{netip.MustParseAddr("127.0.0.2"), netip.MustParseAddr("127.0.0.2")}})
+		}, wantN: 2},
 		{name: "v6 bind picks AAAA", bind: "::1", setup: func(s *dnstest.Server) {
 			s.SetSRV(testSRV, dnstest.Target{Name: "b.rl.test", Port: 7002, Addrs: []netip.Addr{netip.MustParseAddr("::1"), netip.MustParseAddr("127.0.0.2")}})
 		}, wantN: 1},
@@ -97,6 +102,12 @@ func TestLookupStrict(t *testing.T) {
 				want := Endpoint{Target: "b.rl.test.", Addr: netip.MustParseAddrPort("127.0.0.2:7002"), Priority: 3, Weight: 9}
 				if eps[1] != want || eps[0].Target != "a.rl.test." {
 					t.Errorf("eps = %+v", eps)
+				}
+				if len(eps) == 3 { // every address of b: IPv4 first, then IPv6
+					want.Addr = netip.MustParseAddrPort("[::1]:7002")
+					if eps[2] != want {
+						t.Errorf("eps[2] = %+v, want %+v", eps[2], want)
+					}
 				}
 			}
 		})

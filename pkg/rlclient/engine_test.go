@@ -248,40 +248,6 @@ func TestFakeOneDownDecidedAtUnitWithoutReplay(t *testing.T) {
 	}
 }
 
-func TestFakeCardinalityNeverDecides(t *testing.T) {
-	d, nodes := fakeCluster(t, 2)
-	for _, n := range nodes {
-		n.set(func(n *fakeNode) { n.extraGuards = 1 })
-	}
-	c := newTestClient(t, d.Addr(), clientOpts{})
-	waitReady(t, c)
-	var dec Decision
-	err := c.Check(context.Background(), testRequest(), &dec)
-	if err != ErrCardinality || dec.Cause != CauseCardinality || dec.Allow || len(dec.Guards) != 0 {
-		t.Fatalf("err %v decision %+v", err, dec)
-	}
-	// One node correct: its answer decides, the bad one is ignored.
-	nodes[1].set(func(n *fakeNode) { n.extraGuards = 0 })
-	for i := 0; i < 3; i++ {
-		if err := c.Check(context.Background(), testRequest(), &dec); err != nil || dec.Endpoint != "n2.rl.test." {
-			t.Fatalf("mixed: err %v decision %+v", err, dec)
-		}
-	}
-}
-
-func TestFakeStatusNotOKIsProtocol(t *testing.T) {
-	d, nodes := fakeCluster(t, 2)
-	for _, n := range nodes {
-		n.set(func(n *fakeNode) { n.status = wire.StatusUnavailable })
-	}
-	c := newTestClient(t, d.Addr(), clientOpts{})
-	waitReady(t, c)
-	var dec Decision
-	if err := c.Check(context.Background(), testRequest(), &dec); err != ErrProtocol || dec.Cause != CauseProtocol {
-		t.Fatalf("err %v decision %+v", err, dec)
-	}
-}
-
 func TestFakeWrongKeyIgnored(t *testing.T) {
 	d := dnstest.Start(t)
 	good := startFakeNode(t, 1000, testCred())

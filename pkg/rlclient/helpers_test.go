@@ -3,6 +3,7 @@ package rlclient
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/bits"
 	"net"
 	"net/netip"
@@ -52,6 +53,7 @@ type seenDgram struct {
 	attempt  uint8
 	replay   bool
 	decision uint8
+	probe    bool // a RATE_REQUEST whose only guard is ProbeService
 	from     netip.AddrPort
 }
 
@@ -70,6 +72,7 @@ type fakeNode struct {
 	steer       bool
 	extraGuards int
 	status      uint8
+	fixAt       uint8          // when > 0: answer attempts >= fixAt correctly (status OK, exact cardinality)
 	replyTo     netip.AddrPort // answer here instead of to the sender (if set)
 	seen        []seenDgram
 	notify      chan struct{}
@@ -77,9 +80,19 @@ type fakeNode struct {
 
 func startFakeNode(t testing.TB, epoch uint64, sealWith credentials.Credential) *fakeNode {
 	t.Helper()
-	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	n, err := startFakeNodeAt(t, netip.MustParseAddrPort("127.0.0.1:0"), epoch, sealWith)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return n
+}
+
+// startFakeNodeAt starts a fake node listening on at.
+func startFakeNodeAt(t testing.TB, at netip.AddrPort, epoch uint64, sealWith credentials.Credential) (*fakeNode, error) {
+	t.Helper()
+	conn, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(at))
+	if err != nil {
+		return nil, err
 	}
 	c := testCred()
 	open, _ := wire.NewKey(c.KeyID, c.Secret)
@@ -88,7 +101,7 @@ func startFakeNode(t testing.TB, epoch uint64, sealWith credentials.Credential) 
 	done := make(chan struct{})
 	go func() { defer close(done); n.serve() }()
 	t.Cleanup(func() { conn.Close(); <-done })
-	return n
+	return n, nil
 }
 
 func (n *fakeNode) addr() netip.AddrPort { return n.conn.LocalAddr().(*net.UDPAddr).AddrPort() }
@@ -139,8 +152,13 @@ func (n *fakeNode) serve() {
 		if h.Kind == wire.KindCompletion {
 			s.decision = comp.Decision
 		}
+		s.probe = h.Kind == wire.KindRateRequest && len(req.Resources) == 0 && len(req.Guards) == 1 &&
+			string(req.Guards[0].Service) == ProbeService
 		n.seen = append(n.seen, s)
 		drop, deny, steer, extra, status := n.drop, n.deny, n.steer, n.extraGuards, n.status
+		if n.fixAt > 0 && h.Attempt >= n.fixAt {
+			extra, status = 0, wire.StatusOK
+		}
 		if n.replyTo.IsValid() {
 			from = n.replyTo
 		}
@@ -186,10 +204,12 @@ func targetsFor(addrs ...netip.AddrPort) []dnstest.Target {
 }
 
 type clientOpts struct {
-	policy ratelimitly.RequestPolicy
-	clock  Clock
-	cred   credentials.Credential
-	shards int
+	policy  ratelimitly.RequestPolicy
+	clock   Clock
+	cred    credentials.Credential
+	shards  int
+	anyBind bool // bind the wildcard address (both families) instead of 127.0.0.1
+	log     *slog.Logger
 }
 
 func newTestClient(t testing.TB, dnsAddr string, o clientOpts) *Client {
@@ -205,8 +225,12 @@ func newTestClient(t testing.TB, dnsAddr string, o clientOpts) *Client {
 		// machine from turning a slow answer into a timeout.
 		o.policy = ratelimitly.Standard(2 * time.Second)
 	}
+	bind := netip.MustParseAddr("127.0.0.1")
+	if o.anyBind {
+		bind = netip.Addr{}
+	}
 	c, err := New(Config{SRV: testSRV, Resolver: dnsAddr, ResolverTimeout: time.Second, Credential: o.cred,
-		Policy: o.policy, Bind: netip.MustParseAddr("127.0.0.1"), Shards: o.shards, Clock: o.clock})
+		Policy: o.policy, Bind: bind, Shards: o.shards, Clock: o.clock, Logger: o.log})
 	if err != nil {
 		t.Fatalf("new client: %v", err)
 	}
@@ -274,6 +298,29 @@ func waitValid(t testing.TB, c *Client, n int) {
 			for _, r := range st.m {
 				r.mu.Lock()
 				got := bits.OnesCount64(r.valid)
+				r.mu.Unlock()
+				if got >= n {
+					st.mu.Unlock()
+					return true
+				}
+			}
+			st.mu.Unlock()
+		}
+		return false
+	})
+}
+
+// waitAnswered waits until the single live request has an answer (valid
+// or not) from n endpoints for its latest send.
+func waitAnswered(t testing.TB, c *Client, n int) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%d answers", n), func() bool {
+		for i := range c.table.stripes {
+			st := &c.table.stripes[i]
+			st.mu.Lock()
+			for _, r := range st.m {
+				r.mu.Lock()
+				got := bits.OnesCount64(r.answered)
 				r.mu.Unlock()
 				if got >= n {
 					st.mu.Unlock()

@@ -1,0 +1,285 @@
+package rlclient
+
+import (
+	"context"
+	"crypto/rand"
+	"math/bits"
+	randv2 "math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/udpshard"
+)
+
+// request is the pooled state of one check.
+type request struct {
+	mu    sync.Mutex
+	gen   uint64
+	hidx  int // index in es.heap, -1 = no pending deadline (guarded by es.mu)
+	id    uint64
+	state uint8
+	c     *Client
+	es    *shardEngine
+	sock  *udpshard.Socket
+	mem   *membership
+
+	start      time.Time
+	round      int // 0 initial, 1..Replays replay rounds, Replays+1 final receive
+	attempt    uint8
+	full       uint64 // endpoints sent to: the usable set when the check started
+	answered   uint64 // answered the latest send (valid or not); reset to valid on a replay
+	valid      uint64 // valid answers
+	sendFailed uint64
+	best       int
+	bestEpoch  uint64
+	bestCause  Cause // ratelimitly.Classify of the best answer
+	sawCard    bool
+	sawProto   bool
+
+	nGuards, nResources int
+	guards              [wire.MaxCount]wire.GuardResult
+	resources           [wire.MaxCount]wire.ResourceResult
+
+	cause Cause
+	plain [1 + wire.MaxBody]byte // [decision][RATE_REQUEST body]
+	plen  int                    // bytes of plain in use (incl. the decision byte)
+	// pushed: completions were queued under r.mu and the shard still
+	// needs a flush (onDatagram flushes only then).
+	pushed bool
+	pkt    [wire.MaxDatagram]byte
+	hdr    wire.Header
+	done   chan struct{}
+}
+
+const (
+	statePending uint8 = iota
+	stateDone
+	stateCancelled
+)
+
+// Check runs one rate check and fills out. It returns nil for a valid
+// decision (out.Cause.Decided(): CauseAllow or a CauseDeny* value) and the cause's error
+// otherwise. req is only read during the call. Cancelling ctx retires the
+// request at once (CauseCancelled) with nothing left behind.
+func (c *Client) Check(ctx context.Context, req *wire.RateRequest, out *Decision) error {
+	out.Reset()
+	c.c.checks.Add(1)
+	if ctx.Err() != nil {
+		return c.finishEarly(out, CauseCancelled, nil)
+	}
+	if c.closed.Load() {
+		return c.finishEarly(out, CauseNoEndpoints, ErrClosed)
+	}
+	mem := c.disc.current()
+	if mem == nil || len(mem.eps) == 0 {
+		return c.finishEarly(out, CauseNoEndpoints, nil)
+	}
+	r := c.pool.get(c)
+	r.mu.Lock() // stale readers from r's previous life may still look at it
+	body, err := req.AppendBody(r.plain[:1])
+	if err == nil && c.policy.Completion && len(body) > wire.MaxBody {
+		err = wire.ErrTooLarge // the completion (decision + request) must fit too
+	}
+	if err == nil && wire.HeaderLen+len(body)-1+wire.TagLen > wire.MaxDatagram {
+		err = wire.ErrTooLarge
+	}
+	if err != nil {
+		r.mu.Unlock()
+		c.pool.put(r)
+		return c.finishEarly(out, CauseConstruction, err)
+	}
+	r.plen = len(body)
+	c.c.inflight.Add(1)
+	shard := int(c.next.Add(1)) % len(c.shards)
+	r.es = c.shards[shard]
+	r.sock = c.ring.Hold(shard)
+	r.mem = mem
+	r.id = randv2.Uint64() &^ tokenMask
+	r.start = c.clock.Now()
+	r.round, r.attempt = 0, 0
+	r.full = c.usableMask(mem, r.start.UnixNano())
+	r.answered, r.valid, r.sendFailed = 0, 0, 0
+	r.best, r.bestEpoch, r.bestCause, r.sawCard, r.sawProto = -1, 0, CauseTimeout, false, false
+	r.nGuards, r.nResources = len(req.Guards), len(req.Resources)
+	r.cause = CauseTimeout // overwritten when the request ends (r.state says whether it has)
+	r.pushed = false
+	r.state = statePending
+	c.table.put(r)
+	if c.closed.Load() { // Close ran between the check above and put
+		r.finishLocked(CauseCancelled)
+		r.mu.Unlock()
+		<-r.done
+		return c.finish(r, out)
+	}
+	sent := r.sendRound()
+	if sent == 0 {
+		r.finishLocked(CauseSendFailure)
+	} else if r.state == statePending {
+		r.es.schedule(r, r.start.Add(c.policy.Unit))
+	}
+	r.mu.Unlock()
+	c.flush(shard) // after unlocking: datagrams were only queued under r.mu
+
+	cancel := ctx.Done()
+	if cancel == nil { // cannot be cancelled: a plain receive is cheaper than select
+		<-r.done
+		return c.finish(r, out)
+	}
+	select {
+	case <-r.done:
+	case <-cancel:
+		r.mu.Lock()
+		if r.state == statePending {
+			r.state = stateCancelled
+			r.cause = CauseCancelled
+			c.table.remove(r.id)
+			r.es.unschedule(r)
+			r.mu.Unlock()
+		} else {
+			r.mu.Unlock()
+			<-r.done // decided concurrently: the decision stands
+		}
+	}
+	return c.finish(r, out)
+}
+
+// flush sends what this goroutine queued on shard. Under load the shard
+// loop sends it together with the datagrams of the other checks that
+// become runnable meanwhile (one sendmmsg, and one UDP_SEGMENT message per
+// endpoint, for many checks). With about one check per shard in flight
+// there is nothing to wait for: sending at once saves the hand-off to the
+// loop and its wake-up.
+func (c *Client) flush(shard int) {
+	if c.c.inflight.Load() <= int64(len(c.shards)) {
+		c.ring.Flush(shard)
+	} else {
+		c.ring.FlushAsync(shard)
+	}
+}
+
+func (c *Client) finishEarly(out *Decision, cause Cause, err error) error {
+	out.Cause = cause
+	out.Err = err
+	c.c.causes[cause].Add(1)
+	c.noteFailure(cause)
+	if err == ErrClosed {
+		return err
+	}
+	return causeErr[cause]
+}
+
+// finish copies the outcome into out, releases the socket hold and returns
+// r to the pool.
+func (c *Client) finish(r *request, out *Decision) error {
+	out.Cause = r.cause
+	out.Attempts = int(r.attempt) + 1
+	if r.cause.Decided() {
+		out.Allow = r.cause == CauseAllow
+		out.ServerEpoch = r.bestEpoch
+		out.Endpoint = r.mem.eps[r.best].Target
+		out.Guards = append(out.Guards[:0], r.guards[:r.nGuards]...)
+		out.Resources = append(out.Resources[:0], r.resources[:r.nResources]...)
+	}
+	c.c.causes[r.cause].Add(1)
+	c.noteFailure(r.cause)
+	c.c.inflight.Add(-1)
+	r.sock.Release()
+	c.pool.put(r)
+	return causeErr[out.Cause]
+}
+
+// tokenMask is the low bits of a request id kept zero so that a send token
+// can carry the endpoint index (MaxEndpoints <= 64).
+const tokenMask = 63
+
+// sendRound seals the request for the current attempt and queues it to
+// every endpoint of r.full that has not answered this attempt (on a
+// replay: that has no valid answer). r.mu is held, so it only pushes: the
+// caller flushes the shard after unlocking. It returns the number of
+// datagrams queued.
+func (r *request) sendRound() int {
+	c := r.c
+	now := c.clock.Now()
+	h := &r.hdr
+	*h = wire.Header{Kind: wire.KindRateRequest, Attempt: r.attempt, TTLms: c.ttlMs, RequestID: r.id,
+		Timestamp: uint64(now.UnixMilli())}
+	if r.attempt > 0 {
+		h.Flags = wire.FlagReplay
+	}
+	sent := 0
+	for todo := r.full &^ r.answered; todo != 0; {
+		i := bits.TrailingZeros64(todo)
+		bit := uint64(1) << uint(i)
+		todo &^= bit
+		ep := r.mem.eps[i]
+		if r.attempt == 0 {
+			ep.health.sent(now.UnixNano())
+		}
+		if _, err := rand.Read(h.Nonce[:]); err != nil {
+			r.sendFailed |= bit
+			continue
+		}
+		pkt, err := c.key.SealBody(r.pkt[:0], h, r.plain[1:r.plen])
+		if err != nil {
+			r.sendFailed |= bit
+			continue
+		}
+		if err := c.ring.Push(r.sock, ep.Addr, pkt, r.id|uint64(i)); err != nil {
+			r.sendFailed |= bit
+			continue
+		}
+		r.sendFailed &^= bit
+		sent++
+	}
+	if r.attempt > 0 {
+		c.c.replays.Add(uint64(sent))
+	}
+	return sent
+}
+
+// finishLocked ends the request with cause. r.mu is held.
+func (r *request) finishLocked(cause Cause) {
+	if r.state != statePending {
+		return
+	}
+	r.state = stateDone
+	r.cause = cause
+	r.c.table.remove(r.id)
+	r.es.unschedule(r)
+	if cause.Decided() && r.c.policy.Completion {
+		r.sendCompletions()
+	}
+	r.done <- struct{}{}
+}
+
+func (r *request) sendCompletions() {
+	c := r.c
+	missing := r.full &^ r.valid
+	if missing == 0 {
+		return
+	}
+	if r.cause == CauseAllow {
+		r.plain[0] = wire.DecisionAllow
+	} else {
+		r.plain[0] = wire.DecisionDeny
+	}
+	h := &r.hdr
+	*h = wire.Header{Kind: wire.KindCompletion, Attempt: r.attempt, TTLms: c.ttlMs, RequestID: r.id,
+		Timestamp: uint64(c.clock.Now().UnixMilli())}
+	for missing != 0 {
+		i := bits.TrailingZeros64(missing)
+		missing &^= 1 << uint(i)
+		if _, err := rand.Read(h.Nonce[:]); err != nil {
+			continue
+		}
+		pkt, err := c.key.SealBody(r.pkt[:0], h, r.plain[:r.plen])
+		if err != nil {
+			continue
+		}
+		if c.ring.Push(r.sock, r.mem.eps[i].Addr, pkt, 0) == nil {
+			c.c.completions.Add(1)
+			r.pushed = true
+		}
+	}
+}
