@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 
@@ -31,15 +30,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	}
 	p, err := admission.Load(*policy)
 	if err != nil {
-		var le *admission.LoadError
-		if errors.As(err, &le) {
-			for _, e := range le.Errs {
-				fmt.Fprintln(stderr, e.Error())
-			}
-			fmt.Fprintf(stderr, "rl-tproxy check: %s: %d error(s)\n", *policy, len(le.Errs))
-		} else {
-			fmt.Fprintf(stderr, "rl-tproxy check: %v\n", err)
-		}
+		printLoadError(stderr, "check", *policy, err)
 		return exitInvalid
 	}
 	fmt.Fprintf(stdout, "%s: ok: %s\n", *policy, p.Summary())

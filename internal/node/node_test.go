@@ -1,4 +1,4 @@
-package main
+package node
 
 import (
 	"context"
@@ -69,14 +69,14 @@ func TestReloadKeepsOrRebuildsClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	rt, err := startRuntime(context.Background(), pol, runOptions{Policy: path, Admin: "off", Log: log})
+	rt, err := Start(context.Background(), pol, Options{Policy: path, Admin: "off", Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if err := rt.shutdown(ctx); err != nil {
+		if err := rt.Shutdown(ctx); err != nil {
 			t.Error(err)
 		}
 	}()

@@ -1,0 +1,206 @@
+package node
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+	"github.com/rl-tproxy/rl-tproxy/pkg/embedded"
+	"github.com/rl-tproxy/rl-tproxy/pkg/hook"
+	"github.com/rl-tproxy/rl-tproxy/pkg/metrics"
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
+	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient"
+)
+
+// clientConfigKey identifies everything that needs a new RateLimitly
+// client (and embedded server) when it changes.
+func clientConfigKey(rl *admission.RateLimitly) (client, emb string) {
+	h := sha256.New()
+	cred := rl.Credential
+	if rl.Embedded && rl.GeneratedCredential {
+		fmt.Fprint(h, "generated")
+	} else {
+		fmt.Fprintf(h, "%s/%d/%x/%v", cred.Tenant, cred.KeyID, cred.Secret, cred.MaxHorizon)
+	}
+	for _, c := range rl.Credentials {
+		if !rl.GeneratedCredential {
+			fmt.Fprintf(h, "|%s/%d/%x/%v", c.Tenant, c.KeyID, c.Secret, c.MaxHorizon)
+		}
+	}
+	creds := fmt.Sprintf("%x", h.Sum(nil))
+	p := rl.RequestPolicy
+	client = fmt.Sprintf("srv=%s emb=%v res=%s n=%v bind=%v pol=%s/%v/%v/%d/%v/%v creds=%s",
+		rl.SRV, rl.Embedded, rl.Resolver, rl.ResolverTimeout, rl.Bind, p.Name, p.Unit, p.ReplayGaps, p.Replays, p.FinalReceive, p.Completion, creds)
+	if rl.Embedded {
+		emb = creds
+	}
+	return client, emb
+}
+
+// setClient builds (or keeps) the RateLimitly client and the embedded
+// server for pol. A new client is installed in the gate only once it was
+// built; the old one is closed after its in-flight checks, and a replaced
+// embedded server after that.
+func (n *Node) setClient(pol *admission.Policy) error {
+	rl := &pol.RateLimitly
+	ckey, ekey := clientConfigKey(rl)
+	if ckey == n.clientKey && n.client != nil {
+		return nil
+	}
+	cred := rl.Credential
+	creds := rl.Credentials
+	if rl.Embedded && rl.GeneratedCredential && n.emb != nil && n.embKey == ekey {
+		cred = n.cred // keep the generated key the running embedded server knows
+	}
+	if len(creds) == 0 || (rl.GeneratedCredential && n.emb == nil) {
+		creds = []credentials.Credential{cred}
+	}
+	srvName, resolver := rl.SRV, rl.Resolver
+	emb := n.emb
+	newEmb := false
+	if rl.Embedded && (emb == nil || n.embKey != ekey) {
+		var err error
+		emb, err = embedded.Start(embedded.Config{Credentials: creds, Logger: n.log, Hooks: n.opts.ServerHooks})
+		if err != nil {
+			return err
+		}
+		newEmb = true
+		n.log.Info("embedded RateLimitly started", "server", emb.Server.Addr().String(), "dns", emb.Resolver, "srv", emb.SRV)
+	}
+	if rl.Embedded {
+		srvName, resolver = emb.SRV, emb.Resolver
+	}
+	p := rl.RequestPolicy
+	c, err := rlclient.New(rlclient.Config{
+		SRV: srvName, Resolver: resolver, ResolverTimeout: rl.ResolverTimeout, Credential: cred,
+		Policy: ratelimitly.RequestPolicy(p),
+		Bind:   rl.Bind, Logger: n.log,
+	})
+	if err != nil {
+		if newEmb {
+			_ = emb.Close()
+		}
+		return fmt.Errorf("ratelimitly client: %w", err)
+	}
+	if n.client != nil {
+		// Swap only to a client that can decide: wait (bounded) for its
+		// first discovery, else keep the old one.
+		if err := waitReady(c, discoveryWait(rl.ResolverTimeout)); err != nil {
+			_ = c.Close()
+			if newEmb {
+				_ = emb.Close()
+			}
+			return fmt.Errorf("new RateLimitly client (srv %s): %w; keeping the current one", srvName, err)
+		}
+	}
+	gc := hook.NewClient(c)
+	oldEmb := n.emb
+	replacedEmb := newEmb && oldEmb != nil
+	closed := n.gate.SetChecker(gc, gc)
+	if n.client != nil {
+		n.m.ClientRebuilt()
+		n.log.Info("RateLimitly client rebuilt", "srv", srvName)
+	}
+	if replacedEmb || (!rl.Embedded && oldEmb != nil) {
+		go func() {
+			<-closed // the old client is closed: no check can reach the old server
+			_ = oldEmb.Close()
+		}()
+	}
+	n.client, n.clientKey, n.cred = gc, ckey, cred
+	if rl.Embedded {
+		n.emb, n.embKey = emb, ekey
+		n.m.SetServerStats(func() metrics.ServerStats {
+			s := emb.Server.Stats()
+			return metrics.ServerStats{Requests: s.Requests, Allows: s.Allows, Denies: s.Denies, Reports: s.Reports, Completions: s.Completions, Dropped: s.Drops}
+		})
+	} else {
+		n.emb, n.embKey = nil, ""
+		n.m.SetServerStats(nil)
+	}
+	n.m.SetClientStats(gc.Stats)
+	n.ready.Set("ratelimitly", func() error {
+		if c.Ready() {
+			return nil
+		}
+		if err := c.DiscoveryError(); err != nil {
+			return fmt.Errorf("discovery not done yet: %w", err)
+		}
+		return errors.New("discovery not done yet")
+	})
+	return nil
+}
+
+// discoveryWait bounds the wait for a rebuilt client's first discovery.
+func discoveryWait(resolverTimeout time.Duration) time.Duration {
+	if resolverTimeout <= 0 {
+		resolverTimeout = rlclient.DefaultResolverTimeout
+	}
+	return 2*resolverTimeout + time.Second
+}
+
+// waitReady polls c until its first discovery succeeded or d passed.
+func waitReady(c *rlclient.Client, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for !c.Ready() {
+		if time.Now().After(deadline) {
+			if err := c.DiscoveryError(); err != nil {
+				return fmt.Errorf("discovery not done within %s: %w", d, err)
+			}
+			return fmt.Errorf("discovery not done within %s", d)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return nil
+}
+
+// apply installs a validated policy (Reloader.Apply).
+func (n *Node) apply(p *admission.Policy) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closing {
+		return errors.New("shutting down")
+	}
+	if (steeredPorts(p) != nil) != (n.redirect != nil) {
+		return errors.New("switching between listener mode and steered (port:) services needs a restart")
+	}
+	// Everything that can fail happens before anything is swapped: the
+	// proxy configuration is validated and new listeners are opened first.
+	cfg := *n.proxy.Config()
+	cfg.Services = hook.ProxyServices(p)
+	if _, err := proxy.New(cfg); err != nil {
+		return fmt.Errorf("proxy configuration: %w", err)
+	}
+	opened, err := n.openListeners(context.Background(), p)
+	if err != nil {
+		return err
+	}
+	if err := n.setClient(p); err != nil {
+		closeAll(opened)
+		return err
+	}
+	n.gate.Swap(p)
+	if err := n.proxy.Update(cfg); err != nil {
+		// Validated above; if it still fails the gate already uses p.
+		n.log.Error("proxy update after validation failed", "error", err.Error())
+	}
+	if n.redirect != nil {
+		if err := n.redirect.Reload(redirectConfig(p)); err != nil {
+			n.log.Error("redirect reload failed; steering keeps the previous ports", "error", err.Error())
+		}
+	}
+	n.pol = p
+	n.commitListeners(p, opened)
+	return nil
+}
+
+func closeAll(ls map[string]*listener) {
+	for _, l := range ls {
+		l.ln.Close()
+	}
+}

@@ -1,0 +1,303 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/redirect"
+)
+
+// acceptQueueLen is the number of connections waiting in a listening
+// socket's accept queue (TCP_INFO's tcpi_unacked on a LISTEN socket).
+func acceptQueueLen(ln net.Listener) (int, error) {
+	sc, ok := ln.(syscall.Conn)
+	if !ok {
+		return 0, fmt.Errorf("%T exposes no socket", ln)
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var n int
+	var ierr error
+	if err := rc.Control(func(fd uintptr) {
+		var info *unix.TCPInfo
+		info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+		if ierr == nil {
+			n = int(info.Unacked)
+		}
+	}); err != nil {
+		return 0, err
+	}
+	return n, ierr
+}
+
+// drainAcceptQueues waits (bounded by ctx and 2s) until every listener's
+// accept queue was empty at two checks 50ms apart: handshakes that were in
+// flight when the sockmap slot changed complete within that round trip.
+func drainAcceptQueues(ctx context.Context, lns []net.Listener) {
+	deadline := time.Now().Add(2 * time.Second)
+	empty := 0
+	for empty < 2 && time.Now().Before(deadline) && ctx.Err() == nil {
+		total := 0
+		for _, ln := range lns {
+			if n, err := acceptQueueLen(ln); err == nil {
+				total += n
+			}
+		}
+		if total == 0 {
+			empty++
+		} else {
+			empty = 0
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// takeoverPoll is how often a steered proxy checks that its listeners are
+// still in the sockmap.
+const takeoverPoll = 500 * time.Millisecond
+
+// watchTakeover closes n.takenOver once none of this proxy's steered
+// listeners is in the sockmap any more: a newer proxy registered its own
+// (the takeover of a rolling update or restart), so this one drains and
+// exits.
+func (n *Node) watchTakeover(ctx context.Context) {
+	t := time.NewTicker(takeoverPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n.mu.Lock()
+		lns := slices.Clone(n.steered)
+		n.mu.Unlock()
+		still := false
+		for _, ln := range lns {
+			ok, err := n.redirect.ListenerRegistered(ln)
+			if err != nil || ok {
+				still = true // on a read error, keep serving
+				break
+			}
+		}
+		if !still && len(lns) > 0 {
+			n.log.Info("steering taken over by another proxy: draining and exiting")
+			close(n.takenOver)
+			return
+		}
+	}
+}
+
+// steeredPorts lists the policy's steered ports (nil when none).
+func steeredPorts(p *admission.Policy) []uint16 {
+	var ports []uint16
+	for _, s := range p.Services {
+		if s.Port != 0 && !slices.Contains(ports, s.Port) {
+			ports = append(ports, s.Port)
+		}
+	}
+	sort.Slice(ports, func(i, j int) bool { return ports[i] < ports[j] })
+	return ports
+}
+
+func redirectConfig(p *admission.Policy) redirect.Config {
+	cfg := redirect.Config{Ports: steeredPorts(p)}
+	any := false
+	for _, s := range p.Services {
+		if s.Port == 0 {
+			continue
+		}
+		if len(s.Prefixes) == 0 {
+			any = true
+		}
+		cfg.Prefixes = append(cfg.Prefixes, s.Prefixes...)
+		cfg.SteerLoopback = cfg.SteerLoopback || s.SteerLoopback
+	}
+	if any {
+		cfg.Prefixes = nil
+	}
+	return cfg
+}
+
+func (n *Node) attachRedirect(p *admission.Policy) error {
+	if err := redirect.EnsureBPFFS("/sys/fs/bpf"); err != nil {
+		return fmt.Errorf("steered services need bpffs: %w", err)
+	}
+	r, err := redirect.Attach(redirectConfig(p))
+	if err != nil {
+		return fmt.Errorf("attach sk_lookup redirect: %w", err)
+	}
+	n.redirect = r
+	n.m.Registry.MustRegister(r.Collector())
+	n.ready.Set("redirect", func() error {
+		n.mu.Lock()
+		lns := slices.Clone(n.steered)
+		n.mu.Unlock()
+		for _, ln := range lns {
+			ok, err := r.ListenerRegistered(ln)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("listener %s is not in the sockmap (taken over?)", ln.Addr())
+			}
+		}
+		if len(lns) == 0 {
+			return errors.New("no steered listener")
+		}
+		return nil
+	})
+	return nil
+}
+
+// serveSteered opens the steered listeners (IPv4 and, when the host has
+// it, IPv6 loopback), registers them in the sockmap and serves them.
+func (n *Node) serveSteered(ctx context.Context) error {
+	for _, addr := range []string{"127.0.0.1:0", "[::1]:0"} {
+		ln, err := proxy.Listen(ctx, addr)
+		if err != nil {
+			if strings.HasPrefix(addr, "[") {
+				continue // no IPv6 loopback
+			}
+			return fmt.Errorf("steered listener: %w", err)
+		}
+		if err := n.redirect.RegisterListener(ln); err != nil {
+			ln.Close()
+			if strings.HasPrefix(addr, "[") {
+				n.log.Warn("IPv6 steered listener not registered", "error", err.Error())
+				continue
+			}
+			return fmt.Errorf("register steered listener: %w", err)
+		}
+		n.mu.Lock()
+		n.steered = append(n.steered, ln)
+		n.mu.Unlock()
+		n.log.Info("steered listener registered", "addr", ln.Addr().String(), "ports", fmt.Sprint(steeredPorts(n.pol)))
+		go func() {
+			err := n.proxy.ServeSteered(ln, nil)
+			n.serveEnded("steered "+ln.Addr().String(), err, nil)
+		}()
+	}
+	return nil
+}
+
+func (n *Node) syncListeners(ctx context.Context, p *admission.Policy) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	opened, err := n.openListeners(ctx, p)
+	if err != nil {
+		return err
+	}
+	n.commitListeners(p, opened)
+	return nil
+}
+
+// wantListeners maps each listener-mode address of p to its service.
+func wantListeners(p *admission.Policy) map[string]string {
+	want := map[string]string{}
+	for _, s := range p.Services {
+		for _, a := range s.Listen {
+			want[a.String()] = s.Name
+		}
+	}
+	return want
+}
+
+// openListeners opens the listener-mode addresses of p that are not open
+// yet (or belong to another service now); on error it closes what it
+// opened.
+func (n *Node) openListeners(ctx context.Context, p *admission.Policy) (map[string]*listener, error) {
+	want := wantListeners(p)
+	addrs := make([]string, 0, len(want))
+	for a := range want {
+		addrs = append(addrs, a)
+	}
+	sort.Strings(addrs)
+	opened := map[string]*listener{}
+	for _, addr := range addrs {
+		if l, ok := n.listeners[addr]; ok && l.svc == want[addr] {
+			continue
+		}
+		if _, ok := n.listeners[addr]; ok {
+			continue // same address, other service: reused below
+		}
+		ln, err := proxy.Listen(ctx, addr)
+		if err != nil {
+			closeAll(opened)
+			return nil, fmt.Errorf("service %s: listen %s: %w", want[addr], addr, err)
+		}
+		opened[addr] = &listener{ln: ln, svc: want[addr]}
+	}
+	return opened, nil
+}
+
+// commitListeners serves the newly opened listeners and closes those p no
+// longer has (their in-flight requests finish). A listener whose address
+// moved to another service keeps its socket: Serve picks the service by
+// name per connection, so it is restarted for the new name.
+func (n *Node) commitListeners(p *admission.Policy, opened map[string]*listener) {
+	want := wantListeners(p)
+	svcs := map[string]*proxy.Service{}
+	for _, s := range n.proxy.Config().Services {
+		svcs[s.Name] = s
+	}
+	for addr, l := range n.listeners {
+		if _, ok := want[addr]; !ok {
+			l.closed = true
+			l.ln.Close()
+			delete(n.listeners, addr)
+			n.log.Info("listener closed", "addr", addr, "service", l.svc)
+		} else if l.svc != want[addr] {
+			n.log.Warn("listen address moved to another service; its connections use the old service until restart", "addr", addr, "old", l.svc, "new", want[addr])
+		}
+	}
+	for addr, l := range opened {
+		n.listeners[addr] = l
+		svc := svcs[l.svc]
+		n.log.Info("listening", "service", l.svc, "addr", l.ln.Addr().String(), "upstream", svc.Upstream)
+		go func() {
+			err := n.proxy.Serve(l.ln, svc)
+			n.serveEnded("listener "+addr, err, l)
+		}()
+	}
+}
+
+// serveEnded turns an unexpected end of a Serve loop into a runtime
+// failure.
+func (n *Node) serveEnded(what string, err error, l *listener) {
+	n.mu.Lock()
+	expected := n.closing || (l != nil && l.closed)
+	n.mu.Unlock()
+	if expected || errors.Is(err, proxy.ErrClosed) || errors.Is(err, net.ErrClosed) {
+		return
+	}
+	if err == nil {
+		err = errors.New("stopped")
+	}
+	select {
+	case n.failed <- fmt.Errorf("%s: %w", what, err):
+	default:
+	}
+}
+
+func (n *Node) listenersUp() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.listeners) == 0 && len(n.steered) == 0 {
+		return errors.New("no listener")
+	}
+	return nil
+}

@@ -1,0 +1,261 @@
+// Package node runs the proxy product on one node: it starts the policy's
+// RateLimitly client (and embedded server), proxy listeners and eBPF
+// steering, swaps them on reload, reports readiness, and drains on
+// shutdown or takeover.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+	"github.com/rl-tproxy/rl-tproxy/pkg/embedded"
+	"github.com/rl-tproxy/rl-tproxy/pkg/hook"
+	"github.com/rl-tproxy/rl-tproxy/pkg/metrics"
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
+	"github.com/rl-tproxy/rl-tproxy/pkg/redirect"
+	"github.com/rl-tproxy/rl-tproxy/pkg/rlserver"
+)
+
+// DefaultAdmin is the admin listener's default address.
+const DefaultAdmin = "127.0.0.1:9901"
+
+// Options configure a node.
+type Options struct {
+	Policy string // the policy file (reloaded from this path)
+	Admin  string // "" or "off" = no admin listener
+	Log    *slog.Logger
+	Watch  bool // reload when the policy or credentials file changes
+	// Version and Commit label the build-info metric.
+	Version, Commit string
+	// ServerHooks are test hooks for an embedded server (demo only).
+	ServerHooks *rlserver.TestHooks
+}
+
+// Node is the running product: policy, gate, RateLimitly client
+// (and embedded server), proxy listeners, redirect, admin listener.
+type Node struct {
+	opts     Options
+	log      *slog.Logger
+	m        *metrics.Metrics
+	ready    *metrics.Readiness
+	gate     *hook.Gate
+	proxy    *proxy.Proxy
+	admin    *metrics.Admin
+	reloader *admission.Reloader
+	redirect *redirect.Redirect
+	failed   chan error
+	// takenOver is closed when another proxy took the steered listeners'
+	// sockmap slots (a newer instance started): drain and exit.
+	takenOver chan struct{}
+	cancel    context.CancelFunc
+	watchWG   sync.WaitGroup
+
+	mu        sync.Mutex // guards below
+	pol       *admission.Policy
+	client    *hook.Client
+	clientKey string
+	emb       *embedded.Embedded
+	embKey    string
+	cred      credentials.Credential // the client's credential (kept across reloads when generated)
+	listeners map[string]*listener   // listener mode, by address
+	steered   []net.Listener
+	closing   bool
+}
+
+type listener struct {
+	ln     net.Listener
+	svc    string
+	closed bool
+}
+
+// Start builds and starts everything pol needs and returns the running
+// node; on error everything started so far is shut down again.
+func Start(parent context.Context, pol *admission.Policy, opts Options) (_ *Node, err error) {
+	ctx, cancel := context.WithCancel(parent)
+	n := &Node{opts: opts, log: opts.Log, m: metrics.New(opts.Version, opts.Commit), ready: &metrics.Readiness{},
+		failed: make(chan error, 4), takenOver: make(chan struct{}), cancel: cancel, listeners: map[string]*listener{}}
+	defer func() {
+		if err != nil {
+			sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer scancel()
+			_ = n.Shutdown(sctx)
+		}
+	}()
+	n.gate = hook.New(hook.Config{Metrics: n.m, AccessLog: opts.Log, Logger: opts.Log})
+	n.ready.Set("policy", func() error {
+		if p, _ := n.gate.Policy(); p == nil {
+			return errors.New("no policy loaded")
+		}
+		return nil
+	})
+	if err := n.setClient(pol); err != nil {
+		return nil, err
+	}
+	n.gate.Swap(pol)
+	n.pol = pol
+	pcfg := proxy.Config{Services: hook.ProxyServices(pol), Hook: n.gate, Logger: opts.Log}
+	if steeredPorts(pol) != nil {
+		if err := n.attachRedirect(pol); err != nil {
+			return nil, err
+		}
+		pcfg.Dial = n.redirect.Dialer()
+	}
+	n.proxy, err = proxy.New(pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
+	n.m.SetProxyStats(func() metrics.ProxyStats {
+		st := n.proxy.Stats()
+		return metrics.ProxyStats{OpenConnections: int64(st.Conns), UpstreamIdle: int64(st.UpstreamIdle)}
+	})
+	if err := n.syncListeners(ctx, pol); err != nil {
+		return nil, err
+	}
+	if n.redirect != nil {
+		// Registering the listener is the takeover (from a previous proxy,
+		// or from the services themselves): do it once this proxy can
+		// decide, so a takeover opens no window of failed decisions. If
+		// discovery takes longer than the bound, take over anyway.
+		if err := waitReady(n.client.C, discoveryWait(pol.RateLimitly.ResolverTimeout)); err != nil {
+			n.log.Warn("taking over steering before RateLimitly discovery completed; requests follow the failure policy until it does", "error", err.Error())
+		}
+		if err := n.serveSteered(ctx); err != nil {
+			return nil, err
+		}
+		n.watchWG.Add(1)
+		go func() {
+			defer n.watchWG.Done()
+			n.watchTakeover(ctx)
+		}()
+	}
+	n.ready.Set("listeners", n.listenersUp)
+	if opts.Admin != "" && opts.Admin != "off" {
+		n.admin, err = metrics.StartAdmin(opts.Admin, n.m.Handler(n.ready))
+		if err != nil {
+			return nil, err
+		}
+		n.log.Info("admin listener", "addr", n.admin.Addr().String(), "paths", "/metrics /healthz /readyz")
+	}
+	n.reloader = &admission.Reloader{Path: opts.Policy, Apply: n.apply, Logger: opts.Log, Observe: n.m.Reload}
+	n.reloader.Mark(pol)
+	if opts.Watch {
+		ready := make(chan struct{})
+		n.watchWG.Add(1)
+		go func() {
+			defer n.watchWG.Done()
+			if err := n.reloader.Watch(ctx, pol.RateLimitly.CredentialsFile, ready); err != nil {
+				n.log.Warn("policy file watch stopped; SIGHUP still reloads", "error", err.Error())
+				select {
+				case <-ready:
+				default:
+					close(ready)
+				}
+			}
+		}()
+		<-ready
+	}
+	return n, nil
+}
+
+// Shutdown drains: stop watching, take steered listeners out of the
+// sockmap (new connections go to the services), drain the proxy, close the
+// client after its in-flight checks, then the embedded server, the
+// redirect descriptors (pins stay) and the admin listener.
+func (n *Node) Shutdown(ctx context.Context) error {
+	n.mu.Lock()
+	n.closing = true
+	steered := slices.Clone(n.steered)
+	n.mu.Unlock()
+	if n.cancel != nil {
+		n.cancel()
+	}
+	n.watchWG.Wait()
+	var errs []error
+	for _, ln := range steered {
+		if n.redirect != nil {
+			if err := n.redirect.UnregisterListener(ln); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if len(steered) > 0 {
+		// New connections now go to the services (or a newer proxy), but
+		// some already sit in our accept queues or are mid-handshake on
+		// our listeners: keep accepting until the queues stayed empty for
+		// a moment, so closing the listeners resets nobody.
+		drainAcceptQueues(ctx, steered)
+	}
+	if n.proxy != nil {
+		if err := n.proxy.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("drain: %w", err))
+		}
+	}
+	if n.gate != nil {
+		select {
+		case <-n.gate.Close():
+		case <-ctx.Done():
+			errs = append(errs, errors.New("RateLimitly client still busy at the drain bound"))
+		}
+	}
+	n.mu.Lock()
+	emb := n.emb
+	n.mu.Unlock()
+	if emb != nil {
+		errs = append(errs, emb.Close())
+	}
+	if n.redirect != nil {
+		errs = append(errs, n.redirect.Close())
+	}
+	if n.admin != nil {
+		errs = append(errs, n.admin.Close(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// Reload reloads the policy file now (as SIGHUP does); the error is the
+// load or apply error, already logged and counted.
+func (n *Node) Reload(trigger string) error { return n.reloader.Reload(trigger) }
+
+// TakenOver is closed when a newer proxy took over the steered listeners.
+func (n *Node) TakenOver() <-chan struct{} { return n.takenOver }
+
+// Failed delivers a runtime failure (a serve loop that ended unexpectedly).
+func (n *Node) Failed() <-chan error { return n.failed }
+
+// AdminAddr is the admin listener's address (nil when it is off).
+func (n *Node) AdminAddr() net.Addr {
+	if n.admin == nil {
+		return nil
+	}
+	return n.admin.Addr()
+}
+
+// Policy returns the policy in force and its generation.
+func (n *Node) Policy() (*admission.Policy, uint64) { return n.gate.Policy() }
+
+// Embedded returns the embedded RateLimitly in use (nil when none).
+func (n *Node) Embedded() *embedded.Embedded {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.emb
+}
+
+// Decides reports whether the current RateLimitly client completed its
+// first discovery, and the last discovery error.
+func (n *Node) Decides() (bool, error) {
+	n.mu.Lock()
+	c := n.client
+	n.mu.Unlock()
+	if c == nil {
+		return false, errors.New("no RateLimitly client")
+	}
+	return c.C.Ready(), c.C.DiscoveryError()
+}
