@@ -19,13 +19,13 @@ func init() {
 // both to node.Run, which serves until SIGTERM/SIGINT and reloads on
 // SIGHUP and on file change.
 func runRun(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("run", "run --policy FILE [--admin ADDR] [--log-format text|json] [--log-level debug|info|warn|error]",
+	fs := newFlagSet("run", "run --policy FILE [--admin ADDR] [--log-format text|json|combined] [--log-level debug|info|warn|error]",
 		"Runs the proxy with the given policy file. SIGHUP (or a change of the policy or credentials file) reloads it;\n"+
 			"SIGTERM/SIGINT drain in-flight requests (bounded by --drain-timeout) and exit.\n"+
 			"Exit codes: 0 after a clean stop, 1 invalid policy or flags, 2 runtime failure.", stderr)
 	policy := fs.String("policy", "", "policy file (YAML)")
 	admin := fs.String("admin", node.DefaultAdmin, "admin listener address for /metrics, /healthz, /readyz (port 0 picks a free port; \"off\" disables)")
-	logFormat := fs.String("log-format", "text", "log format: text or json")
+	logFormat := fs.String("log-format", "text", "log format: text, json, or combined (access lines in the nginx combined layout, other lines text)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	drain := fs.Duration("drain-timeout", 20*time.Second, "longest graceful drain on SIGTERM/SIGINT")
 	watch := fs.Bool("watch", true, "reload when the policy or credentials file changes (inotify on their directories)")

@@ -8,10 +8,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/accesslog"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 )
 
-// NewLogger builds the process logger (text or JSON on w).
+// NewLogger builds the process logger (text, JSON or combined on w).
 func NewLogger(format, level string, w io.Writer) (*slog.Logger, error) {
 	var lv slog.Level
 	switch strings.ToLower(level) {
@@ -32,8 +33,10 @@ func NewLogger(format, level string, w io.Writer) (*slog.Logger, error) {
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	case "json":
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "combined":
+		return slog.New(accesslog.NewCombined(w, opts)), nil
 	}
-	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+	return nil, fmt.Errorf("--log-format %q: want text, json or combined", format)
 }
 
 // Run starts a node for pol, serves until ctx ends, SIGTERM/SIGINT, a

@@ -5,21 +5,9 @@ import (
 	"log/slog"
 	"strings"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/accesslog"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
-)
-
-// Access line field names that a log layout (pkg/accesslog) reads back.
-const (
-	FieldRemote    = "remote"
-	FieldMethod    = "method"
-	FieldPath      = "path"
-	FieldQuery     = "query"
-	FieldProto     = "proto"
-	FieldStatus    = "status"
-	FieldBytesOut  = "bytes_out"
-	FieldReferer   = "referer"
-	FieldUserAgent = "user_agent"
 )
 
 // logAccess writes the access line (docs/metrics.md lists its fields).
@@ -47,17 +35,17 @@ func (g *Gate) logAccess(r *proxy.Request, d *proxy.Decision, res *proxy.Result,
 	attrs = append(attrs,
 		slog.String("service", st.svc),
 		slog.String("location", loc),
-		slog.String(FieldRemote, r.Remote.String()),
-		slog.String(FieldMethod, string(method)),
+		slog.String(accesslog.Remote, r.Remote.String()),
+		slog.String(accesslog.Method, string(method)),
 		slog.String("host", string(host)),
-		slog.String(FieldPath, string(r.Path)),
+		slog.String(accesslog.Path, string(r.Path)),
 	)
 	if len(r.Query) > 0 {
-		attrs = append(attrs, slog.String(FieldQuery, string(r.Query)))
+		attrs = append(attrs, slog.String(accesslog.Query, string(r.Query)))
 	}
 	attrs = append(attrs,
-		slog.String(FieldProto, proto),
-		slog.Int(FieldStatus, res.Status),
+		slog.String(accesslog.Proto, proto),
+		slog.Int(accesslog.Status, res.Status),
 		slog.String("verdict", st.dec.Verdict.String()),
 		slog.String("outcome", outcome.String()),
 		slog.String("cause", st.dec.Cause.String()),
@@ -86,14 +74,14 @@ func (g *Gate) logAccess(r *proxy.Request, d *proxy.Decision, res *proxy.Result,
 	}
 	attrs = append(attrs,
 		slog.Int64("bytes_in", res.BytesIn),
-		slog.Int64(FieldBytesOut, res.BytesOut),
+		slog.Int64(accesslog.BytesOut, res.BytesOut),
 		slog.Bool("report", reported),
 	)
 	if len(st.rid) > 0 {
 		attrs = append(attrs, slog.String("request_id", string(st.rid)))
 	}
 	if r.Head != nil {
-		for _, f := range [...]struct{ name, key string }{{"traceparent", "traceparent"}, {"referer", FieldReferer}, {"user-agent", FieldUserAgent}} {
+		for _, f := range [...]struct{ name, key string }{{"traceparent", "traceparent"}, {"referer", accesslog.Referer}, {"user-agent", accesslog.UserAgent}} {
 			if v, ok := r.Head.Header(f.name); ok && len(v) > 0 {
 				attrs = append(attrs, slog.String(f.key, string(v)))
 			}
@@ -105,7 +93,7 @@ func (g *Gate) logAccess(r *proxy.Request, d *proxy.Decision, res *proxy.Result,
 	if res.UpstreamErr != nil {
 		attrs = append(attrs, slog.String("upstream_error", res.UpstreamErr.Error()))
 	}
-	g.access.LogAttrs(context.Background(), slog.LevelInfo, "access", attrs...)
+	g.access.LogAttrs(context.Background(), slog.LevelInfo, accesslog.Message, attrs...)
 }
 
 // deniedBy names the zones that were short and the guards (by tracker)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/accesslog"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
@@ -218,4 +220,30 @@ func dialRaw(t *testing.T, addr string) net.Conn {
 	c.SetDeadline(time.Now().Add(10 * time.Second))
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// The gate's access line through the combined layout: the nginx columns
+// come from the line's fields, the rest follows as key=value.
+func TestAccessLineCombined(t *testing.T) {
+	var buf lockedBuf
+	g := New(Config{AccessLog: slog.New(accesslog.NewCombined(&buf, nil))})
+	g.SetChecker(&countingChecker{fn: denyResource}, nil)
+	p, err := admission.Parse("p.yaml", []byte(fmt.Sprintf(testPolicyYAML, "close", "127.0.0.1:9")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Swap(p)
+	var head httpparse.Request
+	raw := "GET /api/x?a=1 HTTP/1.1\r\nHost: h\r\nX-Key: k\r\nUser-Agent: probe \"1\"\r\nX-Request-ID: r-1\r\n\r\n"
+	if err := head.Parse([]byte(raw), httpparse.Limits{}); err != nil {
+		t.Fatal(err)
+	}
+	r := &proxy.Request{Remote: netip.MustParseAddrPort("10.0.0.1:1234"), Local: netip.MustParseAddrPort("127.0.0.1:1"),
+		Head: &head, Path: []byte("/api/x"), Query: []byte("a=1"), Start: time.Now(), Proto: proxy.ProtoHTTP11}
+	d := g.Admit(context.Background(), r)
+	g.Done(r, &d, &proxy.Result{Status: 429, BytesOut: 262, End: time.Now()})
+	re := regexp.MustCompile(`^10\.0\.0\.1 - - \[[^\]]+\] "GET /api/x\?a=1 HTTP/1\.1" 429 262 "-" "probe \\x221\\x22" service=web location=api .*deny_zones=per_key retry_after=3 .*request_id=r-1 `)
+	if line := buf.String(); !re.MatchString(line) {
+		t.Fatalf("combined line %q", line)
+	}
 }
