@@ -6,9 +6,12 @@
 #   limit_req   the proxy_pass server plus limit_req at a rate that never
 #               denies (the cost of the check)                  -> backend
 #   haproxy     HAProxy 2.x, mode http, keep-alive + http-reuse -> backend
+#   caddy       Caddy 2 reverse_proxy (the Go peer), keep-alive  -> backend
 #   unprotected rl-tproxy listener mode, location without admission -> backend
 #   admission   rl-tproxy listener mode, every request admitted by the
 #               embedded RateLimitly server on loopback (zone never denies)
+#   evproto     test/bench/evproto, the event-loop measurement prototype
+#               (no strictness, no admission; a floor, not a product row)
 #   steered     rl-tproxy with admission, steered by sk_lookup: nginx on :80
 #               and the proxy (`port: 80`) in a "node" netns, wrk in a
 #               "client" netns over a veth (root only; with a reference row
@@ -21,16 +24,26 @@
 # (its p50/p99 from wrk --latency) and the ratio to nginx proxy_pass.
 # Access logs are off everywhere (rl-tproxy: --log-level warn).
 #
+# Per row, `perf stat -e raw_syscalls:sys_enter,task-clock,context-switches
+# -p PIDS` counts the serving process(es) alone (nginx: master + worker) for
+# exactly the wrk run: system calls, context switches and CPU µs per
+# request. Then one request at a time (wrk -c1) against the backend, nginx
+# proxy_pass and both rl-tproxy rows (latency added per hop), and memory per
+# idle keep-alive connection (IDLE_CONNS connections, RSS delta / N) for
+# nginx proxy_pass and rl-tproxy.
+#
 # Assumes bin/rl-tproxy is built (`make build`) and nginx, haproxy, wrk,
 # curl, taskset are installed (`make deps`). Writes $OUT (Markdown).
 #
-# Env: DURATION=10s CONNS=32 THREADS=1 ROUNDS=3 SERVER_CPU=1 CLIENT_CPU=0
+# Env: DURATION=10s CONNS=64 THREADS=1 ROUNDS=3 SERVER_CPU=1 CLIENT_CPU=0
 #      OUT=docs/bench/sidebyside.md BIN=bin/rl-tproxy STEERED=1 (0 skips it)
+#      EVPROTO=1 (0 skips the prototype row) SERIAL=1 (0 skips the -c1 pass)
+#      IDLE_CONNS=10000 (0 skips the idle-memory pass) IDLE_SETTLE=3 (s)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 DURATION=${DURATION:-10s}
-CONNS=${CONNS:-32}
+CONNS=${CONNS:-64}
 THREADS=${THREADS:-1}
 ROUNDS=${ROUNDS:-3}
 SERVER_CPU=${SERVER_CPU:-1}
@@ -38,14 +51,26 @@ CLIENT_CPU=${CLIENT_CPU:-0}
 OUT=${OUT:-docs/bench/sidebyside.md}
 BIN=${BIN:-bin/rl-tproxy}
 STEERED=${STEERED:-1}
+EVPROTO=${EVPROTO:-1}
+SERIAL=${SERIAL:-1}
+IDLE_CONNS=${IDLE_CONNS:-10000}
+IDLE_SETTLE=${IDLE_SETTLE:-3}
 if [ "$(nproc)" -lt 2 ]; then SERVER_CPU=0 CLIENT_CPU=0; fi
 WRK="wrk -t$THREADS -c$CONNS -d$DURATION --latency --timeout 10s"
 
-for tool in nginx haproxy wrk curl taskset python3; do
+for tool in nginx haproxy caddy perf wrk curl taskset python3 go; do
   command -v "$tool" >/dev/null || { echo "run.sh: needs $tool (make deps installs it)" >&2; exit 1; }
 done
 [ -x "$BIN" ] || { echo "run.sh: $BIN missing (make build)" >&2; exit 1; }
 BIN=$(realpath "$BIN")
+if [ "$IDLE_CONNS" -gt 0 ]; then
+  # Each server holds IDLE_CONNS sockets: raise the soft limit as far as allowed.
+  ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+  if [ "$(ulimit -n)" -lt $((IDLE_CONNS + 1000)) ]; then
+    echo "run.sh: ulimit -n is $(ulimit -n), need $((IDLE_CONNS + 1000)) for IDLE_CONNS=$IDLE_CONNS" >&2; exit 1
+  fi
+fi
+NOFILE=$(ulimit -n)
 
 work=$(mktemp -d /tmp/rl-sidebyside.XXXXXX)
 pids=()
@@ -92,7 +117,8 @@ daemon off;
 worker_processes 1;
 pid $1/nginx.pid;
 error_log $1/error.log warn;
-events { worker_connections 4096; }
+worker_rlimit_nofile $NOFILE;
+events { worker_connections $((NOFILE - 100)); }
 http {
     access_log off;
     keepalive_timeout 300s;
@@ -110,7 +136,7 @@ proxy_loc='proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header C
         proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;'
 
 BACKEND=$(free_port); NGXPROXY=$(free_port); NGXLIMIT=$(free_port); HAPROXY=$(free_port)
-RLOPEN=$(free_port); RLADM=$(free_port); RLADMIN=$(free_port)
+RLOPEN=$(free_port); RLADM=$(free_port); RLADMIN=$(free_port); CADDY=$(free_port); EVP=$(free_port)
 
 nginx_conf "$work/backend" "server { listen 127.0.0.1:$BACKEND; root $work/www; open_file_cache max=16; location / { index index.html; } }"
 nginx_conf "$work/nproxy" "upstream backend { server 127.0.0.1:$BACKEND; keepalive 64; }
@@ -138,6 +164,24 @@ frontend fe
     default_backend be
 backend be
     server s1 127.0.0.1:$BACKEND maxconn 64
+EOF
+
+# Caddy: reverse_proxy with keep-alive to the backend (X-Forwarded-For is
+# Caddy's default); no access log (Caddy logs none unless told to).
+mkdir -p "$work/caddy"
+cat >"$work/caddy/Caddyfile" <<EOF
+{
+    admin off
+    auto_https off
+}
+http://127.0.0.1:$CADDY {
+    reverse_proxy 127.0.0.1:$BACKEND {
+        transport http {
+            keepalive 300s
+            keepalive_idle_conns_per_host 64
+        }
+    }
+}
 EOF
 
 # rl-tproxy: one process, two services (unprotected / admission), embedded
@@ -170,27 +214,42 @@ rl_policy "  - name: open
         limit: [huge]" >"$work/policy.yaml"
 "$BIN" check --policy "$work/policy.yaml" >/dev/null
 
-start() { # pinned server in the background; remember its pid
+start() { # pinned server in the background; remember its pid (in $last)
   taskset -c "$SERVER_CPU" "$@" &
-  pids+=($!)
+  last=$!
+  pids+=("$last")
 }
-start nginx -p "$work/backend" -c "$work/backend/nginx.conf" -e "$work/backend/error.log"
-start nginx -p "$work/nproxy" -c "$work/nproxy/nginx.conf" -e "$work/nproxy/error.log"
-start nginx -p "$work/nlimit" -c "$work/nlimit/nginx.conf" -e "$work/nlimit/error.log"
-start haproxy -db -f "$work/haproxy.cfg"
+declare -A URL NS DESC PID
+start nginx -p "$work/backend" -c "$work/backend/nginx.conf" -e "$work/backend/error.log"; PID[direct]=$last
+start nginx -p "$work/nproxy" -c "$work/nproxy/nginx.conf" -e "$work/nproxy/error.log"; PID[proxy_pass]=$last
+start nginx -p "$work/nlimit" -c "$work/nlimit/nginx.conf" -e "$work/nlimit/error.log"; PID[limit_req]=$last
+start haproxy -db -f "$work/haproxy.cfg"; PID[haproxy]=$last
+start env HOME="$work/caddy" XDG_DATA_HOME="$work/caddy" XDG_CONFIG_HOME="$work/caddy" GOMAXPROCS=1 \
+  caddy run --config "$work/caddy/Caddyfile" --adapter caddyfile; PID[caddy]=$last
 start env GOMAXPROCS=1 "$BIN" run --policy "$work/policy.yaml" --admin "127.0.0.1:$RLADMIN" --log-level warn --watch=false
-for port in "$BACKEND" "$NGXPROXY" "$NGXLIMIT" "$HAPROXY" "$RLOPEN"; do wait_http "http://127.0.0.1:$port/"; done
+PID[unprotected]=$last; PID[admission]=$last
+ports=("$BACKEND" "$NGXPROXY" "$NGXLIMIT" "$HAPROXY" "$CADDY" "$RLOPEN")
+if [ "$EVPROTO" = 1 ]; then
+  go build -trimpath -o "$work/evproto" ./test/bench/evproto
+  start env GOMAXPROCS=1 "$work/evproto" -listen "127.0.0.1:$EVP" -upstream "127.0.0.1:$BACKEND"; PID[evproto]=$last
+  ports+=("$EVP")
+fi
+for port in "${ports[@]}"; do wait_http "http://127.0.0.1:$port/"; done
 wait_http "http://127.0.0.1:$RLADMIN/readyz"
 wait_http "http://127.0.0.1:$RLADM/"
 
-rows=(direct proxy_pass limit_req haproxy unprotected admission)
-declare -A URL NS DESC
+rows=(direct proxy_pass limit_req haproxy caddy unprotected admission)
 URL[direct]="http://127.0.0.1:$BACKEND/";      DESC[direct]="nginx static backend, direct"
 URL[proxy_pass]="http://127.0.0.1:$NGXPROXY/"; DESC[proxy_pass]="nginx proxy_pass, upstream keepalive"
 URL[limit_req]="http://127.0.0.1:$NGXLIMIT/";  DESC[limit_req]="nginx proxy_pass + limit_req (never denies)"
 URL[haproxy]="http://127.0.0.1:$HAPROXY/";     DESC[haproxy]="HAProxy, http mode, keep-alive to backend"
+URL[caddy]="http://127.0.0.1:$CADDY/";         DESC[caddy]="Caddy $(caddy version | awk '{print $1}') reverse_proxy, keep-alive to backend"
 URL[unprotected]="http://127.0.0.1:$RLOPEN/";  DESC[unprotected]="rl-tproxy, unprotected location"
 URL[admission]="http://127.0.0.1:$RLADM/";     DESC[admission]="rl-tproxy + admission (embedded RateLimitly)"
+if [ "$EVPROTO" = 1 ]; then
+  URL[evproto]="http://127.0.0.1:$EVP/"; DESC[evproto]="prototype: test/bench/evproto (epoll loop, no strictness/admission)"
+  rows+=(evproto)
+fi
 
 steer_note=""
 if [ "$STEERED" != 1 ]; then
@@ -214,8 +273,10 @@ else
         limit: [huge]" >"$work/steered.yaml"
   # nsenter --net keeps the host's mount namespace (bpffs at /sys/fs/bpf).
   start nsenter --net="/run/netns/$NS_NODE" nginx -p "$work/nsbackend" -c "$work/nsbackend/nginx.conf" -e "$work/nsbackend/error.log"
+  PID[veth]=$last
   wait_http "http://10.213.0.1:8080/" "$NS_CLI"
   start nsenter --net="/run/netns/$NS_NODE" env GOMAXPROCS=1 "$BIN" run --policy "$work/steered.yaml" --admin 127.0.0.1:9901 --log-level warn --watch=false
+  PID[steered]=$last
   wait_http "http://127.0.0.1:9901/readyz" "$NS_NODE"
   # Steering is in place once the proxy counts a steered lookup.
   steered_ok=0
@@ -231,25 +292,39 @@ else
   rows+=(veth steered)
 fi
 
-rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
+# pidlist PID -> "PID,child,..." (nginx master + worker)
+pidlist() { { echo "$1"; pgrep -P "$1" || true; } | paste -sd, -; }
+rss_kb() { # summed VmRSS of a process and its children
+  local total=0 p
+  for p in $(pidlist "$1" | tr ',' ' '); do total=$((total + $(awk '/VmRSS/ {print $2}' "/proc/$p/status"))); done
+  echo "$total"
+}
 to_ms() { # wrk latency ("612.00us", "1.23ms", "1.02s") -> ms
   awk -v v="$1" 'BEGIN { if (v ~ /us$/) printf "%.3f", v*0.001; else if (v ~ /ms$/) printf "%.3f", v+0; else if (v ~ /s$/) printf "%.3f", v*1000; else print "?" }'
 }
-# run_wrk ROW -> "req/s p50ms p99ms errors" (non-2xx answers and socket errors are counted)
+# run_wrk ROW [CONNS] -> "req/s p50ms p99ms errors cpu_us/req syscalls/req ctxsw/req"
+# (non-2xx answers and socket errors are counted). perf stat counts the
+# row's server process(es) for exactly the wrk run.
 run_wrk() {
-  local row=$1 out pre=()
+  local row=$1 conns=${2:-$CONNS} out pre=() pf="$work/perf.out" perfpid
   [ -n "${NS[$row]:-}" ] && pre=(nsenter --net="/run/netns/${NS[$row]}")
-  out=$("${pre[@]}" taskset -c "$CLIENT_CPU" $WRK "${URL[$row]}")
+  perf stat -x, -e raw_syscalls:sys_enter,task-clock,context-switches -p "$(pidlist "${PID[$row]}")" -o "$pf" &
+  perfpid=$!
+  out=$("${pre[@]}" taskset -c "$CLIENT_CPU" wrk -t"$THREADS" -c"$conns" -d"$DURATION" --latency --timeout 10s "${URL[$row]}")
+  kill -INT "$perfpid"; wait "$perfpid" || true
   if grep -Eq 'Non-2xx|Socket errors' <<<"$out"; then
     echo "  $row: $(grep -E 'Non-2xx|Socket errors' <<<"$out" | sed 's/^ *//' | tr '\n' ' ')" >&2
   fi
-  local rps p50 p99 non2xx sockerr
+  local rps p50 p99 non2xx sockerr n
   rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
   p50=$(to_ms "$(awk '$1=="50%" {print $2}' <<<"$out")")
   p99=$(to_ms "$(awk '$1=="99%" {print $2}' <<<"$out")")
   non2xx=$(awk '/Non-2xx/ {print $NF}' <<<"$out"); non2xx=${non2xx:-0}
   sockerr=$(awk -F'[ ,]+' '/Socket errors/ {print $4+$6+$8+$10}' <<<"$out"); sockerr=${sockerr:-0}
-  echo "$rps $p50 $p99 $((non2xx + sockerr))"
+  n=$(awk '/requests in/ {print $1}' <<<"$out")
+  echo "$rps $p50 $p99 $((non2xx + sockerr)) $(awk -F, -v n="$n" '
+    /raw_syscalls/ {s = $1} /task-clock/ {t = $1} /context-switches/ {c = $1}
+    END {printf "%.1f %.2f %.3f", t * 1000 / n, s / n, c / n}' "$pf")"
 }
 
 # outcomes: non-zero rl_tproxy_requests_total by outcome, from a scrape on stdin.
@@ -258,7 +333,7 @@ outcomes() {
        END { for (o in s) if (s[o] > 0) printf "%s %d, ", o, s[o] }' | sed 's/, $//'
 }
 
-declare -A RES
+declare -A RES SRES
 measure() { # rows... : ROUNDS alternating rounds
   local r row
   for r in $(seq 1 "$ROUNDS"); do
@@ -272,33 +347,104 @@ measure() { # rows... : ROUNDS alternating rounds
     echo "$line req/s"
   done
 }
+measure_serial() { # rows... : ROUNDS alternating rounds of wrk -c1
+  local r row
+  for r in $(seq 1 "$ROUNDS"); do
+    for row in "$@"; do SRES[$row]+="$(run_wrk "$row" 1);"; done
+  done
+}
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "machine: $(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)), kernel $(uname -r), load $load_before"
 echo "$WRK, $ROUNDS alternating rounds; servers on CPU $SERVER_CPU, wrk on CPU $CLIENT_CPU"
 measure "${rows[@]}"
+serial_rows=(direct proxy_pass unprotected admission)
+[ "$SERIAL" = 1 ] && measure_serial "${serial_rows[@]}"
 if [ -n "${URL[steered]:-}" ]; then
   steered_outcomes=$(nsenter --net="/run/netns/$NS_NODE" curl -fsS http://127.0.0.1:9901/metrics | outcomes)
   echo "steered rl-tproxy outcomes: $steered_outcomes"
 fi
 listener_outcomes=$(curl -fsS "http://127.0.0.1:$RLADMIN/metrics" | outcomes)
 echo "listener-mode rl-tproxy outcomes: $listener_outcomes"
+
+idle_mem() { # ROW -> "KiB-before KiB-after bytes/conn"
+  local row=$1 fifo="$work/idle.fifo.$1" before after cpid
+  rm -f "$fifo"; mkfifo "$fifo"
+  before=$(rss_kb "${PID[$row]}")
+  local addr=${URL[$row]#http://}
+  taskset -c "$CLIENT_CPU" "$work/idleconns" -addr "${addr%/}" -n "$IDLE_CONNS" <"$fifo" >"$work/idle.out.$row" &
+  cpid=$!
+  exec 4>"$fifo"
+  for _ in $(seq 1 1200); do
+    grep -q ready "$work/idle.out.$row" 2>/dev/null && break
+    kill -0 "$cpid" 2>/dev/null || { echo "run.sh: idleconns failed against $row" >&2; exit 1; }
+    sleep 0.1
+  done
+  grep -q ready "$work/idle.out.$row" || { echo "run.sh: idleconns not ready against $row" >&2; exit 1; }
+  sleep "$IDLE_SETTLE" # rl-tproxy parks idle connections after 100 ms
+  after=$(rss_kb "${PID[$row]}")
+  exec 4>&-
+  wait "$cpid" || true
+  awk -v b="$before" -v a="$after" -v n="$IDLE_CONNS" 'BEGIN {printf "%d %d %.0f", b, a, (a - b) * 1024 / n}'
+}
+declare -A IDLE
+idle_rows=(proxy_pass unprotected)
+[ "$EVPROTO" = 1 ] && idle_rows+=(evproto)
+if [ "$IDLE_CONNS" -gt 0 ]; then
+  go build -trimpath -o "$work/idleconns" ./test/bench/proxy/idleconns
+  for row in "${idle_rows[@]}"; do IDLE[$row]=$(idle_mem "$row"); echo "idle $row: ${IDLE[$row]}"; done
+fi
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
-pick() { # row -> the round with the median req/s: "rps p50 p99 errors"
-  tr ';' '\n' <<<"${RES[$1]}" | sed '/^$/d' | sort -g -k1,1 | awk '{a[NR]=$0} END {print a[int((NR+1)/2)]}'
+pick() { # row [assoc] -> the round with the median req/s
+  local -n src=${2:-RES}
+  tr ';' '\n' <<<"${src[$1]}" | sed '/^$/d' | sort -g -k1,1 | awk '{a[NR]=$0} END {print a[int((NR+1)/2)]}'
+}
+median_col() { # row col -> median of that column over the rounds
+  tr ';' '\n' <<<"${RES[$1]}" | sed '/^$/d' | awk -v c="$2" '{print $c}' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
 }
 base=$(pick proxy_pass | cut -d' ' -f1)
-table="| setup | req/s (median of $ROUNDS) | p50 ms | p99 ms | vs nginx proxy_pass | errors/non-2xx |
-|---|---:|---:|---:|---:|---:|"
+basecpu=$(median_col proxy_pass 5)
+table="| setup | req/s (median of $ROUNDS) | p50 ms | p99 ms | req/s vs nginx proxy_pass | CPU µs/req | CPU vs proxy_pass | syscalls/req | ctx switches/req | errors/non-2xx |
+|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for row in "${rows[@]}"; do
-  read -r rps p50 p99 errs <<<"$(pick "$row")"
+  read -r rps p50 p99 errs _ <<<"$(pick "$row")"
+  cpu=$(median_col "$row" 5); sys=$(median_col "$row" 6); cs=$(median_col "$row" 7)
   ratio=$(awk -v a="$rps" -v b="$base" 'BEGIN {printf "%.2f", a/b}')
+  cratio=$(awk -v a="$cpu" -v b="$basecpu" 'BEGIN {printf "%.2f", a/b}')
   table+="
-| ${DESC[$row]} | $rps | $p50 | $p99 | $ratio | $errs |"
+| ${DESC[$row]} | $rps | $p50 | $p99 | $ratio | $cpu | $cratio | $sys | $cs | $errs |"
 done
+serial=""
+if [ "$SERIAL" = 1 ]; then
+  read -r _ d50 d99 _ <<<"$(pick direct SRES)"
+  serial="| setup (wrk -c1, one request at a time) | req/s | p50 ms | p99 ms | p50 added over backend direct ms | CPU µs/req | syscalls/req |
+|---|---:|---:|---:|---:|---:|---:|"
+  for row in "${serial_rows[@]}"; do
+    read -r rps p50 p99 _ cpu sys _ <<<"$(pick "$row" SRES)"
+    serial+="
+| ${DESC[$row]} | $rps | $p50 | $p99 | $(awk -v a="$p50" -v b="$d50" 'BEGIN {printf "%+.3f", a-b}') | $cpu | $sys |"
+  done
+  read -r _ u50 u99 _ <<<"$(pick unprotected SRES)"
+  read -r _ a50 a99 _ <<<"$(pick admission SRES)"
+  serial+="
+
+admission over unprotected, one request at a time: p50 $(awk -v a="$a50" -v b="$u50" 'BEGIN {printf "%+.0f µs", (a-b)*1000}'), p99 $(awk -v a="$a99" -v b="$u99" 'BEGIN {printf "%+.0f µs", (a-b)*1000}') (each the median-req/s round of its row)"
+fi
+idle=""
+if [ "$IDLE_CONNS" -gt 0 ]; then
+  idle="| memory per idle keep-alive connection ($IDLE_CONNS idle, RSS delta / N) | RSS before KiB | RSS after KiB | bytes/conn |
+|---|---:|---:|---:|"
+  for row in "${idle_rows[@]}"; do
+    read -r b a per <<<"${IDLE[$row]}"
+    idle+="
+| ${DESC[$row]} | $b | $a | $per |"
+  done
+fi
 echo
 echo "$table"
+[ -n "$serial" ] && { echo; echo "$serial"; }
+[ -n "$idle" ] && { echo; echo "$idle"; }
 [ -n "$steer_note" ] && echo "$steer_note"
 
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -313,12 +459,14 @@ dirty=$(git status --porcelain -- cmd pkg internal 2>/dev/null | grep -q . && ec
   echo "- kernel: $(uname -r); CPU: $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo), $(nproc) CPUs"
   echo "- load average before/after: $load_before / $load_after (the machine was shared with other jobs: numbers are noisy)"
   echo "- command: \`DURATION=$DURATION CONNS=$CONNS THREADS=$THREADS ROUNDS=$ROUNDS SERVER_CPU=$SERVER_CPU CLIENT_CPU=$CLIENT_CPU test/bench/run.sh\`"
-  echo "- wrk: \`taskset -c $CLIENT_CPU $WRK URL\`; servers \`taskset -c $SERVER_CPU\`: nginx $(nginx -v 2>&1 | sed 's/.*\///') 1 worker, $(haproxy -v | awk 'NR==1 {print "HAProxy " $3}') nbthread 1, rl-tproxy GOMAXPROCS=1 (embedded RateLimitly in the same process)"
+  echo "- wrk: \`taskset -c $CLIENT_CPU $WRK URL\`; servers \`taskset -c $SERVER_CPU\`: nginx $(nginx -v 2>&1 | sed 's/.*\///') 1 worker, $(haproxy -v | awk 'NR==1 {print "HAProxy " $3}') nbthread 1, $(caddy version | awk '{print "Caddy " $1}') GOMAXPROCS=1, rl-tproxy GOMAXPROCS=1 (embedded RateLimitly in the same process)"
   echo "- body: 612 bytes static (nginx default page size); access logs off everywhere (rl-tproxy \`--log-level warn\`)"
-  echo "- rounds alternate the rows; each row shows its median round"
+  echo "- rounds alternate the rows; each row shows its median round (req/s, p50, p99); CPU, syscalls and context switches per request are medians over the rounds, from \`perf stat -e raw_syscalls:sys_enter,task-clock,context-switches -p PIDS\` on the row's server process(es) alone (nginx: master + worker; rl-tproxy: the whole process, embedded RateLimitly included) for exactly the wrk run"
   echo
   echo "$table"
   echo
+  [ -n "$serial" ] && { echo "$serial"; echo; }
+  [ -n "$idle" ] && { echo "$idle"; echo; echo "(\`test/bench/proxy/idleconns\` opens the connections, one GET each, then holds them idle; RSS read ${IDLE_SETTLE}s later.)"; echo; }
   [ -n "$steer_note" ] && { echo "$steer_note"; echo; }
   echo "rl-tproxy admission outcomes over the whole run (\`rl_tproxy_requests_total\`; the rl-tproxy policies use \`fail: close\`, the default unit 20ms, horizon 60ms, so a check that gets no answer in time is a 429 and shows up as \`fail_close\` and in the errors column):"
   echo
@@ -335,6 +483,15 @@ Rows:
   every request and never denies.
 - *HAProxy*: `mode http`, `option http-keep-alive`, `http-reuse always`,
   `option forwardfor`.
+- *Caddy*: the Go peer, `reverse_proxy` with `keepalive 300s` and
+  `keepalive_idle_conns_per_host 64` (X-Forwarded-For is its default), no
+  access log.
+- *prototype*: `test/bench/evproto`, the measurement prototype of the
+  event-loop design (one edge-triggered epoll loop per CPU, `writev` of the
+  head with X-Forwarded-For, no EAGAIN round, no per-request `epoll_ctl`).
+  It parses nothing strictly and has no admission, body, chunked or timeout
+  handling: its row is the floor the system-call pattern allows, not a
+  product result.
 - *rl-tproxy unprotected*: a location without `limit`/`guard`: parse, match,
   forward, no RateLimitly request.
 - *rl-tproxy + admission*: every request renders the bucket
