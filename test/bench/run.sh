@@ -39,6 +39,8 @@
 #      OUT=docs/bench/sidebyside.md BIN=bin/rl-tproxy STEERED=1 (0 skips it)
 #      EVPROTO=1 (0 skips the prototype row) SERIAL=1 (0 skips the -c1 pass)
 #      IDLE_CONNS=10000 (0 skips the idle-memory pass) IDLE_SETTLE=3 (s)
+#      FLAME=1 (0 skips the flame graphs: perf record -g during one more wrk
+#      run per row in FLAME_ROWS, SVGs written to FLAME_DIR=docs/bench)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -55,6 +57,9 @@ EVPROTO=${EVPROTO:-1}
 SERIAL=${SERIAL:-1}
 IDLE_CONNS=${IDLE_CONNS:-10000}
 IDLE_SETTLE=${IDLE_SETTLE:-3}
+FLAME=${FLAME:-1}
+FLAME_DIR=${FLAME_DIR:-docs/bench}
+FLAME_ROWS=${FLAME_ROWS:-proxy_pass unprotected admission evproto}
 if [ "$(nproc)" -lt 2 ]; then SERVER_CPU=0 CLIENT_CPU=0; fi
 WRK="wrk -t$THREADS -c$CONNS -d$DURATION --latency --timeout 10s"
 
@@ -387,6 +392,26 @@ idle_mem() { # ROW -> "KiB-before KiB-after bytes/conn"
   wait "$cpid" || true
   awk -v b="$before" -v a="$after" -v n="$IDLE_CONNS" 'BEGIN {printf "%d %d %.0f", b, a, (a - b) * 1024 / n}'
 }
+# flame ROW: perf record -g on the row's server during one wrk run, then
+# test/bench/flame writes $FLAME_DIR/flame-ROW.svg and prints the top self
+# time.
+declare -A FLAMETOP
+flame() {
+  local row=$1 pd="$work/perf.data" rec
+  perf record -q -F 997 -g -o "$pd" -p "$(pidlist "${PID[$row]}")" &
+  rec=$!
+  taskset -c "$CLIENT_CPU" $WRK "${URL[$row]}" >/dev/null
+  kill -INT "$rec"; wait "$rec" || true
+  FLAMETOP[$row]=$(perf script -i "$pd" 2>/dev/null | "$work/flame" -title "${DESC[$row]} (wrk -c$CONNS)" -o "$FLAME_DIR/flame-$row.svg" -top 12)
+}
+if [ "$FLAME" = 1 ]; then
+  go build -trimpath -o "$work/flame" ./test/bench/flame
+  for row in $FLAME_ROWS; do
+    [ -n "${URL[$row]:-}" ] || continue
+    flame "$row"; echo "flame $row: $FLAME_DIR/flame-$row.svg"
+  done
+fi
+
 declare -A IDLE
 idle_rows=(proxy_pass unprotected)
 [ "$EVPROTO" = 1 ] && idle_rows+=(evproto)
@@ -467,6 +492,19 @@ dirty=$(git status --porcelain -- cmd pkg internal 2>/dev/null | grep -q . && ec
   echo
   [ -n "$serial" ] && { echo "$serial"; echo; }
   [ -n "$idle" ] && { echo "$idle"; echo; echo "(\`test/bench/proxy/idleconns\` opens the connections, one GET each, then holds them idle; RSS read ${IDLE_SETTLE}s later.)"; echo; }
+  if [ "$FLAME" = 1 ]; then
+    echo "Flame graphs (\`perf record -F 997 -g -p PIDS\` during one more wrk run per row, rendered by \`test/bench/flame\`), with each row's functions by self time:"
+    echo
+    for row in $FLAME_ROWS; do
+      [ -n "${FLAMETOP[$row]:-}" ] || continue
+      echo "- [${DESC[$row]}](flame-$row.svg)"
+      echo
+      echo '```'
+      echo "${FLAMETOP[$row]}"
+      echo '```'
+      echo
+    done
+  fi
   [ -n "$steer_note" ] && { echo "$steer_note"; echo; }
   echo "rl-tproxy admission outcomes over the whole run (\`rl_tproxy_requests_total\`; the rl-tproxy policies use \`fail: close\`, the default unit 20ms, horizon 60ms, so a check that gets no answer in time is a 429 and shows up as \`fail_close\` and in the errors column):"
   echo
