@@ -169,6 +169,10 @@ type Config struct {
 	// goroutine and waits in a shared epoll set (saves memory per idle
 	// connection). 0 = DefaultParkIdleAfter; negative = never park.
 	ParkIdleAfter time.Duration
+	// Handoff, if set, serves connections whose first bytes are not
+	// HTTP/1.x (HTTP/2, TLS, other protocols); see Handoff. nil: every
+	// connection is HTTP/1.x and no detection runs.
+	Handoff Handoff
 	// Now is the clock for timing points; nil = time.Now.
 	Now func() time.Time
 	// OnReject, if set, is called when the proxy itself answers a request

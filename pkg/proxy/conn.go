@@ -78,6 +78,10 @@ type conn struct {
 	// freshUntil (the header timeout after its first wait began).
 	fresh      atomic.Bool
 	freshUntil time.Time // set once, before the first stateIdle
+
+	// protocol dispatch (handoff.go)
+	started time.Time // first byte of the first request, when dispatch saw it
+	hc      HandoffConn
 }
 
 var connPool = sync.Pool{New: func() any {
@@ -123,6 +127,7 @@ func (c *conn) release() {
 	c.gone.Store(false)
 	c.fresh.Store(false)
 	c.freshUntil = time.Time{}
+	c.started = time.Time{}
 	c.lr = io.LimitedReader{}
 	connPool.Put(c)
 }
@@ -223,6 +228,12 @@ func (c *conn) serve() {
 			case idleParked:
 				return // the parker owns c now
 			case idleClose:
+				c.finish()
+				return
+			}
+		}
+		if c.nreq == 0 && c.started.IsZero() {
+			if cfg := c.p.cfg.Load(); cfg.Handoff != nil && c.dispatch(cfg) {
 				c.finish()
 				return
 			}
@@ -338,6 +349,10 @@ func (c *conn) serveOne() bool {
 		c.buf.compact()
 	}
 	start := cfg.now()
+	if !c.started.IsZero() { // dispatch saw the first byte
+		start = c.started
+		c.started = time.Time{}
+	}
 	// The header deadline is armed only when the head needs another read:
 	// most heads arrive whole with the idle wait's read, and a deadline
 	// update costs a runtime timer change per request.

@@ -68,6 +68,7 @@ type Proxy struct {
 	listeners map[net.Listener]struct{}
 	conns     map[*conn]struct{}
 	shutdown  atomic.Bool
+	drain     chan struct{}  // closed when Shutdown begins (HandoffConn.Drain)
 	wg        sync.WaitGroup // accept loops and connection goroutines
 }
 
@@ -80,6 +81,7 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[*conn]struct{}{},
+		drain:     make(chan struct{}),
 	}
 	p.pools.init()
 	c := cfg
@@ -289,6 +291,9 @@ func (p *Proxy) untrack(c *conn) {
 // connections are closed forcibly and ctx's error is returned.
 func (p *Proxy) Shutdown(ctx context.Context) error {
 	p.mu.Lock()
+	if !p.shutdown.Load() {
+		close(p.drain)
+	}
 	p.shutdown.Store(true)
 	for ln := range p.listeners {
 		ln.Close()
