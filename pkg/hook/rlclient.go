@@ -58,11 +58,16 @@ func (a *Client) Stats() metrics.ClientStats {
 	for _, c := range rlclient.CheckCauses {
 		byCause[c.String()] = s.Causes[c]
 	}
+	per := make([]metrics.EndpointStats, len(s.PerEndpoint))
+	for i, e := range s.PerEndpoint {
+		per[i] = metrics.EndpointStats{Target: e.Target, Addr: e.Addr.String(), Usable: e.Usable, Chosen: e.Chosen}
+	}
 	return metrics.ClientStats{
-		Ready:     s.Ready,
-		Endpoints: s.Endpoints,
-		Sent:      s.Ring.Sent,
-		Received:  s.Ring.Received,
+		PerEndpoint: per,
+		Ready:       s.Ready,
+		Endpoints:   s.Endpoints,
+		Sent:        s.Ring.Sent,
+		Received:    s.Ring.Received,
 		Dropped: map[string]uint64{
 			"malformed": s.Drops.Malformed, "kind": s.Drops.Kind, "unknown_id": s.Drops.UnknownID,
 			"auth": s.Drops.Auth, "stale": s.Drops.Stale, "body": s.Drops.Body, "echo": s.Drops.Echo,

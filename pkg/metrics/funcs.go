@@ -30,6 +30,14 @@ type ClientStats struct {
 	Probes         uint64 // probes sent to unusable endpoints
 	DecidedEarly   uint64 // checks decided on an answer
 	DecidedAtUnit  uint64 // checks decided at a round deadline
+	PerEndpoint    []EndpointStats
+}
+
+// EndpointStats is one RateLimitly endpoint (an address of an SRV target).
+type EndpointStats struct {
+	Target, Addr string
+	Usable       bool
+	Chosen       uint64 // decisions taken with its answer
 }
 
 // ServerStats is what an embedded RateLimitly server reports.
@@ -92,6 +100,8 @@ var (
 	descReportsDropped  = desc("reports_dropped_total", "Latency reports not sent (no RateLimitly endpoint, invalid service, full send queue).")
 	descClientUsable    = desc("ratelimitly_usable_endpoints", "RateLimitly endpoints in the usable set (answered one of their last requests).")
 	descClientProbes    = desc("ratelimitly_probes_total", "Probes sent to RateLimitly endpoints outside the usable set.")
+	descEndpointUsable  = desc("ratelimitly_endpoint_usable", "1 when the endpoint is in the usable set.", "target", "addr")
+	descEndpointChosen  = desc("ratelimitly_endpoint_decisions_total", "Checks decided with this endpoint's answer (the oldest valid one).", "target", "addr")
 	descClientDecided   = desc("ratelimitly_checks_decided_total", "Checks decided, by when: early (on an answer) or deadline (at a round end, after waiting for a missing endpoint).", "when")
 
 	descSrvRequests = desc("embedded_server_requests_total", "Rate requests handled by the embedded RateLimitly server.")
@@ -118,7 +128,8 @@ func (m *Metrics) sources() *sources {
 		m.src = &sources{
 			client: &statsCollector{descs: []*prometheus.Desc{descClientReady, descClientEndpoints, descClientSent, descClientRecv,
 				descClientDropped, descClientBatches, descClientRebinds, descClientReports, descClientCompl, descClientReplays,
-				descClientCauses, descClientResolve, descReportsDropped, descClientUsable, descClientProbes, descClientDecided}},
+				descClientCauses, descClientResolve, descReportsDropped, descClientUsable, descClientProbes, descClientDecided,
+				descEndpointUsable, descEndpointChosen}},
 			server: &statsCollector{descs: []*prometheus.Desc{descSrvRequests, descSrvAllows, descSrvDenies, descSrvReports, descSrvCompl, descSrvDropped}},
 			proxy:  &statsCollector{descs: []*prometheus.Desc{descOpenConns, descUpstreamIdle}},
 		}
@@ -178,6 +189,14 @@ func (m *Metrics) SetClientStats(fn func() ClientStats) {
 		counter(ch, descClientProbes, s.Probes)
 		counter(ch, descClientDecided, s.DecidedEarly, "early")
 		counter(ch, descClientDecided, s.DecidedAtUnit, "deadline")
+		for _, e := range s.PerEndpoint {
+			usable := 0.0
+			if e.Usable {
+				usable = 1
+			}
+			gauge(ch, descEndpointUsable, usable, e.Target, e.Addr)
+			counter(ch, descEndpointChosen, e.Chosen, e.Target, e.Addr)
+		}
 	})
 }
 

@@ -177,7 +177,9 @@ func (c *Client) finish(r *request, out *Decision) error {
 	if r.cause.Decided() {
 		out.Allow = r.cause == CauseAllow
 		out.ServerEpoch = r.bestEpoch
-		out.Endpoint = r.mem.eps[r.best].Target
+		ep := r.mem.eps[r.best]
+		out.Endpoint = ep.Target
+		ep.chosen.Add(1)
 		out.Guards = append(out.Guards[:0], r.guards[:r.nGuards]...)
 		out.Resources = append(out.Resources[:0], r.resources[:r.nResources]...)
 	}

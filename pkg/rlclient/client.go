@@ -114,8 +114,17 @@ type Stats struct {
 	DecidedEarly   uint64            // decisions taken on an answer (no deadline waited for)
 	DecidedAtUnit  uint64            // decisions taken at a round deadline (a missing endpoint was waited for)
 	FailureWarns   uint64            // warnings logged about checks failing for lack of RateLimitly
+	PerEndpoint    []EndpointStats   // the current membership, in discovery order
 	Drops          RecvDrops
 	Ring           udpshard.Stats
+}
+
+// EndpointStats is what the client knows about one endpoint.
+type EndpointStats struct {
+	Endpoint
+	Usable bool
+	Epoch  uint64 // latest server_epoch seen (0 = unknown)
+	Chosen uint64 // decisions taken with its answer
 }
 
 // RecvDrops counts received datagrams that did not affect a request.
@@ -263,6 +272,11 @@ func (c *Client) Stats() Stats {
 	if m := c.disc.current(); m != nil {
 		st.Endpoints = len(m.eps)
 		st.Usable = c.usableCount(m)
+		now := c.clock.Now().UnixNano()
+		for _, e := range m.eps {
+			st.PerEndpoint = append(st.PerEndpoint, EndpointStats{Endpoint: e.Endpoint,
+				Usable: e.health.usable(now, c.horizon), Epoch: e.epoch.Load(), Chosen: e.chosen.Load()})
+		}
 	}
 	for i := range st.Causes {
 		st.Causes[i] = c.c.causes[i].Load()

@@ -50,6 +50,7 @@ type endpoint struct {
 	Endpoint
 	epoch  atomic.Uint64 // latest server_epoch seen (0 = unknown)
 	health health
+	chosen atomic.Uint64 // decisions taken with this endpoint's answer
 }
 
 // membership is one immutable discovery result.
@@ -408,6 +409,7 @@ func (d *discovery) publish(eps []Endpoint, ttl time.Duration, now time.Time) {
 					ep.epoch.Store(p.epoch.Load())
 					ep.health.pending.Store(p.health.pending.Load())
 					ep.health.since.Store(p.health.since.Load())
+					ep.chosen.Store(p.chosen.Load())
 					break
 				}
 			}

@@ -47,11 +47,16 @@ func admissionStats(lines []accessLine) string {
 }
 
 // (a) One of three RateLimitly nodes is killed (SIGKILL) under load (unit
-// 250ms: generous for a shared CI machine). Every
-// request still gets a valid allow decision from the two live nodes: no
-// fail_open/fail_close outcome, no timeout cause, before or after the kill.
-// The killed node is the oldest (started first), the one the client
-// prefers, so the proxy must decide without its preferred endpoint.
+// 250ms: generous for a shared CI machine); it stays in DNS. The killed
+// node is the oldest (started first), the one the client prefers. Every
+// request still gets a valid allow decision: no fail_open/fail_close, no
+// timeout, before or after the kill. Once the dead node has left the usable
+// set no check waits for it: over the next load the client's count of
+// checks decided at a round deadline stays flat while the count decided
+// early rises by exactly the number of requests. Restarted, the node
+// rejoins the usable set (probe); once the two others restart too it is
+// the oldest again and its answers decide (server_epoch in the access
+// lines).
 func TestNodeKilledUnderLoad(t *testing.T) {
 	c := startCluster(t)
 	up := startUpstream(t)
@@ -63,7 +68,7 @@ func TestNodeKilledUnderLoad(t *testing.T) {
 		return p.metric("rl_tproxy_ratelimitly_endpoints") == 3
 	})
 
-	const n, conc, killAt = 2000, 32, 600
+	const n, conc, killAt, m = 2000, 32, 600, 1000
 	var done atomic.Bool
 	res := make(chan map[int]int, 1)
 	go func() { res <- load(t, p.base+"/api", n, conc, nil); done.Store(true) }()
@@ -74,27 +79,88 @@ func TestNodeKilledUnderLoad(t *testing.T) {
 	c.nodes[0].p.kill()
 	statuses := <-res
 	waitFor(t, 30*time.Second, "every request logged", func() bool { return p.accN.Load() >= n })
-
 	if statuses[200] != n {
 		t.Fatalf("statuses %v, want %d × 200", statuses, n)
-	}
-	lines := accessLines(p.proc)
-	if len(lines) != n {
-		t.Fatalf("%d access lines, want %d", len(lines), n)
 	}
 	if after := int64(n) - atKill; after < n/2 {
 		t.Fatalf("only %d requests after the kill: the load ended too early to show anything", after)
 	}
-	outcomes, causes := p.counts()
-	if outcomes["allow"] != n || causes["allow"] != n {
-		t.Fatalf("outcomes %v causes %v: want every one of %d requests allowed by RateLimitly", outcomes, causes, n)
+	waitFor(t, 30*time.Second, "the dead node out of the usable set", func() bool {
+		return p.metric("rl_tproxy_ratelimitly_usable_endpoints") == 2
+	})
+
+	// The dead node is out: no check waits for it.
+	deadline0 := p.metric(`rl_tproxy_ratelimitly_checks_decided_total{when="deadline"}`)
+	early0 := p.metric(`rl_tproxy_ratelimitly_checks_decided_total{when="early"}`)
+	if st := load(t, p.base+"/api", m, conc, nil); st[200] != m {
+		t.Fatalf("after the node left: statuses %v, want %d × 200", st, m)
 	}
-	if got := p.metric(`rl_tproxy_ratelimitly_checks_total{cause="allow"}`); got != n {
-		t.Fatalf("client counted %v allow checks, want %d", got, n)
+	waitFor(t, 30*time.Second, "every request logged", func() bool { return p.accN.Load() >= n+m })
+	deadline1 := p.metric(`rl_tproxy_ratelimitly_checks_decided_total{when="deadline"}`)
+	early1 := p.metric(`rl_tproxy_ratelimitly_checks_decided_total{when="early"}`)
+	if deadline1 != deadline0 || early1-early0 != m {
+		t.Fatalf("over %d requests after the node left: decided at a deadline %v -> %v (want flat), early %v -> %v (want +%d)",
+			m, deadline0, deadline1, early0, early1, m)
+	}
+	lines := accessLines(p.proc)
+	if len(lines) != n+m {
+		t.Fatalf("%d access lines, want %d", len(lines), n+m)
+	}
+	outcomes, causes := p.counts()
+	if outcomes["allow"] != n+m || causes["allow"] != n+m {
+		t.Fatalf("outcomes %v causes %v: want every one of %d requests allowed by RateLimitly", outcomes, causes, n+m)
+	}
+	if got := p.metric(`rl_tproxy_ratelimitly_checks_total{cause="allow"}`); got != n+m {
+		t.Fatalf("client counted %v allow checks, want %d", got, n+m)
 	}
 	t.Logf("killed node 0 (%s) after %d of %d requests; outcomes %v", c.nodes[0].ip, atKill, n, outcomes)
-	t.Logf("before the kill: %s", admissionStats(lines[:atKill]))
-	t.Logf("after the kill:  %s", admissionStats(lines[atKill:]))
+	t.Logf("before the kill:             %s", admissionStats(lines[:atKill]))
+	t.Logf("after the kill (same load):  %s", admissionStats(lines[atKill:n]))
+	t.Logf("after the node left the set: %s (decided at a deadline: %v, early: +%v)", admissionStats(lines[n:]), deadline1-deadline0, early1-early0)
+
+	rejoinAsOldest(t, c, p, conc)
+}
+
+// rejoinAsOldest restarts the killed node 0: the prober brings it back
+// into the usable set. Then nodes 1 and 2 restart, so node 0 is the oldest
+// and the client's decisions come from its answers again.
+func rejoinAsOldest(t *testing.T, c *cluster, p *proxyProc, conc int) {
+	c.restart(0)
+	waitFor(t, 30*time.Second, "the restarted node back in the usable set", func() bool {
+		return p.metric("rl_tproxy_ratelimitly_usable_endpoints") == 3
+	})
+	for i := 1; i < 3; i++ {
+		c.nodes[i].p.kill()
+		c.restart(i)
+	}
+	waitFor(t, 30*time.Second, "3 usable endpoints", func() bool {
+		return p.metric("rl_tproxy_ratelimitly_usable_endpoints") == 3
+	})
+	epoch0 := c.nodes[0].epoch
+	if epoch0 == 0 || epoch0 >= c.nodes[1].epoch || epoch0 >= c.nodes[2].epoch {
+		t.Fatalf("epochs %d %d %d: node 0 should be the oldest", epoch0, c.nodes[1].epoch, c.nodes[2].epoch)
+	}
+	// A few checks learn the restarted nodes' new epochs (any valid
+	// answer, late ones included, teaches it).
+	if st := load(t, p.base+"/api", 50, 4, nil); st[200] != 50 {
+		t.Fatalf("after the restarts: statuses %v", st)
+	}
+	chosen := func(i int) float64 {
+		return p.metric(fmt.Sprintf(`rl_tproxy_ratelimitly_endpoint_decisions_total{addr="%s:%d",target="rl%d.fault.test."}`,
+			c.nodes[i].ip, c.nodes[i].port, i))
+	}
+	var before [3]float64
+	for i := range before {
+		before[i] = chosen(i)
+	}
+	const k = 200
+	if st := load(t, p.base+"/api", k, conc, nil); st[200] != k {
+		t.Fatalf("after the restarts: statuses %v", st)
+	}
+	if d0, d1, d2 := chosen(0)-before[0], chosen(1)-before[1], chosen(2)-before[2]; d0 != k || d1 != 0 || d2 != 0 {
+		t.Fatalf("decisions by node over %d checks: %v %v %v, want all %d from node 0 (the oldest, epoch %d)", k, d0, d1, d2, k, epoch0)
+	}
+	t.Logf("node 0 restarted (epoch %d), then nodes 1 and 2: all %d decisions came from node 0", epoch0, k)
 }
 
 // (b) All nodes down: every request follows the failure policy. A

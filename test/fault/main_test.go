@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -237,9 +238,10 @@ func (p *proc) kill() {
 const srvName = "_ratelimitly._udp.rl.fault.test."
 
 type node struct {
-	ip   string
-	port uint16
-	p    *proc
+	ip    string
+	port  uint16
+	epoch uint64 // server_epoch from the "serving" line
+	p     *proc
 }
 
 type cluster struct {
@@ -250,7 +252,10 @@ type cluster struct {
 	nodes []*node
 }
 
-var servingRE = regexp.MustCompile(`msg=serving udp=(\S+)`)
+var (
+	servingRE = regexp.MustCompile(`msg=serving udp=(\S+)`)
+	epochRE   = regexp.MustCompile(`msg=serving .*epoch=(\d+)`)
+)
 
 // startServer runs `rl-tproxy ratelimitly-server` on ip:port (0 = any)
 // and waits for its "serving" line.
@@ -272,6 +277,7 @@ func (c *cluster) startServer(ip string, port uint16) *node {
 		c.t.Fatalf("server address %q: %v", addr, err)
 	}
 	n.port = ap.Port()
+	n.epoch, _ = strconv.ParseUint(n.p.find(epochRE), 10, 64)
 	return n
 }
 
