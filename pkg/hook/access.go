@@ -96,6 +96,30 @@ func (g *Gate) logAccess(r *proxy.Request, d *proxy.Decision, res *proxy.Result,
 	g.access.LogAttrs(context.Background(), slog.LevelInfo, accesslog.Message, attrs...)
 }
 
+// countDenials counts the zones that were short and the guards that
+// failed in a deny, as deniedBy names them (no allocation).
+func countDenials(info *locInfo, dec *admission.Decision) {
+	switch {
+	case dec.Result.Valid && dec.Verdict == admission.VerdictDeny:
+		for i, rr := range dec.Result.Resp.Resources {
+			if rr.TokensDeficit > 0 && i < len(info.zoneDenials) {
+				info.zoneDenials[i].Inc()
+			}
+		}
+		for i, gr := range dec.Result.Resp.Guards {
+			if !gr.Passed && i < len(info.guardDenials) {
+				info.guardDenials[i].Inc()
+			}
+		}
+	case dec.Local && !dec.LocalAllowed:
+		for i, z := range dec.Zones {
+			if z.Known && z.RetryAfterMs > 0 && i < len(info.zoneDenials) {
+				info.zoneDenials[i].Inc()
+			}
+		}
+	}
+}
+
 // deniedBy names the zones that were short and the guards (by tracker)
 // that failed in a deny (or a shadow "would deny"): from RateLimitly's
 // answer, or from the local buckets under fail: local.

@@ -121,6 +121,9 @@ func TestAccessLineDenied(t *testing.T) {
 	if _, ok := l["upstream"]; ok {
 		t.Fatalf("denied request's line names an upstream: %v", l)
 	}
+	if d := denials(t, r.g); d["zone/per_key"] != 1 || d["guard/api"] != 0 {
+		t.Fatalf("rl_tproxy_denials_total %v, want zone per_key 1, guard api 0", d)
+	}
 
 	g := newRig(t, "close", func(ctx context.Context, req *wire.RateRequest, out *admission.CheckResult) {
 		allowAll(ctx, req, out)
@@ -133,6 +136,9 @@ func TestAccessLineDenied(t *testing.T) {
 	}
 	if l := g.accessLines(t, 1)[0]; l["deny_guards"] != "api" || l["deny_zones"] != nil || l["retry_after"] != float64(1) {
 		t.Fatalf("guard deny line %v", l)
+	}
+	if d := denials(t, g.g); d["zone/per_key"] != 0 || d["guard/api"] != 1 {
+		t.Fatalf("rl_tproxy_denials_total %v, want zone per_key 0, guard api 1", d)
 	}
 }
 
@@ -246,4 +252,29 @@ func TestAccessLineCombined(t *testing.T) {
 	if line := buf.String(); !re.MatchString(line) {
 		t.Fatalf("combined line %q", line)
 	}
+}
+
+// denials reads rl_tproxy_denials_total of location web/api as "kind/name".
+func denials(t *testing.T, g *Gate) map[string]float64 {
+	t.Helper()
+	fams, err := g.Metrics().Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, f := range fams {
+		if f.GetName() != "rl_tproxy_denials_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			l := map[string]string{}
+			for _, p := range m.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			if l["service"] == "web" && l["location"] == "api" {
+				out[l["kind"]+"/"+l["name"]] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	return out
 }

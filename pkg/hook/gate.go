@@ -74,6 +74,9 @@ type locInfo struct {
 	name   string
 	answer *admission.DenyAnswer
 	m      *metrics.Location
+	// zoneDenials and guardDenials are indexed like the location's
+	// Limits and Guards.
+	zoneDenials, guardDenials []counter
 }
 
 // internalBody is the answer to an internal failure.
@@ -134,7 +137,14 @@ func (g *Gate) Swap(p *admission.Policy) uint64 {
 			if l.Report != nil {
 				report = l.Report.Name
 			}
-			gen.locs[l] = &locInfo{name: l.Name, answer: a, m: g.m.Location(s.Name, l.Name, report, a.Status)}
+			info := &locInfo{name: l.Name, answer: a, m: g.m.Location(s.Name, l.Name, report, a.Status)}
+			for _, z := range l.Limits {
+				info.zoneDenials = append(info.zoneDenials, g.m.Denial(s.Name, l.Name, metrics.DenialZone, z.Name))
+			}
+			for _, gd := range l.Guards {
+				info.guardDenials = append(info.guardDenials, g.m.Denial(s.Name, l.Name, metrics.DenialGuard, gd.Tracker.Name))
+			}
+			gen.locs[l] = info
 		}
 	}
 	g.cur.Store(gen)
@@ -278,6 +288,7 @@ func (g *Gate) Done(r *proxy.Request, d *proxy.Decision, res *proxy.Result) {
 		if int(dec.Cause) < len(g.causes) {
 			g.causes[dec.Cause].Inc()
 		}
+		countDenials(info, dec)
 		if dec.Local {
 			g.m.LocalFallback(dec.LocalAllowed)
 			g.warnLocal(dec.Cause)

@@ -43,6 +43,7 @@ type Metrics struct {
 	localDeny      prometheus.Counter
 	upstreamErrors *prometheus.CounterVec // service
 	denyAnswers    *prometheus.CounterVec // service, status
+	denials        *prometheus.CounterVec // service, location, kind, name
 
 	reloads        *prometheus.CounterVec // result, trigger
 	reloadErrors   prometheus.Counter
@@ -123,6 +124,7 @@ func New(version, commit string) *Metrics {
 	reg.MustRegister(build, m.requests, m.causes, m.admission, m.reports, m.localFallback,
 		m.upstreamErrors, m.denyAnswers, m.reloads, m.reloadErrors, m.generation, m.lastReloadOK,
 		m.clientRebuilds, m.inflight)
+	m.registerDenials()
 	m.localAllow = m.localFallback.WithLabelValues("allow")
 	m.localDeny = m.localFallback.WithLabelValues("deny")
 	for _, r := range []string{"success", "error", "unchanged"} {
