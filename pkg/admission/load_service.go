@@ -104,7 +104,34 @@ func (l *loader) service(idx int, n *yaml.Node, defSvc *serviceSettings, defLoc 
 	if svc.Upstream == "" && !hasKey(pairs, "upstream") {
 		l.errorf(n, "%s: missing upstream (host:port of the real service)", ctx)
 	}
+	inheritServiceSettings(svc, &own, defSvc, &ownLoc, defLoc)
 
+	if locationsNode == nil {
+		// A service without locations protects all of its traffic with
+		// the service-level settings: one implicit catch-all location.
+		loc := &Location{Service: svc, Name: implicitLocationName, Line: n.Line}
+		l.resolveLocation(loc, ctx+".(implicit location)", n, &locationSettings{}, &ownLoc, defLoc)
+		svc.Locations = append(svc.Locations, loc)
+	} else if items, ok := l.list(locationsNode, ctx+".locations"); ok {
+		names := map[string]int{}
+		for i, it := range items {
+			loc := l.location(svc, i, it, ctx, &ownLoc, defLoc)
+			if loc == nil {
+				continue
+			}
+			if prev, dup := names[loc.Name]; dup {
+				l.errorf(it, "%s.locations[%d]: duplicate location name %q (first at line %d)", ctx, i, loc.Name, prev)
+			}
+			names[loc.Name] = it.Line
+			svc.Locations = append(svc.Locations, loc)
+		}
+	}
+	l.p.Services = append(l.p.Services, svc)
+}
+
+// inheritServiceSettings resolves the service-level settings: the
+// service's own, else the defaults', else the built-in ones.
+func inheritServiceSettings(svc *Service, own, defSvc *serviceSettings, ownLoc, defLoc *locationSettings) {
 	svc.Forward = ForwardHeaders{
 		XForwardedFor:   pick(false, own.xff, defSvc.xff),
 		XForwardedProto: pick(false, own.xfp, defSvc.xfp),
@@ -129,28 +156,6 @@ func (l *loader) service(idx int, n *yaml.Node, defSvc *serviceSettings, defLoc 
 		Status: int(pick(int64(DefaultDenyStatus), ownLoc.settings.denyStatus, defLoc.settings.denyStatus)),
 		Format: pick(DenyJSON, ownLoc.settings.denyFormat, defLoc.settings.denyFormat),
 	}
-
-	if locationsNode == nil {
-		// A service without locations protects all of its traffic with
-		// the service-level settings: one implicit catch-all location.
-		loc := &Location{Service: svc, Name: implicitLocationName, Line: n.Line}
-		l.resolveLocation(loc, ctx+".(implicit location)", n, &locationSettings{}, &ownLoc, defLoc)
-		svc.Locations = append(svc.Locations, loc)
-	} else if items, ok := l.list(locationsNode, ctx+".locations"); ok {
-		names := map[string]int{}
-		for i, it := range items {
-			loc := l.location(svc, i, it, ctx, &ownLoc, defLoc)
-			if loc == nil {
-				continue
-			}
-			if prev, dup := names[loc.Name]; dup {
-				l.errorf(it, "%s.locations[%d]: duplicate location name %q (first at line %d)", ctx, i, loc.Name, prev)
-			}
-			names[loc.Name] = it.Line
-			svc.Locations = append(svc.Locations, loc)
-		}
-	}
-	l.p.Services = append(l.p.Services, svc)
 }
 
 // unmapBits is the prefix-length adjustment when an IPv4-mapped IPv6
