@@ -33,7 +33,7 @@ func (l *loader) service(idx int, n *yaml.Node, defSvc *serviceSettings, defLoc 
 			}
 		}
 	}
-	pairs, ok := l.mapping(n, ctx, concat(serviceOwnKeys, serviceSetKeys, locationSetKeys)...)
+	pairs, ok := l.mapping(n, ctx, concat(serviceOwnKeys, protocolKeys, serviceSetKeys, locationSetKeys)...)
 	if !ok {
 		return
 	}
@@ -84,7 +84,7 @@ func (l *loader) service(idx int, n *yaml.Node, defSvc *serviceSettings, defLoc 
 		case "locations":
 			locationsNode = e.v
 		default:
-			if !l.serviceSetting(e, ctx, &own) {
+			if !l.protocolKey(e, ctx, svc) && !l.serviceSetting(e, ctx, &own) {
 				l.locationSetting(e, ctx, &ownLoc)
 			}
 		}
@@ -126,6 +126,7 @@ func (l *loader) service(idx int, n *yaml.Node, defSvc *serviceSettings, defLoc 
 			svc.Locations = append(svc.Locations, loc)
 		}
 	}
+	l.checkProtocols(svc, n, ctx)
 	l.p.Services = append(l.p.Services, svc)
 }
 
@@ -309,7 +310,7 @@ func minDatagram(loc *Location) int {
 }
 
 func (l *loader) match(n *yaml.Node, ctx string, m *Match) {
-	pairs, ok := l.mapping(n, ctx, "host", "path", "path_prefix", "methods", "headers")
+	pairs, ok := l.mapping(n, ctx, "host", "path", "path_prefix", "methods", "headers", "sni")
 	if !ok {
 		return
 	}
@@ -317,15 +318,19 @@ func (l *loader) match(n *yaml.Node, ctx string, m *Match) {
 	for _, e := range pairs {
 		c := ctx + "." + e.key
 		switch e.key {
-		case "host":
+		case "host", "sni":
 			hs, ns, _ := l.strList(e.v, c)
 			for i, h := range hs {
 				h = strings.ToLower(strings.TrimSuffix(h, "."))
 				if !validHostPattern(h) {
-					l.errorf(ns[i], "%s: bad host %q: want a DNS name, an IP address or *.domain", c, short(hs[i]))
+					l.errorf(ns[i], "%s: bad %s %q: want a DNS name, an IP address or *.domain", c, e.key, short(hs[i]))
 					continue
 				}
-				m.Hosts = append(m.Hosts, h)
+				if e.key == "sni" {
+					m.SNI = append(m.SNI, h)
+				} else {
+					m.Hosts = append(m.Hosts, h)
+				}
 			}
 		case "path":
 			pathNode = e.v

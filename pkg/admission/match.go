@@ -20,6 +20,10 @@ type Request struct {
 	Path          []byte // request target up to '?', raw (not decoded)
 	Query         []byte // after '?', raw
 	Headers       HeaderGetter
+	// SNI and ALPN are set for a TLS passthrough connection (admitted
+	// once, with no HTTP fields): the ClientHello's server name and the
+	// client's most preferred ALPN protocol.
+	SNI, ALPN []byte
 }
 
 // Match is a location's request predicate. Every set condition must hold;
@@ -30,6 +34,9 @@ type Match struct {
 	PathPrefix string
 	Methods    []string          // upper-case tokens; any when empty
 	Headers    []HeaderCondition // all must hold
+	// SNI patterns (like Hosts) match a TLS passthrough connection's
+	// server name; a location with them never matches an HTTP request.
+	SNI []string
 }
 
 // HeaderCondition tests one request header.
@@ -72,6 +79,9 @@ func (m *Match) matches(r *Request) bool {
 		}
 	}
 	if len(m.Hosts) > 0 && !matchHost(m.Hosts, hostOnly(r.Host)) {
+		return false
+	}
+	if len(m.SNI) > 0 && !matchHost(m.SNI, r.SNI) {
 		return false
 	}
 	for i := range m.Headers {

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxyproto"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 )
 
@@ -174,6 +175,11 @@ type Service struct {
 	RateLimitHeaders bool
 	SteerLoopback    bool // steered mode: connections from the node itself are steered too
 	Deny             Deny
+
+	// Protocols other than HTTP/1.1 on the service's port (load_protocol.go).
+	TLS           TLSMode
+	Opaque        OpaqueMode
+	ProxyProtocol proxyproto.Version // header on every upstream connection; None = off
 
 	// Locations in file order; the first that matches wins. A service
 	// written without locations has one implicit catch-all location.

@@ -15,7 +15,9 @@ import (
 // literal `}`. A lone `}`, an unterminated `{`, an empty `{}` and an unknown
 // variable are compile errors. Variables: remote_addr, remote_port, host,
 // method, path, server_addr, server_port, query.NAME, header.NAME,
-// cookie.NAME. A missing query parameter, header or cookie renders as empty.
+// cookie.NAME, sni, alpn. A missing query parameter, header or cookie
+// renders as empty; sni (lower-cased) and alpn (the client's first
+// protocol) are set only for TLS passthrough connections.
 type Template struct {
 	src       string
 	parts     []tmplPart
@@ -39,6 +41,8 @@ const (
 	varQuery
 	varHeader
 	varCookie
+	varSNI
+	varALPN
 )
 
 type tmplPart struct {
@@ -54,6 +58,8 @@ var simpleVars = map[string]varKind{
 	"path":        varPath,
 	"server_addr": varServerAddr,
 	"server_port": varServerPort,
+	"sni":         varSNI,
+	"alpn":        varALPN,
 }
 
 var prefixVars = []struct {
@@ -67,7 +73,7 @@ var prefixVars = []struct {
 
 // TemplateVariables lists the variable names a template may use (for docs
 // and error messages).
-const TemplateVariables = "remote_addr, remote_port, host, method, path, server_addr, server_port, query.NAME, header.NAME, cookie.NAME"
+const TemplateVariables = "remote_addr, remote_port, host, method, path, server_addr, server_port, query.NAME, header.NAME, cookie.NAME, sni, alpn"
 
 // Errors returned by Render. They are preallocated: rendering never allocates.
 var (
@@ -242,6 +248,10 @@ func (t *Template) Render(dst []byte, r *Request) ([]byte, error) {
 			dst = appendLower(dst, hostOnly(r.Host))
 		case varMethod:
 			dst = append(dst, r.Method...)
+		case varSNI:
+			dst = appendLower(dst, r.SNI)
+		case varALPN:
+			dst = append(dst, r.ALPN...)
 		case varPath:
 			dst = append(dst, r.Path...)
 		case varQuery:
