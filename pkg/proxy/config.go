@@ -161,10 +161,6 @@ type Config struct {
 	// UpstreamIdleTimeout closes pooled connections idle this long
 	// (default 30s).
 	UpstreamIdleTimeout time.Duration
-	// UpstreamCheckAfter: a pooled connection idle at least this long is
-	// checked (a non-blocking peek: closed or stray bytes mean discard)
-	// before reuse. 0 = 1s; negative = check every reuse.
-	UpstreamCheckAfter time.Duration
 	// ParkIdleAfter: a keep-alive connection idle this long gives up its
 	// goroutine and waits in a shared epoll set (saves memory per idle
 	// connection). 0 = DefaultParkIdleAfter; negative = never park.

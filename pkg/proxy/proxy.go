@@ -25,6 +25,12 @@
 //   - Upgrade requests are admitted once; on 101 bytes are relayed both
 //     ways until both directions end (after one side ends, the other gets
 //     a bounded grace period).
+//   - An upstream connection is pooled, and later reused, only when it has
+//     no unread bytes, buffered or queued on its socket, and was not closed
+//     (a non-blocking peek at release and again at every reuse). Bytes the
+//     response's framing does not account for (after a complete response,
+//     a body after HEAD/204/304, an early second response) poison it: it
+//     is closed, and no later client sees them.
 //   - A pooled upstream connection that fails before any response byte is
 //     retried once on a fresh connection, only for idempotent requests
 //     without a body.
@@ -354,6 +360,9 @@ type Stats struct {
 	Conns        int // open client connections
 	Parked       int // idle client connections parked without a goroutine
 	UpstreamIdle int // idle pooled upstream connections
+	// UpstreamDiscarded counts upstream connections closed instead of
+	// pooled or reused because they had unread bytes or were closed.
+	UpstreamDiscarded uint64
 }
 
 // Stats returns current counts.
@@ -361,5 +370,6 @@ func (p *Proxy) Stats() Stats {
 	p.mu.Lock()
 	n := len(p.conns)
 	p.mu.Unlock()
-	return Stats{Conns: n, Parked: p.parker.parkedCount(), UpstreamIdle: p.pools.idleCount()}
+	return Stats{Conns: n, Parked: p.parker.parkedCount(), UpstreamIdle: p.pools.idleCount(),
+		UpstreamDiscarded: p.pools.discarded.Load()}
 }

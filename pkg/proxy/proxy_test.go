@@ -1142,9 +1142,7 @@ func TestUpstreamHealthAndIdleTimeout(t *testing.T) {
 			c.Close() // silently, without Connection: close
 			closed <- struct{}{}
 		})
-		_, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(cfg *Config) {
-			cfg.UpstreamCheckAfter = -1
-		})
+		_, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, nil)
 		c := dialClient(t, addr)
 		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 		c.resp("GET")

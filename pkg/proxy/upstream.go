@@ -100,7 +100,13 @@ func (u *upConn) check(fd uintptr) {
 	u.healthy = err == unix.EAGAIN
 }
 
-func (u *upConn) stillHealthy() bool {
+// clean reports whether u has no unread bytes, neither buffered nor queued
+// on its socket, and was not closed by the upstream: only such a
+// connection may carry another exchange.
+func (u *upConn) clean() bool {
+	if u.buf.r != u.buf.w {
+		return false
+	}
 	if u.raw == nil {
 		return true
 	}
@@ -160,9 +166,10 @@ type upPool struct {
 }
 
 type upstreams struct {
-	mu     sync.Mutex
-	m      map[string]*upPool
-	closed atomic.Bool
+	mu        sync.Mutex
+	m         map[string]*upPool
+	closed    atomic.Bool
+	discarded atomic.Uint64 // connections found unclean at release or reuse
 }
 
 func (us *upstreams) init() { us.m = map[string]*upPool{} }
@@ -183,10 +190,6 @@ func (us *upstreams) get(cfg *Config, addr string, timeout time.Duration, fresh 
 	p := us.pool(addr)
 	if !fresh {
 		idleTimeout := durOr(cfg.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout)
-		checkAfter := cfg.UpstreamCheckAfter
-		if checkAfter == 0 {
-			checkAfter = defaultCheckAfter
-		}
 		now := time.Now()
 		for {
 			p.mu.Lock()
@@ -199,15 +202,15 @@ func (us *upstreams) get(cfg *Config, addr string, timeout time.Duration, fresh 
 			p.idle[n-1] = nil
 			p.idle = p.idle[:n-1]
 			p.mu.Unlock()
-			idle := now.Sub(u.idleSince)
-			// Peek at connections idle long enough for the upstream to
-			// have closed them; fresher ones are trusted (saves a syscall
-			// per request under load; the retry-once rule covers the race).
-			if idle < idleTimeout && (idle < checkAfter || u.stillHealthy()) {
+			// Every reuse is checked: a byte that arrived while the
+			// connection was idle belongs to no exchange (a stray or
+			// early response, a body after HEAD), and an EOF is a close.
+			// Either way the next client must never see it.
+			if now.Sub(u.idleSince) < idleTimeout && u.clean() {
 				u.reused = true
 				return u, nil
 			}
-			u.close()
+			us.discard(u)
 		}
 	}
 	dial := cfg.Dial
@@ -228,13 +231,19 @@ func (us *upstreams) get(cfg *Config, addr string, timeout time.Duration, fresh 
 
 var defaultDialer = &net.Dialer{KeepAlive: 30 * time.Second}
 
-// defaultCheckAfter is the default Config.UpstreamCheckAfter.
-const defaultCheckAfter = time.Second
+// discard closes u, which was found unfit for reuse, and counts it.
+func (us *upstreams) discard(u *upConn) {
+	us.discarded.Add(1)
+	u.close()
+}
 
-// put returns u to its pool, or closes it when it cannot be reused.
+// put returns u to its pool, or closes it when it cannot be reused. A
+// response whose framing ended before the upstream's bytes did (bytes after
+// a complete response, a body after HEAD, 204 or 304, a second response
+// sent early) poisons the connection: it is closed, never pooled.
 func (us *upstreams) put(cfg *Config, u *upConn) {
-	if u.buf.r != u.buf.w {
-		u.close() // stray bytes after the response: not reusable
+	if !u.clean() {
+		us.discard(u)
 		return
 	}
 	u.buf.put()
