@@ -22,6 +22,7 @@ import (
 
 	"github.com/rl-tproxy/rl-tproxy/internal/bintest"
 	"github.com/rl-tproxy/rl-tproxy/internal/netnstest"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 // TestDeployedCommandLines runs the real rl-tproxy binary the way the two
@@ -136,14 +137,11 @@ type node struct {
 
 func newNode(t *testing.T) *node {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network and mount namespaces, bpffs, eBPF")
+	testkit.NeedRoot(t, "network and mount namespaces, bpffs, eBPF")
+	for _, tool := range []string{"unshare", "nsenter", "setpriv"} {
+		testkit.NeedTool(t, tool, "util-linux")
 	}
-	for _, tool := range []string{"unshare", "nsenter", "setpriv", "ip"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s: %v", tool, err)
-		}
-	}
+	testkit.NeedTool(t, "ip", "iproute2")
 	n := &node{t: t, bin: builtBinary(t), caps: "-all"}
 	for _, c := range wantCaps {
 		n.caps += ",+" + strings.ToLower(c)
@@ -178,9 +176,7 @@ func builtBinary(t *testing.T) string {
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	if buildDir == "" && buildErr == nil {
-		if _, err := exec.LookPath("go"); err != nil {
-			t.Skip("needs the go tool to build cmd/rl-tproxy")
-		}
+		testkit.NeedTool(t, "go", "golang-go")
 		dir, err := os.MkdirTemp("", "rl-tproxy-deploy-bin-")
 		if err != nil {
 			t.Fatal(err)
@@ -290,7 +286,7 @@ func bpffsMountNS(t *testing.T) string {
 	})
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil || line != "ready\n" {
-		t.Skipf("cannot mount bpffs in a private mount namespace: %q %v", line, err)
+		testkit.Missing(t, "needs a mountable bpffs in a private mount namespace: %q %v", line, err)
 	}
 	return fmt.Sprintf("/proc/%d/ns/mnt", cmd.Process.Pid)
 }

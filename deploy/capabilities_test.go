@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rl-tproxy/rl-tproxy/bpf"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 // The DaemonSet and the systemd unit grant exactly wantCaps. This test
@@ -149,19 +150,14 @@ func runCapProbe(t *testing.T, bpffs string, caps []string) (string, error) {
 }
 
 func TestCapabilitiesSufficientAndNecessary(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates a network namespace, mounts bpffs and drops capabilities")
-	}
-	for _, tool := range []string{"unshare", "setpriv"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s (util-linux): %v", tool, err)
-		}
-	}
+	testkit.NeedRoot(t, "creates a network namespace, mounts bpffs and drops capabilities")
+	testkit.NeedTool(t, "unshare", "util-linux")
+	testkit.NeedTool(t, "setpriv", "util-linux")
 	// The host mounts bpffs (systemd does at boot); the proxy never does.
 	// A private bpffs instance keeps this test away from the host's pins.
 	bpffs := t.TempDir()
 	if err := unix.Mount("bpf", bpffs, "bpf", 0, "mode=0700"); err != nil {
-		t.Skipf("needs to mount bpffs (CAP_SYS_ADMIN in the test's mount namespace): %v", err)
+		testkit.Missing(t, "needs to mount bpffs (CAP_SYS_ADMIN in the test's mount namespace): %v", err)
 	}
 	t.Cleanup(func() { _ = unix.Unmount(bpffs, unix.MNT_DETACH) })
 

@@ -18,6 +18,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 const kubeDir = "kubernetes"
@@ -600,10 +602,7 @@ func TestKustomizationListsEveryFile(t *testing.T) {
 // kubectl's embedded kustomize must build the directory, and every object
 // it emits must still decode strictly.
 func TestKustomizeBuild(t *testing.T) {
-	kubectl, err := exec.LookPath("kubectl")
-	if err != nil {
-		t.Skip("needs kubectl (kubectl kustomize) to build the kustomization: not installed")
-	}
+	kubectl := testkit.NeedTool(t, "kubectl", "kubernetes-client")
 	cmd := exec.Command(kubectl, "kustomize", kubeDir)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -707,10 +706,7 @@ func TestSecretExampleCredentials(t *testing.T) {
 
 // The no-surge overlay builds and changes only the update strategy.
 func TestNoSurgeOverlay(t *testing.T) {
-	kubectl, err := exec.LookPath("kubectl")
-	if err != nil {
-		t.Skip("needs kubectl (kubectl kustomize) to build the overlay: not installed")
-	}
+	kubectl := testkit.NeedTool(t, "kubectl", "kubernetes-client")
 	out, err := exec.Command(kubectl, "kustomize", "overlays/no-surge").Output()
 	if err != nil {
 		t.Fatalf("kubectl kustomize overlays/no-surge: %v", err)

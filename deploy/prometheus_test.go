@@ -7,15 +7,13 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 func promtool(t *testing.T) string {
 	t.Helper()
-	p, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Skip("needs promtool (Debian package prometheus): not installed")
-	}
-	return p
+	return testkit.NeedTool(t, "promtool", "prometheus")
 }
 
 // The alert rules load and behave as their promtool unit tests say.

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 const (
@@ -19,14 +21,10 @@ const (
 	maxExposure   = 3.0 // systemd-analyze security: "OK" is below 4.0
 )
 
-// systemdAnalyze returns the systemd-analyze binary or skips.
+// systemdAnalyze returns the systemd-analyze binary (testkit.NeedTool).
 func systemdAnalyze(t *testing.T) string {
 	t.Helper()
-	p, err := exec.LookPath("systemd-analyze")
-	if err != nil {
-		t.Skip("needs systemd-analyze (Debian package systemd): not installed")
-	}
-	return p
+	return testkit.NeedTool(t, "systemd-analyze", "systemd")
 }
 
 // stageUnits copies the unit (and optional extra files) into a temp dir,
@@ -188,7 +186,7 @@ func TestSystemdUnitExposure(t *testing.T) {
 	score := func(d string) float64 {
 		out, err := exec.Command(bin, "security", "--offline=true", filepath.Join(d, "rl-tproxy.service")).CombinedOutput()
 		if err != nil {
-			t.Skipf("systemd-analyze security --offline not usable here: %v\n%s", err, out)
+			testkit.Missing(t, "needs systemd-analyze security --offline (systemd >= 250): %v\n%s", err, out)
 		}
 		const marker = "Overall exposure level for rl-tproxy.service: "
 		i := bytes.Index(out, []byte(marker))

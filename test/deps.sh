@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages that the tests, benchmarks and demo use, when
 # they are missing and we are root. Without root it only reports what is
-# missing; the tests that need a missing tool skip with a reason.
+# missing; the tests that need a missing tool skip with a reason (or fail
+# under RL_TPROXY_STRICT=1, as .ci/run sets).
 set -euo pipefail
 # command -> Debian package
 declare -A need=(
@@ -34,7 +35,7 @@ done
 if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
 mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
 if [ "$(id -u)" != 0 ]; then
-  echo "test/deps.sh: not root; missing Debian packages: ${missing[*]} (tests needing them will skip)" >&2
+  echo "test/deps.sh: not root; missing Debian packages: ${missing[*]} (tests needing them will skip, or fail under RL_TPROXY_STRICT=1)" >&2
   exit 0
 fi
 echo "test/deps.sh: installing ${missing[*]}" >&2

@@ -3,10 +3,11 @@ package bintest
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 func TestWriteFile(t *testing.T) {
@@ -77,9 +78,7 @@ func TestWriteFileFails(t *testing.T) {
 }
 
 func TestBuild(t *testing.T) {
-	if _, err := exec.LookPath("go"); err != nil {
-		t.Skip("needs the go tool to build cmd/rl-tproxy")
-	}
+	testkit.NeedTool(t, "go", "golang-go")
 	dir := t.TempDir()
 	p, err := Build(dir)
 	if err != nil {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 // Dnsmasq is a dnsmasq process serving one SRV name for a test.
@@ -22,23 +24,13 @@ type Dnsmasq struct {
 }
 
 // StartDnsmasq starts dnsmasq on a free loopback port answering srvName
-// with targets (SRV plus A/AAAA host records) with the given TTL. The test
-// is skipped when dnsmasq is not installed. The process is stopped when the
+// with targets (SRV plus A/AAAA host records) with the given TTL. Without
+// dnsmasq the test ends through testkit.Missing (a skip, or a failure under
+// RL_TPROXY_STRICT=1). The process is stopped when the
 // test ends.
 func StartDnsmasq(t testing.TB, srvName string, ttl uint32, targets ...Target) *Dnsmasq {
 	t.Helper()
-	bin, err := exec.LookPath("dnsmasq")
-	if err != nil {
-		for _, p := range []string{"/usr/sbin/dnsmasq", "/sbin/dnsmasq"} {
-			if _, e := os.Stat(p); e == nil {
-				bin, err = p, nil
-				break
-			}
-		}
-	}
-	if err != nil {
-		t.Skip("needs dnsmasq: not installed (apt-get install dnsmasq; make deps installs it)")
-	}
+	bin := testkit.NeedTool(t, "dnsmasq", "dnsmasq-base")
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
 		port, err := freePort()

@@ -24,20 +24,19 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 var seq atomic.Uint64
 
-// Skip skips t unless the process is root and can create network
-// namespaces with the ip tool.
-func Skip(t testing.TB) {
+// Require ends t (testkit.Missing: a skip, or a failure under
+// RL_TPROXY_STRICT=1) unless the process is root and has the ip tool to
+// create network namespaces.
+func Require(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs the ip tool (iproute2): " + err.Error())
-	}
+	testkit.NeedRoot(t, "creates network namespaces")
+	testkit.NeedTool(t, "ip", "iproute2")
 }
 
 // NS is a named network namespace owned by a test.
@@ -50,7 +49,7 @@ type NS struct {
 // it when the test ends.
 func New(t testing.TB) *NS {
 	t.Helper()
-	Skip(t)
+	Require(t)
 	name := fmt.Sprintf("rltp-%d-%d", os.Getpid(), seq.Add(1))
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
@@ -238,10 +237,10 @@ func NewPair(t testing.TB) *Pair {
 // test and returns its path; it is unmounted when the test ends.
 func BPFFS(t testing.TB) string {
 	t.Helper()
-	Skip(t)
+	Require(t)
 	dir := t.TempDir()
 	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
-		t.Skipf("needs a mountable bpf filesystem: mount bpffs on %s: %v", dir, err)
+		testkit.Missing(t, "needs a mountable bpf filesystem: mount bpffs on %s: %v", dir, err)
 	}
 	t.Cleanup(func() {
 		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {

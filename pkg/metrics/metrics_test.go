@@ -11,6 +11,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 func populated(t *testing.T) *Metrics {
@@ -114,10 +116,7 @@ func TestScrapeHasEveryFamily(t *testing.T) {
 }
 
 func TestPromtoolCheckMetrics(t *testing.T) {
-	promtool, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Skip("needs promtool (Debian package prometheus; `make deps` installs it)")
-	}
+	promtool := testkit.NeedTool(t, "promtool", "prometheus")
 	m := populated(t)
 	_, body := scrape(t, m.Handler(&Readiness{}), "/metrics")
 	cmd := exec.Command(promtool, "check", "metrics")

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 // startNginx runs nginx (foreground, no master) on a free loopback port with
@@ -19,10 +21,7 @@ import (
 // The access log records the X-Forwarded-For each request arrived with.
 func startNginx(t *testing.T) (addr, dir string) {
 	t.Helper()
-	bin, err := exec.LookPath("nginx")
-	if err != nil {
-		t.Skip("needs nginx (apt-get install nginx): ", err)
-	}
+	bin := testkit.NeedTool(t, "nginx", "nginx")
 	dir = t.TempDir()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -102,9 +101,7 @@ func TestEndToEndNginxCurlWrk(t *testing.T) {
 		t.Skip("short")
 	}
 	for _, tool := range []string{"curl", "wrk"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s: %v", tool, err)
-		}
+		testkit.NeedTool(t, tool, tool)
 	}
 	upstream, dir := startNginx(t)
 	hook := newTestHook(nil)

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 )
 
@@ -668,7 +669,7 @@ func TestForwardedHeaders(t *testing.T) {
 			}
 			ln, err := Listen(context.Background(), host+":0")
 			if err != nil {
-				t.Skipf("no %s loopback: %v", host, err)
+				testkit.Missing(t, "needs %s loopback: %v", host, err)
 			}
 			go p.Serve(ln, svc)
 			defer p.Shutdown(context.Background())

@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/netnstest"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 // capsProbe is what a proxy does at start, restart and takeover, run by a
@@ -65,9 +65,7 @@ func capsProbe(root, upstream string) error {
 // reload and status in a process limited to CAP_BPF and CAP_NET_ADMIN.
 func TestMinimalCapabilities(t *testing.T) {
 	requireBPF(t)
-	if _, err := exec.LookPath("setpriv"); err != nil {
-		t.Skip("needs setpriv (util-linux): " + err.Error())
-	}
+	testkit.NeedTool(t, "setpriv", "util-linux")
 	ns := netnstest.New(t)
 	root := netnstest.BPFFS(t) + "/rl-tproxy"
 	upstream := listenTCP(t, ns, "tcp4", "127.0.0.1:0")

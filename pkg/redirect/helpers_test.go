@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -17,10 +16,11 @@ import (
 	"github.com/cilium/ebpf/asm"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/netnstest"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 // attachIn attaches the redirect inside ns with a private bpffs and closes it
-// when the test ends. It skips when the kernel refuses BPF.
+// when the test ends. It ends t (testkit.Missing) when the kernel refuses BPF.
 func attachIn(t *testing.T, ns *netnstest.NS, cfg Config) *Redirect {
 	t.Helper()
 	requireBPF(t)
@@ -112,7 +112,8 @@ func mustAsk(t *testing.T, ns *netnstest.NS, addr string, dial func(ctx context.
 	return line
 }
 
-// requireBPF skips unless this process may load an sk_lookup program.
+// requireBPF ends t (testkit.Missing) unless this process may load an
+// sk_lookup program.
 func requireBPF(t testing.TB) {
 	t.Helper()
 	requireRoot(t)
@@ -123,14 +124,12 @@ func requireBPF(t testing.TB) {
 		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()},
 	})
 	if err != nil {
-		t.Skipf("needs BPF (sk_lookup programs, CAP_BPF/CAP_NET_ADMIN): %v", err)
+		testkit.Missing(t, "needs BPF (sk_lookup programs, CAP_BPF/CAP_NET_ADMIN): %v", err)
 	}
 	prog.Close()
 }
 
 func requireRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: loads eBPF in a network namespace")
-	}
+	testkit.NeedRoot(t, "loads eBPF in a network namespace")
 }

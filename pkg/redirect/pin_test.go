@@ -16,6 +16,7 @@ import (
 
 	"github.com/rl-tproxy/rl-tproxy/bpf"
 	"github.com/rl-tproxy/rl-tproxy/internal/netnstest"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 // statusIn runs Status inside ns.
@@ -275,7 +276,7 @@ func TestEnsureBPFFS(t *testing.T) {
 	requireRoot(t)
 	dir := t.TempDir() + "/bpf"
 	if err := EnsureBPFFS(dir); err != nil {
-		t.Skipf("cannot mount bpffs: %v", err)
+		testkit.Missing(t, "needs a mountable bpffs: %v", err)
 	}
 	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
 	if ok, err := isBPFFS(dir); err != nil || !ok {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 	"github.com/rl-tproxy/rl-tproxy/pkg/udpshard"
@@ -40,7 +41,7 @@ func udpRxQueue(t testing.TB, local netip.AddrPort) int {
 	t.Helper()
 	f, err := os.Open("/proc/net/udp")
 	if err != nil {
-		t.Skipf("needs /proc/net/udp: %v", err)
+		testkit.Missing(t, "needs /proc/net/udp: %v", err)
 	}
 	defer f.Close()
 	a := local.Addr().As4()

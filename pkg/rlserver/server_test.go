@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
@@ -681,7 +682,7 @@ func TestResolve(t *testing.T) {
 func TestIPv6(t *testing.T) {
 	c, err := net.ListenUDP("udp6", &net.UDPAddr{IP: net.IPv6loopback})
 	if err != nil {
-		t.Skip("needs IPv6 loopback: ", err)
+		testkit.Missing(t, "needs IPv6 loopback: %v", err)
 	}
 	c.Close()
 	clk := newClock()

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 // echoServer echoes every datagram back to its sender on loopback.
@@ -367,7 +369,7 @@ func TestDualStackAnyBind(t *testing.T) {
 		t.Fatalf("local address %v, want unspecified", la)
 	}
 	if la.Addr().Is4() {
-		t.Skip("no IPv6 on this host: fell back to an IPv4 socket")
+		testkit.Missing(t, "needs IPv6: the dual-stack socket fell back to IPv4")
 	}
 	if err := r.SendCurrent(0, srv, []byte("hello"), 0); err != nil {
 		t.Fatalf("v4 destination from a dual-stack socket: %v", err)
@@ -500,7 +502,7 @@ func TestGSOGroupsDatagramsPerDestination(t *testing.T) {
 		t.Fatalf("stats %+v, want %d sent", st, len(ds))
 	}
 	if st.GSOFallbacks != 0 {
-		t.Skipf("kernel refused UDP segmentation on loopback (fallback worked): %+v", st)
+		testkit.Missing(t, "needs UDP segmentation (UDP_SEGMENT) on loopback; the kernel refused it (fallback worked): %+v", st)
 	}
 	// A: 10x100 + 50 in one message, then 100+8 in a second; B: 10x100;
 	// B's 1300-byte datagram is over gsoMaxSegSize and goes alone.
@@ -517,7 +519,7 @@ func TestGSORefusedFallsBack(t *testing.T) {
 		if err := sock.rc.Control(func(fd uintptr) {
 			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_NO_CHECK, 1)
 		}); err != nil || serr != nil {
-			t.Skipf("cannot set SO_NO_CHECK: %v %v", err, serr)
+			testkit.Missing(t, "needs SO_NO_CHECK on a UDP socket: %v %v", err, serr)
 		}
 	}
 	var ds []gsoDgram

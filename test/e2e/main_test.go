@@ -26,6 +26,7 @@ import (
 
 	"github.com/rl-tproxy/rl-tproxy/internal/bintest"
 	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 	"github.com/rl-tproxy/rl-tproxy/pkg/rlserver"
@@ -55,15 +56,6 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
-}
-
-func needTool(t *testing.T, name string) string {
-	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		t.Skipf("needs %s (`make deps` installs it)", name)
-	}
-	return p
 }
 
 // waitFor polls cond (bounded) on observable state.
@@ -385,7 +377,7 @@ type curlResult struct {
 // curl runs the real curl against the proxy.
 func curl(t *testing.T, args ...string) curlResult {
 	t.Helper()
-	needTool(t, "curl")
+	testkit.NeedTool(t, "curl", "curl")
 	full := append([]string{"-s", "-S", "--max-time", "10", "-D", "-", "-o", "/dev/stderr"}, args...)
 	cmd := exec.Command("curl", full...)
 	var out, body bytes.Buffer

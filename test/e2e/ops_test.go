@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 // Shadow mode obtains the decision, logs and counts "would deny", and
@@ -50,7 +52,7 @@ func TestShadowMode(t *testing.T) {
 // A scrape of the real process passes promtool, has the documented
 // families, and /healthz and /readyz answer.
 func TestMetricsPromtool(t *testing.T) {
-	promtool := needTool(t, "promtool")
+	promtool := testkit.NeedTool(t, "promtool", "prometheus")
 	e := newEnv(t, nil, policyOpts{})
 	e.get(t, "/api/x", "X-Key: m")
 	e.get(t, "/probe")
@@ -118,7 +120,7 @@ end
 // A reload under wrk load: zero responses other than 200 and 429, no
 // socket errors, and the new limit in force afterwards.
 func TestReloadUnderLoad(t *testing.T) {
-	wrk := needTool(t, "wrk")
+	wrk := testkit.NeedTool(t, "wrk", "wrk")
 	e := newEnv(t, nil, policyOpts{rate: "100/s", burst: 50})
 	script := filepath.Join(e.dir, "count.lua")
 	if err := os.WriteFile(script, []byte(wrkScript), 0o644); err != nil {
@@ -188,7 +190,7 @@ func TestReloadUnderLoad(t *testing.T) {
 // request got a valid decision (no fail_* outcome), and requests after the
 // rotation are decided with the new key.
 func TestCredentialRotationUnderLoad(t *testing.T) {
-	wrk := needTool(t, "wrk")
+	wrk := testkit.NeedTool(t, "wrk", "wrk")
 	e := newEnv(t, nil, policyOpts{rate: "100/s", burst: 50})
 	script := filepath.Join(e.dir, "count.lua")
 	if err := os.WriteFile(script, []byte(wrkScript), 0o644); err != nil {

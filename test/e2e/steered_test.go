@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/netnstest"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 // Steered mode through the real binary: a client namespace connects to the
@@ -25,8 +26,8 @@ import (
 // port through the bypass dialer (no loop). When the proxy exits, the
 // service keeps serving directly.
 func TestSteeredMode(t *testing.T) {
-	netnstest.Skip(t)
-	needTool(t, "curl")
+	netnstest.Require(t)
+	testkit.NeedTool(t, "curl", "curl")
 	pair := netnstest.NewPair(t)
 	const port = 8080
 	var hits atomic.Int64

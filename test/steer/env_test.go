@@ -22,6 +22,7 @@ import (
 
 	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
 	"github.com/rl-tproxy/rl-tproxy/internal/netnstest"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 const (
@@ -51,8 +52,11 @@ type env struct {
 // newEnv builds the world for the IPv4 (v6 false) or IPv6 variant.
 func newEnv(t *testing.T, v6 bool) *env {
 	t.Helper()
-	netnstest.Skip(t)
-	needTools(t, "nsenter", "unshare", "nginx", "curl", "wrk", "dnsmasq")
+	netnstest.Require(t)
+	for _, tool := range [][2]string{{"nsenter", "util-linux"}, {"unshare", "util-linux"}, {"nginx", "nginx"},
+		{"curl", "curl"}, {"wrk", "wrk"}, {"dnsmasq", "dnsmasq-base"}} {
+		testkit.NeedTool(t, tool[0], tool[1])
+	}
 	e := &env{t: t, dir: t.TempDir(), v6: v6}
 	e.pair = netnstest.NewPair(t)
 	// Runs before the namespaces are deleted (cleanups run last-in first

@@ -9,7 +9,8 @@
 // connections, for IPv4 and IPv6.
 //
 // Everything needs root, eBPF, nsenter/unshare, nginx, curl, wrk and
-// dnsmasq; each test skips with the reason when something is missing.
+// dnsmasq; each test skips with the reason when something is missing, or
+// fails under RL_TPROXY_STRICT=1 (internal/testkit).
 package steer
 
 import (
@@ -20,7 +21,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/bintest"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 // binPath is the rl-tproxy binary built by TestMain.
@@ -48,24 +49,6 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
-}
-
-// needTools skips t unless every named program is installed.
-func needTools(t testing.TB, names ...string) {
-	t.Helper()
-	for _, name := range names {
-		if _, err := exec.LookPath(name); err != nil {
-			for _, dir := range []string{"/usr/sbin", "/sbin"} {
-				if _, e := os.Stat(filepath.Join(dir, name)); e == nil {
-					err = nil
-					break
-				}
-			}
-			if err != nil {
-				t.Skipf("needs %s (test/deps.sh installs it): %v", name, err)
-			}
-		}
-	}
 }
 
 // Bounds for polling observable state. Generous: the CI machine has two
@@ -271,7 +254,7 @@ func holdMountNS(t testing.TB) string {
 	})
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil || line != "ready\n" {
-		t.Skipf("needs a mountable bpffs in a private mount namespace: %q %v", line, err)
+		testkit.Missing(t, "needs a mountable bpffs in a private mount namespace: %q %v", line, err)
 	}
 	return fmt.Sprintf("/proc/%d/ns/mnt", cmd.Process.Pid)
 }
