@@ -9,7 +9,7 @@ COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 FUZZTIME ?= 5s
 
-.PHONY: all build generate generate-check test test-unit test-fuzz lint deps demo bench soak clean
+.PHONY: all build generate generate-check test test-unit test-alloc test-fuzz lint deps demo bench soak clean
 
 all: build
 
@@ -36,11 +36,15 @@ lint:
 test-unit:
 	$(GO) test -race -count=1 -timeout 40m ./...
 
+# The allocation tests (files tagged //go:build !race) without -race.
+test-alloc:
+	@test/allocs.sh
+
 # Short runs of every fuzz target beyond its committed seed corpus.
 test-fuzz:
 	@test/fuzz.sh $(FUZZTIME)
 
-test: deps generate-check lint test-unit test-fuzz
+test: deps generate-check lint test-unit test-alloc test-fuzz
 
 demo: build
 	$(BIN) demo --policy examples/policy.yaml

@@ -321,18 +321,6 @@ func TestOutcomeAndCauseNames(t *testing.T) {
 	}
 }
 
-func TestDecideNoAllocSteadyState(t *testing.T) {
-	p, svc := testPolicy(t, FailLocal, ModeEnforce)
-	e := &Engine{Checker: &scriptChecker{res: validResp(wire.StatusOK, false, okGuard, shortRes)}, Local: NewLocalLimiter(nil, 0)}
-	r := testRequest(hdrs{"x-key": "alice", "x-label": "L"})
-	var d Decision
-	ctx := context.Background()
-	e.Decide(ctx, p, svc, r, &d)
-	if n := testing.AllocsPerRun(200, func() { e.Decide(ctx, p, svc, r, &d) }); n > 0 {
-		t.Fatalf("Decide allocates %v per request", n)
-	}
-}
-
 func BenchmarkDecide(b *testing.B) {
 	p, svc := testPolicy(b, FailOpen, ModeEnforce)
 	e := &Engine{Checker: &scriptChecker{res: validResp(wire.StatusOK, true, okGuard, okRes)}}

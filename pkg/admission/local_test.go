@@ -63,13 +63,3 @@ func TestLocalLimiterBounded(t *testing.T) {
 		}
 	}
 }
-
-func TestLocalLimiterNoAllocSteadyState(t *testing.T) {
-	l := NewLocalLimiter(nil, 0)
-	zs := []LocalZone{{Zone: "z", Bucket: []byte("k"), Rate: 1e6, PeriodMs: 1000, Cost: 1}}
-	out := make([]ZoneState, 1)
-	l.Take(zs, out)
-	if n := testing.AllocsPerRun(100, func() { l.Take(zs, out) }); n != 0 {
-		t.Fatalf("Take allocates %v", n)
-	}
-}

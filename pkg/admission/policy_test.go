@@ -210,11 +210,3 @@ func TestServiceFor(t *testing.T) {
 		t.Error("Steered()")
 	}
 }
-
-func TestServiceForNoAlloc(t *testing.T) {
-	p := ptLoad(t, ptEmbedded+"services:\n  - {name: s1, port: 80, prefixes: [10.1.0.0/16], upstream: 127.0.0.1:80}\n")
-	ap := netip.MustParseAddrPort("10.1.0.1:80")
-	if n := testing.AllocsPerRun(100, func() { _ = p.ServiceFor(ap) }); n != 0 {
-		t.Fatalf("ServiceFor allocates %v", n)
-	}
-}

@@ -506,32 +506,6 @@ func quietGate(t testing.TB, fail string, fn func(context.Context, *wire.RateReq
 	return g, r
 }
 
-// Admit and Done allocate nothing in steady state (access log off), for
-// allows and for denies with their answer headers.
-func TestAdmitDoneNoAlloc(t *testing.T) {
-	if raceEnabled {
-		t.Skip("allocation counts are not meaningful under -race (sync.Pool drops items)")
-	}
-	for _, c := range []struct {
-		name string
-		fn   func(context.Context, *wire.RateRequest, *admission.CheckResult)
-		fail string
-	}{{"allow", allowAll, "close"}, {"deny", denyResource, "close"}, {"fail", failWith(ratelimitly.CauseTimeout), "close"},
-		{"local", failWith(ratelimitly.CauseNoEndpoints), "local"}} {
-		g, r := quietGate(t, c.fail, c.fn)
-		ctx := context.Background()
-		res := &proxy.Result{Status: 200, End: time.Now()}
-		run := func() {
-			d := g.Admit(ctx, r)
-			g.Done(r, &d, res)
-		}
-		run()
-		if n := testing.AllocsPerRun(200, run); n != 0 {
-			t.Errorf("%s: Admit+Done allocate %v per request", c.name, n)
-		}
-	}
-}
-
 func BenchmarkAdmitDone(b *testing.B) {
 	for _, c := range []struct {
 		name string

@@ -1,5 +1,0 @@
-//go:build !race
-
-package hook
-
-const raceEnabled = false

@@ -1,5 +1,0 @@
-//go:build !race
-
-package rlserver
-
-const raceEnabled = false
