@@ -385,8 +385,18 @@ func TestFakeSendFailure(t *testing.T) {
 
 func TestReportFireAndForget(t *testing.T) {
 	d, nodes := fakeCluster(t, 2)
+	// Discovery cannot succeed while DNS fails, so this Report certainly
+	// comes before it (no race with the asynchronous first lookup).
+	d.SetMode(dnstest.ModeServFail)
 	c := newTestClient(t, d.Addr(), clientOpts{})
 	c.Report([]byte("svc"), time.Second) // before discovery: dropped, never blocks
+	if c.Ready() {
+		t.Fatal("ready although every DNS answer is SERVFAIL")
+	}
+	if st := c.Stats(); st.Reports != 0 || st.ReportsDropped != 1 {
+		t.Fatalf("before discovery: reports %d dropped %d, want 0 and 1", st.Reports, st.ReportsDropped)
+	}
+	d.SetMode(dnstest.ModeOK) // the retry (discovery.RetryMin) succeeds
 	waitReady(t, c)
 	c.Report([]byte("svc-a"), 1500*time.Microsecond)
 	c.Report(nil, time.Second)
