@@ -1,0 +1,147 @@
+package e2e
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"regexp"
+	"strconv"
+	"sync"
+	"testing"
+)
+
+// idUpstream is an upstream that records the X-Request-ID and traceparent
+// fields of every request it gets.
+type idUpstream struct {
+	addr string
+	mu   sync.Mutex
+	seen []http.Header
+}
+
+func startIDUpstream(t *testing.T) *idUpstream {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &idUpstream{addr: ln.Addr().String()}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.mu.Lock()
+		u.seen = append(u.seen, r.Header.Clone())
+		u.mu.Unlock()
+		fmt.Fprintf(w, "upstream %s\n", r.URL.Path)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close() })
+	return u
+}
+
+func (u *idUpstream) requests() []http.Header {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]http.Header(nil), u.seen...)
+}
+
+// accessByID waits for the access line with request_id id.
+func (p *proxyProc) accessByID(id string) map[string]any {
+	p.t.Helper()
+	var line map[string]any
+	waitFor(p.t, "access line with request_id "+id, func() bool {
+		for _, l := range p.access() {
+			if l["request_id"] == id {
+				line = l
+				return true
+			}
+		}
+		return false
+	})
+	return line
+}
+
+var generatedRequestID = regexp.MustCompile(`^[0-9a-f]{32}$`)
+
+// The real binary, a RateLimitly cluster found through DNS SRV and curl:
+// a denied request's access line names the zone and the Retry-After sent;
+// an allowed request's line has the upstream, its status and time to the
+// response head; one request id is in the access line, in the request the
+// upstream received and in the deny answer. A client's valid id is kept,
+// a missing one generated; traceparent reaches the upstream untouched.
+func TestAccessLineAndRequestID(t *testing.T) {
+	c := startCluster(t)
+	up := startIDUpstream(t)
+	dir := t.TempDir()
+	o := policyOpts{fail: "close", credentials: writeCredentials(t, dir, c.cred), upstream: up.addr, listen: freeAddr(t), burst: 1}
+	p := startProxy(t, writePolicy(t, dir, c, o), true)
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+	// 1. Allowed, with the client's id: the upstream sees it, and traceparent.
+	r := curl(t, "-H", "X-Key: carol", "-H", "X-Request-ID: e2e-carol-1", "-H", "traceparent: "+tp, p.base+"/api/a")
+	if r.status != 200 {
+		t.Fatalf("first request: %d %s", r.status, r.body)
+	}
+	seen := up.requests()
+	if len(seen) != 1 || seen[0].Values("X-Request-Id")[0] != "e2e-carol-1" || len(seen[0].Values("X-Request-Id")) != 1 ||
+		seen[0].Get("Traceparent") != tp {
+		t.Fatalf("upstream saw %v, want X-Request-ID e2e-carol-1 and the traceparent", seen)
+	}
+	l := p.accessByID("e2e-carol-1")
+	if l["outcome"] != "allow" || l["upstream"] != up.addr || l["upstream_status"] != float64(200) || l["traceparent"] != tp || l["proto"] != "http/1.1" {
+		t.Fatalf("allowed request's access line %v", l)
+	}
+	if ttfb, ok := l["upstream_ttfb_ms"].(float64); !ok || ttfb <= 0 || ttfb > l["duration_ms"].(float64) {
+		t.Fatalf("upstream_ttfb_ms %v (duration_ms %v)", l["upstream_ttfb_ms"], l["duration_ms"])
+	}
+
+	// 2. Denied, same id: the answer carries it, the line names the zone
+	// and the Retry-After that was sent; the upstream never sees it.
+	r = curl(t, "-H", "X-Key: carol", "-H", "X-Request-ID: e2e-carol-1", p.base+"/api/a")
+	if r.status != 429 || r.header.Get("X-Request-ID") != "e2e-carol-1" {
+		t.Fatalf("second request: %d, X-Request-ID %q", r.status, r.header.Get("X-Request-ID"))
+	}
+	retry, err := strconv.Atoi(r.header.Get("Retry-After"))
+	if err != nil || retry < 1 {
+		t.Fatalf("Retry-After %q", r.header.Get("Retry-After"))
+	}
+	var deny map[string]any
+	waitFor(t, "the deny's access line", func() bool {
+		for _, l := range p.access() {
+			if l["request_id"] == "e2e-carol-1" && l["status"] == float64(429) {
+				deny = l
+				return true
+			}
+		}
+		return false
+	})
+	if deny["deny_zones"] != "strict" || deny["retry_after"] != float64(retry) || deny["cause"] != "deny_resource" {
+		t.Fatalf("denied request's access line %v, want deny_zones strict and retry_after %d", deny, retry)
+	}
+	if _, ok := deny["upstream"]; ok {
+		t.Fatalf("denied request's access line names an upstream: %v", deny)
+	}
+
+	// 3. No id: the proxy generates one; the upstream, the line (allow),
+	// and the answer and the line (deny) carry it.
+	r = curl(t, "-H", "X-Key: dave", p.base+"/api/b")
+	if r.status != 200 {
+		t.Fatalf("third request: %d", r.status)
+	}
+	seen = up.requests()
+	gen := seen[len(seen)-1].Get("X-Request-ID")
+	if len(seen) != 2 || !generatedRequestID.MatchString(gen) {
+		t.Fatalf("upstream saw %d requests, the last with X-Request-ID %q", len(seen), gen)
+	}
+	if l := p.accessByID(gen); l["path"] != "/api/b" || l["upstream_status"] != float64(200) {
+		t.Fatalf("access line for generated id %s: %v", gen, l)
+	}
+	r = curl(t, "-H", "X-Key: dave", p.base+"/api/b")
+	genDeny := r.header.Get("X-Request-ID")
+	if r.status != 429 || !generatedRequestID.MatchString(genDeny) || genDeny == gen {
+		t.Fatalf("fourth request: %d, X-Request-ID %q (first id %s)", r.status, genDeny, gen)
+	}
+	if l := p.accessByID(genDeny); l["status"] != float64(429) || l["deny_zones"] != "strict" {
+		t.Fatalf("access line for generated deny id %s: %v", genDeny, l)
+	}
+	if n := len(up.requests()); n != 2 {
+		t.Fatalf("upstream saw %d requests, want 2 (denies never reach it)", n)
+	}
+}
