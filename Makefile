@@ -16,11 +16,14 @@ all: build
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/rl-tproxy
 
-# Rebuild the committed eBPF objects and Go bindings (needs clang; `make deps` installs it).
+# Rebuild the committed eBPF objects and Go bindings with the pinned
+# clang-14 (bpf/doc.go; `make deps` installs it).
 generate: deps
 	$(GO) generate ./bpf/...
 
-# CI guard: the committed eBPF objects must match what `make generate` produces.
+# CI guard: the committed eBPF objects must match what `make generate`
+# produces. The compiler is pinned (clang-14), so the comparison is exact
+# whatever other clang the machine has as `clang`.
 generate-check: generate
 	@git diff --exit-code --stat -- bpf/ || { echo "bpf/: committed objects are stale: run 'make generate' and commit"; exit 1; }
 

@@ -6,8 +6,8 @@
 set -euo pipefail
 # command -> Debian package
 declare -A need=(
-  [clang]=clang
-  [llvm-strip]=llvm
+  [clang-14]=clang-14 # pinned: bpf/doc.go's go:generate compiles with it
+  [llvm-strip-14]=llvm-14
   [nginx]=nginx
   [wrk]=wrk
   [dnsmasq]=dnsmasq-base
