@@ -15,7 +15,7 @@ func TestCheckExamplePolicy(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d, stderr:\n%s", code, errb.String())
 	}
-	if s := out.String(); strings.Count(s, "\n") != 1 || !strings.Contains(s, "ok: 1 service, 3 locations") {
+	if s := out.String(); strings.Count(s, "\n") != 1 || !strings.Contains(s, "ok: 1 service, 4 locations") {
 		t.Fatalf("summary %q", s)
 	}
 }

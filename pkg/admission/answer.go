@@ -206,6 +206,9 @@ func LocationAnswer(loc *Location) *DenyAnswer {
 		spec.RateLimitHeaders = loc.Service.RateLimitHeaders
 	}
 	for _, z := range loc.Limits {
+		if z.RateTier != nil {
+			continue // the quota differs per request: no single value to announce
+		}
 		spec.Zones = append(spec.Zones, AnswerZone{Name: z.Name, Quota: z.Rate, Window: time.Duration(z.PeriodMs) * time.Millisecond})
 	}
 	return NewDenyAnswer(spec)

@@ -88,8 +88,9 @@ func (d *Decision) Reset() {
 const renderBufSize = 2048
 
 // Build renders every zone, guard and label template of loc for r into
-// d.Req (one combined check). It returns ratelimitly.CauseInvalidValue when a rendered
-// value is empty or too long, ratelimitly.CauseConstruction when the request cannot
+// d.Req (one combined check), with the numbers of tiered zones and guards
+// looked up for r. It returns ratelimitly.CauseInvalidValue when a rendered
+// value is empty or too long, or a tier has no value for r's key, ratelimitly.CauseConstruction when the request cannot
 // be encoded into one datagram, and ratelimitly.CauseAllow (meaning "built") otherwise.
 // It allocates nothing once d's buffers have grown.
 func Build(loc *Location, r *Request, d *Decision) ratelimitly.Cause {
@@ -115,7 +116,16 @@ func Build(loc *Location, r *Request, d *Decision) ratelimitly.Cause {
 		if err != nil || n == 0 || n > MaxBucketLen {
 			return ratelimitly.CauseInvalidValue
 		}
-		d.Req.Guards = append(d.Req.Guards, wire.Guard{Service: d.buf[start:len(d.buf):len(d.buf)], ThresholdMs: g.ThresholdMs})
+		threshold := g.ThresholdMs
+		if g.ThresholdTier != nil {
+			var v tierNum
+			var ok bool
+			if d.buf, v, ok = g.ThresholdTier.lookup(d.buf, r); !ok {
+				return ratelimitly.CauseInvalidValue
+			}
+			threshold = v.n
+		}
+		d.Req.Guards = append(d.Req.Guards, wire.Guard{Service: d.buf[start:len(d.buf):len(d.buf)], ThresholdMs: threshold})
 	}
 	for _, z := range loc.Limits {
 		start := len(d.buf)
@@ -125,8 +135,15 @@ func Build(loc *Location, r *Request, d *Decision) ratelimitly.Cause {
 			return ratelimitly.CauseInvalidValue
 		}
 		b := d.buf[start:len(d.buf):len(d.buf)]
-		d.Req.Resources = append(d.Req.Resources, wire.Resource{Bucket: b, Rate: z.Rate, PeriodMs: z.PeriodMs, Burst: z.Burst, Cost: z.Cost})
-		d.local = append(d.local, LocalZone{Zone: z.Name, Bucket: b, Rate: z.Rate, PeriodMs: z.PeriodMs, Burst: z.Burst, Cost: z.Cost})
+		rate, period, burst, cost := z.Rate, z.PeriodMs, z.Burst, z.Cost
+		if z.Tiered() {
+			var ok bool
+			if d.buf, rate, period, burst, cost, ok = z.numbers(d.buf, r); !ok {
+				return ratelimitly.CauseInvalidValue
+			}
+		}
+		d.Req.Resources = append(d.Req.Resources, wire.Resource{Bucket: b, Rate: rate, PeriodMs: period, Burst: burst, Cost: cost})
+		d.local = append(d.local, LocalZone{Zone: z.Name, Bucket: b, Rate: rate, PeriodMs: period, Burst: burst, Cost: cost})
 	}
 	if len(d.Req.Guards) == 0 && len(d.Req.Resources) == 0 {
 		return ratelimitly.CauseConstruction

@@ -92,6 +92,8 @@ type loader struct {
 	readFile func(string) ([]byte, error)
 	p        *Policy
 	reported map[*yaml.Node]bool // references already reported (refErrorf)
+	tierRaw  map[string]*rawTier
+	tierUses map[tierUse]*TierValue // nil value: the use had errors (reported once)
 }
 
 // serviceSettings are the inheritable service-level settings; nil = unset.
@@ -111,10 +113,11 @@ type nameRef struct {
 }
 
 type rawGuard struct {
-	tracker   nameRef
-	threshold time.Duration
-	node      *yaml.Node
-	bad       bool // an error was reported; resolve the tracker name only
+	tracker       nameRef
+	threshold     time.Duration
+	thresholdTier *TierValue
+	node          *yaml.Node
+	bad           bool // an error was reported; resolve the tracker name only
 }
 
 // locationSettings are the inheritable location-level settings; nil =
@@ -130,7 +133,7 @@ type locationSettings struct {
 }
 
 var (
-	topKeys         = []string{"ratelimitly", "defaults", "zones", "trackers", "services", "request_id"}
+	topKeys         = []string{"ratelimitly", "defaults", "tiers", "zones", "trackers", "services", "request_id"}
 	rlKeys          = []string{"srv", "embedded", "resolver", "resolver_timeout", "credentials", "request_policy", "fail", "bind", "debug"}
 	rpKeys          = []string{"name", "unit", "replay_gaps", "replays", "final_receive", "completion"}
 	serviceSetKeys  = []string{"forwarded_headers", "timeouts", "limits", "ratelimit_headers", "steer_loopback"}
@@ -148,8 +151,9 @@ func concat(lists ...[]string) []string {
 }
 
 func parse(name string, data []byte, readFile func(string) ([]byte, error)) (*Policy, error) {
-	l := &loader{nodes: nodes{file: name}, dir: filepath.Dir(name), readFile: readFile}
-	l.p = &Policy{File: name, zoneByName: map[string]*Zone{}, trackerByName: map[string]*Tracker{}}
+	l := &loader{nodes: nodes{file: name}, dir: filepath.Dir(name), readFile: readFile,
+		tierRaw: map[string]*rawTier{}, tierUses: map[tierUse]*TierValue{}}
+	l.p = &Policy{File: name, zoneByName: map[string]*Zone{}, trackerByName: map[string]*Tracker{}, tierByName: map[string]*Tier{}}
 	l.load(data)
 	if len(l.errs) > 0 {
 		l.sortErrs()
@@ -181,7 +185,7 @@ func (l *loader) load(data []byte) {
 	if !ok {
 		return
 	}
-	var rlNode, defaultsNode, zonesNode, trackersNode, servicesNode, ridNode *yaml.Node
+	var rlNode, defaultsNode, tiersNode, zonesNode, trackersNode, servicesNode, ridNode *yaml.Node
 	for _, e := range pairs {
 		switch e.key {
 		case "request_id":
@@ -190,6 +194,8 @@ func (l *loader) load(data []byte) {
 			rlNode = e.v
 		case "defaults":
 			defaultsNode = e.v
+		case "tiers":
+			tiersNode = e.v
 		case "zones":
 			zonesNode = e.v
 		case "trackers":
@@ -204,6 +210,9 @@ func (l *loader) load(data []byte) {
 		l.ratelimitly(rlNode)
 	}
 	l.requestID(ridNode)
+	if tiersNode != nil {
+		l.tiers(tiersNode)
+	}
 	if zonesNode != nil {
 		l.zones(zonesNode)
 	}

@@ -30,6 +30,7 @@ func FuzzLoad(f *testing.F) {
 		"ratelimitly: {srv: _rl._udp.x, credentials: creds.yaml, request_policy: {name: custom, unit: 5ms, replays: 2, replay_gaps: [5ms]}}\n" + ptService,
 		ptEmbedded + "zones:\n  z: {bucket: \"{remote_addr}{{\", rate: 5/m, burst: 9, cost: 2}\ntrackers:\n  t: {service: \"s:{host}\"}\n" + ptService + "    guard: [{tracker: t, threshold: 5ms}]\n    report: t\n    limit: z\n",
 		"services: [\n",
+		tierPolicy,
 	} {
 		f.Add([]byte(s))
 	}
@@ -69,13 +70,20 @@ func FuzzLoad(f *testing.F) {
 					t.Fatalf("location %+v out of limits", l)
 				}
 				for _, z := range l.Limits {
-					if z.Bucket == nil || z.Rate == 0 || z.Cost == 0 {
+					if z.Bucket == nil || (z.Rate == 0) == (z.RateTier == nil) || (z.Cost == 0) == (z.CostTier == nil) {
 						t.Fatalf("zone %+v incomplete", z)
 					}
 					buf, _ = z.Bucket.Render(buf[:0], r)
+					if z.Tiered() {
+						var rate, period, cost uint32
+						var ok bool
+						if buf, rate, period, _, cost, ok = z.numbers(buf[:0], r); ok && (rate == 0 || period == 0 || cost == 0) {
+							t.Fatalf("zone %+v rendered rate %d/%dms cost %d", z, rate, period, cost)
+						}
+					}
 				}
 				for _, g := range l.Guards {
-					if g.Tracker == nil || g.Tracker.Service == nil || g.ThresholdMs == 0 {
+					if g.Tracker == nil || g.Tracker.Service == nil || (g.ThresholdMs == 0) == (g.ThresholdTier == nil) {
 						t.Fatalf("guard %+v incomplete", g)
 					}
 				}

@@ -230,7 +230,7 @@ func (l *loader) resolveLocation(loc *Location, ctx string, n *yaml.Node, own, s
 				case g.bad:
 				default:
 					seen[t.Name] = true
-					loc.Guards = append(loc.Guards, Guard{Tracker: t, Threshold: g.threshold, ThresholdMs: uint32(g.threshold / time.Millisecond)})
+					loc.Guards = append(loc.Guards, Guard{Tracker: t, Threshold: g.threshold, ThresholdMs: uint32(g.threshold / time.Millisecond), ThresholdTier: g.thresholdTier})
 				}
 			}
 			break

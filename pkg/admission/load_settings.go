@@ -205,11 +205,11 @@ func (l *loader) guards(v *yaml.Node, c string) ([]rawGuard, bool) {
 					good = false
 				}
 			case "threshold":
-				d, ok := l.duration(f.v, gc+".threshold", time.Millisecond, time.Duration(math.MaxUint32)*time.Millisecond)
-				if ok && d%time.Millisecond != 0 {
-					l.errorf(f.v, "%s.threshold: must be whole milliseconds, got %s", gc, d)
-					ok = false
+				if tv, isTier, ok := l.tierRef(f.v, gc+".threshold", numThreshold); isTier {
+					g.thresholdTier, good = tv, good && ok
+					continue
 				}
+				d, ok := l.wholeMs(f.v, gc+".threshold")
 				g.threshold, good = d, good && ok
 			}
 		}

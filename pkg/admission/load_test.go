@@ -92,7 +92,10 @@ func TestLoadExamplePolicy(t *testing.T) {
 	if got := p.ServiceFor(netip.MustParseAddrPort("127.0.0.1:8080")); got != s {
 		t.Errorf("ServiceFor listen address = %v", got)
 	}
-	if !strings.Contains(p.Summary(), "1 service, 3 locations (2 protected), 2 zones, 1 tracker") {
+	if v2 := byName["v2"]; v2 == nil || len(v2.Limits) != 1 || v2.Limits[0].RateTier == nil || len(p.Tiers) != 1 || p.Tiers[0].Name != "plan" {
+		t.Errorf("v2 location %+v, tiers %+v: want per_key with its rate from tier plan", v2, p.Tiers)
+	}
+	if !strings.Contains(p.Summary(), "1 service, 4 locations (3 protected), 3 zones, 1 tracker") {
 		t.Errorf("summary %q", p.Summary())
 	}
 }

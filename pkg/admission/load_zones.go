@@ -39,13 +39,25 @@ func (l *loader) zones(n *yaml.Node) {
 				z.Bucket = l.template(e.v, c, MaxBucketLen, true)
 				good = good && z.Bucket != nil
 			case "rate":
+				if tv, isTier, ok := l.tierRef(e.v, c, numRate); isTier {
+					z.RateTier, good = tv, good && ok
+					continue
+				}
 				r, p, ok := l.rate(e.v, c)
 				z.Rate, z.PeriodMs, good = r, p, good && ok
 			case "burst":
+				if tv, isTier, ok := l.tierRef(e.v, c, numBurst); isTier {
+					z.BurstTier, good = tv, good && ok
+					continue
+				}
 				b, ok := l.integer(e.v, c, 0, math.MaxUint32)
 				z.Burst, good = uint32(b), good && ok
 			case "cost":
 				costNode = e.v
+				if tv, isTier, ok := l.tierRef(e.v, c, numCost); isTier {
+					z.Cost, z.CostTier, good = 0, tv, good && ok
+					continue
+				}
 				b, ok := l.integer(e.v, c, 1, math.MaxUint32)
 				z.Cost, good = uint32(b), good && ok
 			}
@@ -54,18 +66,15 @@ func (l *loader) zones(n *yaml.Node) {
 			l.errorf(v, "%s: missing bucket", ctx)
 			good = false
 		}
-		if z.Rate == 0 && !hasKey(pairs, "rate") {
+		if z.Rate == 0 && z.RateTier == nil && !hasKey(pairs, "rate") {
 			l.errorf(v, "%s: missing rate", ctx)
 			good = false
 		}
 		if good {
-			capacity := z.Burst
-			if capacity == 0 {
-				capacity = z.Rate
+			if costNode == nil {
+				costNode = v
 			}
-			if z.Cost > capacity {
-				l.errorf(costNode, "%s: cost %d exceeds the bucket capacity %d (burst, or rate when burst is 0): no request could ever pass", ctx, z.Cost, capacity)
-			}
+			l.checkCapacity(z, costNode, ctx)
 		}
 		l.p.zoneByName[name] = z
 		l.p.Zones = append(l.p.Zones, z)

@@ -21,10 +21,12 @@ type Policy struct {
 	RateLimitly RateLimitly
 	Zones       []*Zone    // in file order
 	Trackers    []*Tracker // in file order
+	Tiers       []*Tier    // in file order
 	Services    []*Service // in file order
 	RequestID   RequestID
 
 	zoneByName    map[string]*Zone
+	tierByName    map[string]*Tier
 	trackerByName map[string]*Tracker
 	listeners     []listenerRoute
 	steered       []*Service
@@ -116,6 +118,9 @@ type Zone struct {
 	Burst    uint32 // capacity; 0 = Rate
 	Cost     uint32 // tokens per request, default 1
 	Line     int
+	// Per-request values (`rate: {tier: NAME}`); nil = the static value
+	// above (which is then 0).
+	RateTier, BurstTier, CostTier *TierValue
 }
 
 // Tracker is a named latency tracker: a service template.
@@ -131,6 +136,8 @@ type Guard struct {
 	Tracker     *Tracker
 	Threshold   time.Duration
 	ThresholdMs uint32
+	// ThresholdTier, when set, gives the threshold per request (ms).
+	ThresholdTier *TierValue
 }
 
 // ForwardHeaders says which client-address headers the proxy adds upstream.

@@ -258,3 +258,43 @@ func TestClientAbortNoReport(t *testing.T) {
 		t.Fatalf("servers applied %d reports, want 3 (one request, fanned out)", got)
 	}
 }
+
+// A zone whose rate comes from a tier keyed by the X-Plan header (the
+// free/pro example of docs/policy.md): the free key is denied after its 10
+// per minute, the pro key (1000/m) passes every request.
+func TestTiersFreeDeniedProPasses(t *testing.T) {
+	e := newEnv(t, nil, policyOpts{
+		tiers: "tiers:\n  plan:\n    key: \"{header.x-plan}\"\n    values: {free: 10/m, pro: 1000/m}\n    default: 10/m\n",
+		zones: "  per_key: {bucket: \"key:{header.x-key}\", rate: {tier: plan}}\n",
+		extra: "      - name: tiered\n        match: {path_prefix: /tiered}\n        limit: [per_key]\n",
+	})
+	const n = 25
+	var free, pro [600]int
+	policyField := "unset"
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		r := e.get(t, "/tiered", "X-Key: alice", "X-Plan: free")
+		if i < 10 && r.status != 200 {
+			t.Fatalf("free request %d: %d, want 200 (within its 10 per minute)", i, r.status)
+		}
+		if r.status == 429 {
+			policyField = r.header.Get("RateLimit-Policy")
+		}
+		free[r.status]++
+		pro[e.get(t, "/tiered", "X-Key: bob", "X-Plan: pro").status]++
+	}
+	// At 10/m a token comes back every 6 s: a slow run earns that many more.
+	refilled := int(time.Since(start) / (6 * time.Second))
+	if free[200] > 10+refilled || free[429] != n-free[200] || free[429] == 0 {
+		t.Fatalf("free key: %d × 200, %d × 429; want 10 (+%d refilled) allowed, the rest denied", free[200], free[429], refilled)
+	}
+	if pro[200] != n {
+		t.Fatalf("pro key: %d × 200 of %d", pro[200], n)
+	}
+	if policyField != "" {
+		t.Errorf("RateLimit-Policy %q on the free key's deny: a tiered quota has no single value to announce", policyField)
+	}
+	if r := e.get(t, "/tiered", "X-Key: carol"); r.status != 200 {
+		t.Fatalf("no plan (default 10/m): %d", r.status)
+	}
+}

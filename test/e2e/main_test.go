@@ -401,6 +401,8 @@ type policyOpts struct {
 	rate        string // zone "strict" rate
 	burst       int
 	extra       string   // appended to the locations list
+	tiers       string   // a top-level tiers block
+	zones       string   // appended to the zones block
 	srv         string   // SRV name; "" = the cluster's
 	listen      string   // "" = a free loopback port
 	notReady    bool     // do not wait for /readyz (discovery cannot succeed)
@@ -428,10 +430,10 @@ func writePolicy(t *testing.T, dir string, c *cluster, o policyOpts) string {
   credentials: %s
   request_policy: {name: standard, unit: 250ms}  # generous: CI machines are shared
   fail: %s
-zones:
+%szones:
   strict: {bucket: "k:{header.x-key}", rate: %s, burst: %d}
   dyn: {bucket: "{header.x-key}", rate: 100/s, burst: 2}
-trackers:
+%strackers:
   slow: {service: "slow:{host}"}
 services:
   - name: web
@@ -458,7 +460,7 @@ services:
         match: {path_prefix: /}
         limit: [strict]
         report: slow
-`, o.srv, c.dns.Addr(), o.credentials, o.fail, o.rate, o.burst, o.listen, o.upstream, o.extra)
+`, o.srv, c.dns.Addr(), o.credentials, o.fail, o.tiers, o.rate, o.burst, o.zones, o.listen, o.upstream, o.extra)
 	return bintest.WriteFile(t, filepath.Join(dir, "policy.yaml"), body, 0o644)
 }
 
