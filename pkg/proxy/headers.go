@@ -219,11 +219,23 @@ func appendStatusLine(b []byte, status int, reason []byte) []byte {
 	return append(b, '\r', '\n')
 }
 
+// respFlags say how appendResponseHead frames the head sent to the client.
+type respFlags uint8
+
+const (
+	// respChunked: the body goes out chunked (re-encoded by the proxy).
+	respChunked respFlags = 1 << iota
+	// respUpgrade: a 101; Upgrade and "Connection: upgrade" pass.
+	respUpgrade
+	// respClose: the client connection ends after this response.
+	respClose
+)
+
 // appendResponseHead serialises the head sent to the client: status line
 // in HTTP/1.1, the upstream's end-to-end fields (hop-by-hop and
 // Connection-named ones dropped), the Decision's extra fields, the framing
 // the proxy chose and Connection: close when the client connection ends.
-func appendResponseHead(b []byte, r *httpparse.Response, extra []httpparse.Header, chunkedOut, upgrade, closeClient bool) []byte {
+func appendResponseHead(b []byte, r *httpparse.Response, extra []httpparse.Header, flags respFlags) []byte {
 	b = appendStatusLine(b, r.Status, r.Reason)
 	conn := hasConnectionField(r.Headers)
 	for i := range r.Headers {
@@ -238,15 +250,15 @@ func appendResponseHead(b []byte, r *httpparse.Response, extra []httpparse.Heade
 		b = appendHeaderBytes(b, extra[i].Name, extra[i].Value)
 	}
 	switch {
-	case upgrade:
+	case flags&respUpgrade != 0:
 		if v, ok := r.Header("upgrade"); ok {
 			b = appendHeader(b, "Upgrade", v)
 		}
 		b = append(b, "Connection: upgrade\r\n"...)
-	case chunkedOut:
+	case flags&respChunked != 0:
 		b = append(b, "Transfer-Encoding: chunked\r\n"...)
 	}
-	if closeClient && !upgrade {
+	if flags&respClose != 0 && flags&respUpgrade == 0 {
 		b = append(b, "Connection: close\r\n"...)
 	}
 	return append(b, '\r', '\n')
