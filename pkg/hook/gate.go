@@ -241,10 +241,14 @@ func (g *Gate) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
 		return proxy.Decision{Status: a.Status, Header: hs, Body: a.Body, ContentType: a.ContentType, State: st}
 	case admission.ActionDrop:
 		// The client is gone; whatever is written is never read.
-		return proxy.Decision{Status: 499, State: st}
+		return proxy.Decision{Status: statusClientClosed, State: st}
 	}
 	return proxy.Decision{Status: 500, Body: internalBody, ContentType: "text/plain; charset=utf-8", State: st}
 }
+
+// statusClientClosed is nginx's 499 "client closed request": the status
+// of a request whose client went away during admission (never written).
+const statusClientClosed = 499
 
 // Done implements proxy.Hook: report, count, log, release.
 func (g *Gate) Done(r *proxy.Request, d *proxy.Decision, res *proxy.Result) {

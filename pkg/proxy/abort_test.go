@@ -2,9 +2,13 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"net/http"
+	"runtime"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -171,5 +175,131 @@ func TestWatcherPoolBounded(t *testing.T) {
 	p.watchers.mu.Unlock()
 	if started != 1 {
 		t.Fatalf("%d watcher goroutines for one connection", started)
+	}
+}
+
+func TestClientAbort(t *testing.T) {
+	t.Run("mid-body", func(t *testing.T) {
+		gotBody := make(chan int, 1)
+		gotHead := make(chan struct{})
+		up := newRawUpstream(t, func(_ int, c net.Conn) {
+			br := bufio.NewReader(c)
+			if _, err := readRequestHead(br); err != nil {
+				return
+			}
+			close(gotHead)
+			n, _ := io.Copy(io.Discard, br)
+			gotBody <- int(n)
+		})
+		hook := newTestHook(nil)
+		p, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+		c := dialClient(t, addr)
+		c.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n0123456789")
+		<-gotHead // the upstream was reached: now go away mid-body
+		c.c.Close()
+		d := hook.waitDone(t)
+		if !d.clientAborted || d.bytesIn != 10 {
+			t.Fatalf("done %+v", d)
+		}
+		if n := <-gotBody; n != 10 {
+			t.Fatalf("upstream got %d body bytes and must see the close", n)
+		}
+		if s := p.Stats(); s.UpstreamIdle != 0 {
+			t.Fatalf("aborted exchange pooled: %+v", s)
+		}
+	})
+	t.Run("during-admission", func(t *testing.T) {
+		entered := make(chan struct{})
+		var sawCancel atomic.Bool
+		hook := newTestHook(func(ctx context.Context, r *Request) Decision {
+			close(entered)
+			select {
+			case <-ctx.Done():
+				sawCancel.Store(true)
+			case <-time.After(20 * time.Second):
+			}
+			return Decision{Allow: true}
+		})
+		up := newRawUpstream(t, func(int, net.Conn) {})
+		_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+		c := dialClient(t, addr)
+		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		<-entered
+		c.c.Close()
+		d := hook.waitDone(t)
+		if !sawCancel.Load() || !d.clientAborted || d.status != 0 {
+			t.Fatalf("cancel seen %v, done %+v", sawCancel.Load(), d)
+		}
+		if up.count() != 0 {
+			t.Fatal("aborted request reached the upstream")
+		}
+	})
+}
+
+func hookWaitAdmit(t *testing.T, h *testHook, n int) {
+	t.Helper()
+	for i := 0; i < 1000000; i++ {
+		if len(h.admitted()) >= n {
+			return
+		}
+		runtime.Gosched()
+	}
+	t.Fatalf("admission %d not reached", n)
+}
+
+// A client that goes away while admission waits is noticed even when its
+// request body is already queued unread.
+// TestClientAbortDuringAdmissionAfterParkDelay: the abort watcher keeps
+// watching after the idle wait's short park deadline (ParkIdleAfter) has
+// passed, although the head arrived whole with that wait's read.
+func TestClientAbortDuringAdmissionAfterParkDelay(t *testing.T) {
+	entered := make(chan struct{})
+	hook := newTestHook(func(ctx context.Context, r *Request) Decision {
+		time.Sleep(20 * time.Millisecond) // scenario: admission outlasts ParkIdleAfter
+		close(entered)
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Second):
+		}
+		return Decision{Allow: true}
+	})
+	up := newRawUpstream(t, func(int, net.Conn) {})
+	_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, func(cfg *Config) {
+		cfg.ParkIdleAfter = time.Millisecond
+	})
+	c := dialClient(t, addr)
+	c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-entered
+	c.c.Close()
+	if d := hook.waitDone(t); !d.clientAborted || d.status != 0 {
+		t.Fatalf("done %+v", d)
+	}
+	if up.count() != 0 {
+		t.Fatal("aborted request reached the upstream")
+	}
+}
+
+func TestClientAbortDuringAdmissionWithBody(t *testing.T) {
+	entered := make(chan struct{})
+	hook := newTestHook(func(ctx context.Context, r *Request) Decision {
+		close(entered)
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Second):
+		}
+		return Decision{Allow: true}
+	})
+	up := newRawUpstream(t, func(int, net.Conn) {})
+	_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+	c := dialClient(t, addr)
+	c.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+	<-entered
+	c.send(strings.Repeat("b", 1000)) // unread body bytes while Admit waits
+	c.c.Close()
+	if d := hook.waitDone(t); !d.clientAborted || d.status != 0 {
+		t.Fatalf("done %+v", d)
+	}
+	if up.count() != 0 {
+		t.Fatal("aborted request reached the upstream")
 	}
 }

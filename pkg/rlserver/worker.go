@@ -103,8 +103,13 @@ type worker struct {
 	shard [wire.MaxCount]uint8
 }
 
+// keyCap is the initial capacity of a worker's key buffer (the tenant
+// prefix, u16 length and name, then a bucket or service name): a name at
+// wire.MaxName after a tenant of up to 64 bytes never grows it.
+const keyCap = 2 + 64 + wire.MaxName
+
 func newWorker(s *Server, id int, bc *batchConn) *worker {
-	w := &worker{s: s, id: id, bc: bc, batch: s.cfg.Batch, key: make([]byte, 0, 2+1024+64)}
+	w := &worker{s: s, id: id, bc: bc, batch: s.cfg.Batch, key: make([]byte, 0, keyCap)}
 	w.req.Guards = make([]wire.Guard, 0, wire.MaxCount)
 	w.req.Resources = make([]wire.Resource, 0, wire.MaxCount)
 	w.comp.Request.Guards = make([]wire.Guard, 0, wire.MaxCount)

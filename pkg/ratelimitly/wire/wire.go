@@ -162,13 +162,17 @@ func (h *Header) Decode(pkt []byte) error {
 	return nil
 }
 
+// maxTimestamp bounds the wire timestamp before it is used as an int64 in
+// the window arithmetic (larger values would overflow it).
+const maxTimestamp = 1 << 62
+
 // CheckTime applies the timestamp window: a datagram is accepted when
 // now − (ttl_ms + skew) ≤ timestamp ≤ now + skew, in unix milliseconds.
 func CheckTime(h *Header, now time.Time, skew time.Duration) error {
 	n := now.UnixMilli()
 	s := skew.Milliseconds()
 	ts := int64(h.Timestamp)
-	if h.Timestamp > 1<<62 || ts > n+s || ts < n-(int64(h.TTLms)+s) {
+	if h.Timestamp > maxTimestamp || ts > n+s || ts < n-(int64(h.TTLms)+s) {
 		return ErrStale
 	}
 	return nil
