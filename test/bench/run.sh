@@ -39,6 +39,8 @@
 #      OUT=docs/bench/sidebyside.md BIN=bin/rl-tproxy STEERED=1 (0 skips it)
 #      EVPROTO=1 (0 skips the prototype row) SERIAL=1 (0 skips the -c1 pass)
 #      IDLE_CONNS=10000 (0 skips the idle-memory pass) IDLE_SETTLE=3 (s)
+#      RESULTS=OUT with .tsv (the rows for test/bench/charts.sh, which draws
+#      sidebyside-*.svg beside OUT with gnuplot)
 #      FLAME=1 (0 skips the flame graphs: perf record -g during one more wrk
 #      run per row in FLAME_ROWS, SVGs written to FLAME_DIR=docs/bench)
 set -euo pipefail
@@ -63,7 +65,7 @@ FLAME_ROWS=${FLAME_ROWS:-proxy_pass unprotected admission evproto}
 if [ "$(nproc)" -lt 2 ]; then SERVER_CPU=0 CLIENT_CPU=0; fi
 WRK="wrk -t$THREADS -c$CONNS -d$DURATION --latency --timeout 10s"
 
-for tool in nginx haproxy caddy perf wrk curl taskset python3 go; do
+for tool in nginx haproxy caddy perf wrk curl taskset python3 go gnuplot; do
   command -v "$tool" >/dev/null || { echo "run.sh: needs $tool (make deps installs it)" >&2; exit 1; }
 done
 [ -x "$BIN" ] || { echo "run.sh: $BIN missing (make build)" >&2; exit 1; }
@@ -545,6 +547,17 @@ Rows:
 EOF
 } >"$OUT"
 echo "wrote $OUT"
+
+# The same rows, machine-readable, and drawn as charts (test/bench/charts.sh).
+RESULTS=${RESULTS:-${OUT%.md}.tsv}
+{
+  printf 'row\tsetup\treq_s\tp50_ms\tp99_ms\tcpu_us_per_req\n'
+  for row in "${rows[@]}"; do
+    read -r rps p50 p99 _ <<<"$(pick "$row")"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$row" "${DESC[$row]}" "$rps" "$p50" "$p99" "$(median_col "$row" 5)"
+  done
+} >"$RESULTS"
+test/bench/charts.sh "$RESULTS" "$(dirname "$OUT")"
 
 # docs/performance.md carries the same table between two markers.
 perf=${PERF_DOC:-docs/performance.md}

@@ -1,0 +1,178 @@
+// Package bench checks the side-by-side benchmark charts: test/bench/charts.sh
+// draws valid SVG from a results file, and the committed charts in
+// docs/bench parse as XML, show the committed results and are referenced
+// from docs/performance.md.
+package bench
+
+import (
+	"bytes"
+	"encoding/xml"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+)
+
+var charts = []string{"sidebyside-throughput.svg", "sidebyside-cpu.svg", "sidebyside-latency.svg"}
+
+// svgTexts parses an SVG document as XML and returns its root element's
+// name and the character data of every <text> element.
+func svgTexts(t *testing.T, path string) (string, []string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	dec := xml.NewDecoder(f)
+	var root string
+	var texts []string
+	depth := 0 // inside <text>
+	var cur strings.Builder
+	for {
+		tok, err := dec.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("%s is not well-formed XML: %v", path, err)
+		}
+		switch tok := tok.(type) {
+		case xml.StartElement:
+			if root == "" {
+				root = tok.Name.Local
+			}
+			if tok.Name.Local == "text" {
+				depth++
+			}
+		case xml.EndElement:
+			if tok.Name.Local == "text" {
+				depth--
+				if depth == 0 {
+					texts = append(texts, strings.TrimSpace(cur.String()))
+					cur.Reset()
+				}
+			}
+		case xml.CharData:
+			if depth > 0 {
+				cur.Write(tok)
+			}
+		}
+	}
+	return root, texts
+}
+
+func has(texts []string, s string) bool {
+	for _, x := range texts {
+		if strings.Contains(x, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// setups returns the setup column of a results file.
+func setups(t *testing.T, path string) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for i, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if f := strings.Split(l, "\t"); i > 0 && len(f) == 6 {
+			out = append(out, f[1])
+		}
+	}
+	return out
+}
+
+// The committed charts are SVG documents of the committed results, and
+// docs/performance.md shows each of them.
+func TestCommittedCharts(t *testing.T) {
+	dir := filepath.Join("..", "..", "docs", "bench")
+	names := setups(t, filepath.Join(dir, "sidebyside.tsv"))
+	if len(names) == 0 {
+		t.Fatal("docs/bench/sidebyside.tsv has no rows")
+	}
+	perf, err := os.ReadFile(filepath.Join("..", "..", "docs", "performance.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range charts {
+		root, texts := svgTexts(t, filepath.Join(dir, c))
+		if root != "svg" {
+			t.Errorf("%s: root element %q, want svg", c, root)
+		}
+		for _, n := range names {
+			if !has(texts, n) {
+				t.Errorf("%s has no label %q (stale against sidebyside.tsv?)", c, n)
+			}
+		}
+		if !bytes.Contains(perf, []byte("(bench/"+c+")")) {
+			t.Errorf("docs/performance.md does not show bench/%s", c)
+		}
+	}
+}
+
+// charts.sh draws three SVG charts from a results file: bars with the
+// values for measured columns, a note for a column measured for no
+// setup; a file that is not a results file is refused.
+func TestChartsScript(t *testing.T) {
+	testkit.NeedTool(t, "gnuplot", "gnuplot-nox")
+	dir := t.TempDir()
+	results := filepath.Join(dir, "sidebyside.tsv")
+	write := func(body string) {
+		if err := os.WriteFile(results, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := func() ([]byte, error) {
+		return exec.Command("./charts.sh", results, filepath.Join(dir, "out")).CombinedOutput()
+	}
+	const head = "row\tsetup\treq_s\tp50_ms\tp99_ms\tcpu_us_per_req\n"
+	write(head + "proxy_pass\tnginx proxy_pass, upstream keepalive\t9175.64\t1.890\t369.890\t36.2\n" +
+		"admission\trl-tproxy + admission (embedded RateLimitly)\t6421.06\t4.160\t34.640\t52.7\n")
+	if out, err := run(); err != nil {
+		t.Fatalf("charts.sh: %v\n%s", err, out)
+	}
+	want := map[string][]string{
+		"sidebyside-throughput.svg": {"9176", "6421"},
+		"sidebyside-cpu.svg":        {"36.2", "52.7"},
+		"sidebyside-latency.svg":    {"1.89", "369.89", "4.16", "34.64", "p50", "p99"},
+	}
+	for _, c := range charts {
+		root, texts := svgTexts(t, filepath.Join(dir, "out", c))
+		if root != "svg" {
+			t.Errorf("%s: root %q", c, root)
+		}
+		for _, w := range append(want[c], "nginx proxy_pass, upstream keepalive", "rl-tproxy + admission (embedded RateLimitly)") {
+			if !has(texts, w) {
+				t.Errorf("%s: no text %q in %q", c, w, texts)
+			}
+		}
+		if has(texts, "not measured") {
+			t.Errorf("%s says not measured", c)
+		}
+	}
+
+	write(head + "a\tsetup a\t100\t1\t2\tNA\n")
+	if out, err := run(); err != nil {
+		t.Fatalf("charts.sh without CPU: %v\n%s", err, out)
+	}
+	if _, texts := svgTexts(t, filepath.Join(dir, "out", "sidebyside-cpu.svg")); !has(texts, "not measured in this run") {
+		t.Errorf("CPU chart without CPU data: %q", texts)
+	}
+
+	for _, bad := range []string{"", "row\tsetup\treq_s\n", head} {
+		write(bad)
+		if out, err := run(); err == nil {
+			t.Errorf("charts.sh accepted %q:\n%s", bad, out)
+		}
+	}
+}
