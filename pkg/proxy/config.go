@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxyproto"
 )
 
 // Defaults applied when a Service or Config field is zero.
@@ -47,6 +48,9 @@ type Request struct {
 	// Proto is the protocol the client spoke (ProtoHTTP11, ProtoH2, ...),
 	// set by the code path that built the Request; the access log shows it.
 	Proto string
+	// SNI and ALPN are set for a TLS passthrough connection (Head is nil):
+	// the ClientHello's server name and the client's first ALPN protocol.
+	SNI, ALPN []byte
 }
 
 // Request.Proto values. Each protocol's path sets its own.
@@ -59,7 +63,12 @@ const (
 
 // HeaderValue returns the first value of the named request header
 // (case-insensitive). It does not allocate.
-func (r *Request) HeaderValue(name string) ([]byte, bool) { return r.Head.Header(name) }
+func (r *Request) HeaderValue(name string) ([]byte, bool) {
+	if r.Head == nil {
+		return nil, false
+	}
+	return r.Head.Header(name)
+}
 
 // Decision is the Hook's answer.
 type Decision struct {
@@ -128,6 +137,14 @@ type Service struct {
 	MaxRequestsPerConn int           // 0 = unlimited
 	MaxBodyBytes       int64         // 0 = unlimited; larger bodies get 413
 	Limits             httpparse.Limits
+
+	// ProxyProtocol starts every upstream connection with a PROXY protocol
+	// header naming the client (pinned.go). Such a connection serves one
+	// client connection only: it is never pooled for others.
+	ProxyProtocol proxyproto.Version
+	// TLS and Opaque say what the service does with TLS and with other
+	// protocols; Handoff implementations read them (handoff.go).
+	TLS, Opaque ConnMode
 }
 
 func (s *Service) headerTimeout() time.Duration { return durOr(s.HeaderTimeout, DefaultHeaderTimeout) }

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxyproto"
 )
 
 const (
@@ -82,6 +83,9 @@ type conn struct {
 	// protocol dispatch (handoff.go)
 	started time.Time // first byte of the first request, when dispatch saw it
 	hc      HandoffConn
+
+	pinned *upConn                 // idle upstream connection of this client (pinned.go)
+	ppbuf  [proxyproto.MaxLen]byte // PROXY header scratch
 }
 
 var connPool = sync.Pool{New: func() any {
@@ -128,6 +132,7 @@ func (c *conn) release() {
 	c.fresh.Store(false)
 	c.freshUntil = time.Time{}
 	c.started = time.Time{}
+	c.dropPinned()
 	c.lr = io.LimitedReader{}
 	connPool.Put(c)
 }

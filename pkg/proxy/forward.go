@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxyproto"
 )
 
 // errRetry marks an exchange on a reused pooled connection that failed
@@ -67,6 +68,9 @@ func (c *conn) forward(cfg *Config, svc *Service, base int) bool {
 }
 
 func (c *conn) getUpstream(cfg *Config, svc *Service, fresh bool) (*upConn, error) {
+	if svc.ProxyProtocol != proxyproto.None {
+		return c.getPinned(cfg, svc, fresh)
+	}
 	return c.p.pools.get(cfg, svc.Upstream, svc.upstreamTimeout(), fresh)
 }
 
@@ -91,7 +95,9 @@ func (c *conn) releaseUpstream(cfg *Config, u *upConn, keep bool) bool {
 	if c.detachUp() {
 		keep = false // the watcher may have closed it
 	}
-	if keep {
+	if keep && u.pinned {
+		c.keepPinned(u)
+	} else if keep {
 		c.p.pools.put(cfg, u)
 	} else {
 		u.close()

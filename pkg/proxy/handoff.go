@@ -23,13 +23,30 @@ type Handoff interface {
 	ServeConn(hc *HandoffConn)
 }
 
+// ConnMode is what a service does with connections of a kind the proxy
+// does not serve itself (Service.TLS, Service.Opaque).
+type ConnMode uint8
+
+const (
+	// ModeDefault: for TLS, the Opaque mode applies; for Opaque,
+	// passthrough.
+	ModeDefault ConnMode = iota
+	// ModePassthrough relays the bytes unchanged (TLS: after reading the
+	// ClientHello and admitting the connection).
+	ModePassthrough
+	// ModeReject closes the connection.
+	ModeReject
+)
+
 // HandoffConn is a connection handed off after protocol detection.
 type HandoffConn struct {
 	Conn net.Conn
 	Kind sniff.Kind
 	// Buffered holds the bytes already read from Conn (at least the ones
 	// that decided Kind); the handler consumes them before reading Conn.
-	// The slice is valid until ServeConn returns.
+	// Its spare capacity is free read buffer the handler may fill (a TLS
+	// handler reads the rest of a ClientHello there). Valid until
+	// ServeConn returns.
 	Buffered      []byte
 	Remote, Local netip.AddrPort // Local is the original destination
 	Service       *Service

@@ -72,6 +72,7 @@ type upConn struct {
 	buf       buffer
 	resp      httpparse.Response
 	reused    bool // came out of the idle pool
+	pinned    bool // serves one client connection (PROXY header): never pooled
 	idleSince time.Time
 	healthy   bool
 	checkFn   func(fd uintptr)

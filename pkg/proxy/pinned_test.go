@@ -1,0 +1,104 @@
+package proxy
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxyproto"
+)
+
+// TestProxyProtocolHTTP1: each client connection gets its own upstream
+// connection, which starts with a PROXY header naming that client, and
+// keeps it for its later requests; no other client ever shares it.
+func TestProxyProtocolHTTP1(t *testing.T) {
+	var mu sync.Mutex
+	headers := map[int]string{}
+	up := newRawUpstream(t, func(n int, c net.Conn) {
+		br := bufio.NewReader(c)
+		line, err := readProxyHeader(br)
+		if err != nil {
+			return
+		}
+		mu.Lock()
+		headers[n] = line
+		mu.Unlock()
+		for {
+			if _, err := readRequestHead(br); err != nil {
+				return
+			}
+			body := fmt.Sprintf("conn%d", n)
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		}
+	})
+	_, addr := startProxy(t, nil, &Service{Upstream: up.addr(), ProxyProtocol: proxyproto.V1}, nil)
+	clients := []*client{dialClient(t, addr), dialClient(t, addr)}
+	for round := 0; round < 3; round++ {
+		for i, c := range clients {
+			c.send("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+			r, body := c.resp("GET")
+			if want := fmt.Sprintf("conn%d", i+1); r.StatusCode != 200 || round > 0 && body != want {
+				t.Fatalf("round %d client %d: %d %q", round, i, r.StatusCode, body)
+			}
+		}
+	}
+	if up.count() != 2 {
+		t.Fatalf("%d upstream connections, want 2", up.count())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for n, c := range clients {
+		local := c.c.LocalAddr().(*net.TCPAddr)
+		want := fmt.Sprintf("PROXY TCP4 127.0.0.1 %s %d %d\r\n", strings.Split(addr, ":")[0], local.Port, c.c.RemoteAddr().(*net.TCPAddr).Port)
+		if headers[n+1] != want {
+			t.Errorf("upstream conn %d header %q, want %q", n+1, headers[n+1], want)
+		}
+	}
+}
+
+// TestProxyProtocolUpstreamGone: a pinned upstream connection the service
+// closed is replaced by a fresh one with its own header.
+func TestProxyProtocolUpstreamGone(t *testing.T) {
+	up := newRawUpstream(t, func(n int, c net.Conn) {
+		br := bufio.NewReader(c)
+		if _, err := readProxyHeader(br); err != nil {
+			return
+		}
+		if _, err := readRequestHead(br); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok") // then close
+	})
+	_, addr := startProxy(t, nil, &Service{Upstream: up.addr(), ProxyProtocol: proxyproto.V2}, nil)
+	c := dialClient(t, addr)
+	for i := 0; i < 3; i++ {
+		c.send("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+		if r, body := c.resp("GET"); r.StatusCode != 200 || body != "ok" {
+			t.Fatalf("request %d: %d %q", i, r.StatusCode, body)
+		}
+	}
+	if up.count() != 3 {
+		t.Fatalf("%d upstream connections, want 3", up.count())
+	}
+}
+
+// readProxyHeader reads a v1 line or a whole v2 header.
+func readProxyHeader(br *bufio.Reader) (string, error) {
+	sig, err := br.Peek(len(proxyproto.Signature))
+	if err != nil || string(sig) != proxyproto.Signature {
+		return br.ReadString('\n')
+	}
+	fixed := make([]byte, 16)
+	if _, err := io.ReadFull(br, fixed); err != nil {
+		return "", err
+	}
+	rest := make([]byte, int(fixed[14])<<8|int(fixed[15]))
+	if _, err := io.ReadFull(br, rest); err != nil {
+		return "", err
+	}
+	return string(fixed) + string(rest), nil
+}
