@@ -18,6 +18,7 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/embedded"
 	"github.com/rl-tproxy/rl-tproxy/pkg/hook"
 	"github.com/rl-tproxy/rl-tproxy/pkg/metrics"
+	"github.com/rl-tproxy/rl-tproxy/pkg/passthrough"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 	"github.com/rl-tproxy/rl-tproxy/pkg/redirect"
@@ -101,7 +102,11 @@ func Start(parent context.Context, pol *admission.Policy, opts Options) (_ *Node
 	}
 	n.gate.Swap(pol)
 	n.pol = pol
-	pcfg := proxy.Config{Services: hook.ProxyServices(pol), Hook: n.gate, Logger: opts.Log}
+	// The first bytes of a connection pick its protocol: TLS and other
+	// protocols go to the passthrough relay (per service: relayed or closed).
+	relay := &passthrough.Relay{Observe: n.gate.ObserveConn}
+	pcfg := proxy.Config{Services: hook.ProxyServices(pol), Hook: n.gate, Logger: opts.Log,
+		Handoff: &proxy.HandoffMux{TLS: relay, Other: relay}}
 	if steeredPorts(pol) != nil {
 		if err := n.attachRedirect(pol); err != nil {
 			return nil, err

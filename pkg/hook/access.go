@@ -43,6 +43,9 @@ func (g *Gate) logAccess(r *proxy.Request, d *proxy.Decision, res *proxy.Result,
 	if len(r.Query) > 0 {
 		attrs = append(attrs, slog.String(accesslog.Query, string(r.Query)))
 	}
+	if len(r.SNI) > 0 || len(r.ALPN) > 0 {
+		attrs = append(attrs, slog.String("sni", string(r.SNI)), slog.String("alpn", string(r.ALPN)))
+	}
 	attrs = append(attrs,
 		slog.String(accesslog.Proto, proto),
 		slog.Int(accesslog.Status, res.Status),

@@ -198,6 +198,7 @@ func (g *Gate) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
 	if r.Head != nil {
 		st.areq.Method, st.areq.Host = r.Head.Method, r.Head.Host
 	}
+	st.areq.SNI, st.areq.ALPN = r.SNI, r.ALPN
 	var svc *admission.Service
 	if st.gen != nil {
 		svc = st.gen.pol.ServiceFor(r.Local)

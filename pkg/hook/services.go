@@ -29,6 +29,16 @@ func ProxyServices(p *admission.Policy) []*proxy.Service {
 				MaxHeaders:     s.Limits.MaxHeaders,
 			},
 		}
+		ps.ProxyProtocol = s.ProxyProtocol
+		switch s.TLS {
+		case admission.TLSPassthrough:
+			ps.TLS = proxy.ModePassthrough
+		case admission.TLSReject:
+			ps.TLS = proxy.ModeReject
+		}
+		if s.Opaque == admission.OpaqueReject {
+			ps.Opaque = proxy.ModeReject
+		}
 		for _, l := range s.Listen {
 			ps.Listen = append(ps.Listen, l.String())
 		}

@@ -44,6 +44,7 @@ type Metrics struct {
 	upstreamErrors *prometheus.CounterVec // service
 	denyAnswers    *prometheus.CounterVec // service, status
 	denials        *prometheus.CounterVec // service, location, kind, name
+	connections    *prometheus.CounterVec // service, protocol, action (conns.go)
 
 	reloads        *prometheus.CounterVec // result, trigger
 	reloadErrors   prometheus.Counter
@@ -125,6 +126,7 @@ func New(version, commit string) *Metrics {
 		m.upstreamErrors, m.denyAnswers, m.reloads, m.reloadErrors, m.generation, m.lastReloadOK,
 		m.clientRebuilds, m.inflight)
 	m.registerDenials()
+	m.registerConnections()
 	m.localAllow = m.localFallback.WithLabelValues("allow")
 	m.localDeny = m.localFallback.WithLabelValues("deny")
 	for _, r := range []string{"success", "error", "unchanged"} {
