@@ -50,9 +50,11 @@ func appendHeaderBytes(b, name, value []byte) []byte {
 }
 
 // appendRequestHead serialises the head sent upstream: the request line in
-// HTTP/1.1, the client's end-to-end fields, the forwarding fields the
-// service asks for, and exactly one framing field chosen by the proxy.
-// Dropped: hop-by-hop fields and every field named in Connection,
+// HTTP/1.1 with an origin-form target, exactly one Host (the one admission
+// saw), the client's end-to-end fields, the forwarding fields the service
+// asks for, and exactly one framing field chosen by the proxy.
+// Dropped: hop-by-hop fields and every field named in Connection (except
+// the routing and framing fields, which Connection cannot remove),
 // Content-Length/Transfer-Encoding (re-emitted), Expect (the proxy answers
 // 100 Continue itself after admission), and the forwarding fields the
 // proxy rewrites, and the fields of add, which are appended instead. On an
@@ -60,25 +62,30 @@ func appendHeaderBytes(b, name, value []byte) []byte {
 func appendRequestHead(b []byte, h *httpparse.Request, svc *Service, remote netip.AddrPort, add []httpparse.Header) []byte {
 	b = append(b, h.Method...)
 	b = append(b, ' ')
-	b = append(b, h.Target...)
+	b = appendOriginTarget(b, h)
 	b = append(b, " HTTP/1.1\r\n"...)
 	conn := hasConnectionField(h.Headers)
 	var xff, fwd bool
-	if h.HostHeader == nil {
-		// HTTP/1.0 without Host: upstream HTTP/1.1 needs one.
-		host := h.Host
-		if len(host) == 0 {
-			host = []byte(svc.Upstream)
-		}
-		b = appendHeader(b, "Host", host)
+	// RFC 9112 3.2.2: the authority of an absolute-form target replaces
+	// the Host field; h.Host is that authority or the Host field, the
+	// value the Hook matched and rendered. HTTP/1.0 without Host: the
+	// upstream (HTTP/1.1) needs one.
+	host := h.Host
+	if len(host) == 0 && h.HostHeader == nil {
+		host = []byte(svc.Upstream)
 	}
+	b = appendHeader(b, "Host", host)
 	for i := range h.Headers {
 		f := &h.Headers[i]
 		n := f.Name
-		if isHopByHop(n) || conn && httpparse.ConnectionHas(h.Headers, n) || len(add) > 0 && named(add, n) {
+		if isHopByHop(n) || conn && !routing(n) && httpparse.ConnectionHas(h.Headers, n) || len(add) > 0 && named(add, n) {
 			continue
 		}
 		switch len(n) {
+		case 4:
+			if httpparse.EqualFold(n, "host") {
+				continue // written above
+			}
 		case 6:
 			if httpparse.EqualFold(n, "expect") {
 				continue
@@ -159,6 +166,46 @@ func appendRequestHead(b []byte, h *httpparse.Request, svc *Service, remote neti
 		b = append(b, '\r', '\n')
 	}
 	return append(b, '\r', '\n')
+}
+
+// routing reports the fields that frame or route a request, which a
+// client cannot remove by naming them in Connection (the proxy writes Host
+// and the framing field itself; this keeps it so if that ever changes).
+func routing(name []byte) bool {
+	switch len(name) {
+	case 4:
+		return httpparse.EqualFold(name, "host")
+	case 14:
+		return httpparse.EqualFold(name, "content-length")
+	case 17:
+		return httpparse.EqualFold(name, "transfer-encoding")
+	}
+	return false
+}
+
+// appendOriginTarget appends the target in origin form: an absolute-form
+// target loses its scheme and authority (which became h.Host), keeping
+// path and query ("/" for an empty path, "*" for OPTIONS). Other forms are
+// copied.
+func appendOriginTarget(b []byte, h *httpparse.Request) []byte {
+	t := h.Target
+	if len(t) == 0 || t[0] == '/' || t[0] == '*' || httpparse.EqualFold(h.Method, "CONNECT") {
+		return append(b, t...)
+	}
+	path, query := splitTarget(t)
+	switch {
+	case len(path) > 0:
+		b = append(b, path...)
+	case httpparse.EqualFold(h.Method, "OPTIONS") && query == nil:
+		return append(b, '*')
+	default:
+		b = append(b, '/')
+	}
+	if query != nil {
+		b = append(b, '?')
+		b = append(b, query...)
+	}
+	return b
 }
 
 // named reports whether hs has a field called name (case-insensitive).

@@ -10,10 +10,13 @@
 //     sees it (Config.OnReject does). 408 after Service.HeaderTimeout from
 //     the first byte; 413 above Service.MaxBodyBytes.
 //   - The upstream always gets a re-serialised HTTP/1.1 head: hop-by-hop
-//     fields and fields named in Connection are dropped, one framing field
-//     (Content-Length or chunked, re-encoded by the proxy) is written,
-//     forwarding fields are added per Service. Chunk extensions and
-//     trailers are not forwarded.
+//     fields and fields named in Connection are dropped (but Connection
+//     cannot remove Host or the framing fields), one Host (the authority
+//     of an absolute-form target, sent in origin form, else the Host
+//     field: the host the Hook saw) and one framing field (Content-Length
+//     or chunked, re-encoded by the proxy) are written, forwarding fields
+//     are added per Service. Chunk extensions and trailers are not
+//     forwarded.
 //   - Expect: 100-continue is answered by the proxy itself, only after the
 //     Hook allowed and an upstream connection is ready; Expect is not
 //     forwarded (a 100 from the upstream is then dropped). A deny never
