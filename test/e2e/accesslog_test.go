@@ -1,13 +1,21 @@
 package e2e
 
 import (
+	"bufio"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 // idUpstream is an upstream that records the X-Request-ID and traceparent
@@ -143,5 +151,133 @@ func TestAccessLineAndRequestID(t *testing.T) {
 	}
 	if n := len(up.requests()); n != 2 {
 		t.Fatalf("upstream saw %d requests, want 2 (denies never reach it)", n)
+	}
+}
+
+// combinedLine is GoAccess's COMBINED log-format as a regular expression;
+// what follows the user agent is the proxy's key=value fields.
+var combinedLine = regexp.MustCompile(`^(\S+) \S+ \S+ \[(\d{2}/[A-Z][a-z]{2}/\d{4}):(\d{2}:\d{2}:\d{2}) [+-]\d{4}\] "((?:[^"\\]|\\.)*)" (\d{3}) (\d+|-) "((?:[^"\\]|\\.)*)" "((?:[^"\\]|\\.)*)"(.*)$`)
+
+// The real binary with --log-format combined: access lines read as
+// nginx's combined format (checked as GoAccess's regex and by GoAccess
+// itself), the proxy's fields follow, other lines stay text.
+func TestCombinedLogFormat(t *testing.T) {
+	c := startCluster(t)
+	up := startIDUpstream(t)
+	dir := t.TempDir()
+	o := policyOpts{fail: "close", credentials: writeCredentials(t, dir, c.cred), upstream: up.addr, listen: freeAddr(t), burst: 1}
+	cmd := exec.Command(binPath, "run", "--policy", writePolicy(t, dir, c, o), "--admin", "127.0.0.1:0", "--log-format", "combined", "--drain-timeout", "5s")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var lines []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			mu.Lock()
+			lines = append(lines, sc.Text())
+			mu.Unlock()
+		}
+	}()
+	snapshot := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), lines...)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("proxy log:\n%s", strings.Join(snapshot(), "\n"))
+		}
+	})
+	adminRe := regexp.MustCompile(`msg="admin listener" addr=(\S+)`)
+	var admin string
+	waitFor(t, "admin listener line", func() bool {
+		for _, l := range snapshot() {
+			if m := adminRe.FindStringSubmatch(l); m != nil {
+				admin = m[1]
+				return true
+			}
+		}
+		return false
+	})
+	waitFor(t, "/readyz 200", func() bool {
+		resp, err := http.Get("http://" + admin + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	base := "http://" + o.listen
+	if r := curl(t, "-H", "X-Key: erin", "-A", `agent "quoted"`, "-e", "http://ref.example/", base+"/api/c?x=1"); r.status != 200 {
+		t.Fatalf("first request: %d", r.status)
+	}
+	r := curl(t, "-H", "X-Key: erin", "-H", "X-Request-ID: e2e-erin-2", base+"/api/c")
+	if r.status != 429 {
+		t.Fatalf("second request: %d", r.status)
+	}
+	var access []string
+	waitFor(t, "two combined access lines", func() bool {
+		access = access[:0]
+		for _, l := range snapshot() {
+			if combinedLine.MatchString(l) {
+				access = append(access, l)
+			}
+		}
+		return len(access) == 2
+	})
+	a := combinedLine.FindStringSubmatch(access[0])
+	if a[1] != "127.0.0.1" || a[4] != "GET /api/c?x=1 HTTP/1.1" || a[5] != "200" || a[7] != "http://ref.example/" ||
+		a[8] != `agent \x22quoted\x22` || !strings.Contains(a[9], " upstream_status=200 ") || !strings.Contains(a[9], " upstream_ttfb_ms=") {
+		t.Errorf("allowed request's combined line %q", access[0])
+	}
+	d := combinedLine.FindStringSubmatch(access[1])
+	if d[5] != "429" || !strings.Contains(d[9], " deny_zones=strict ") || !strings.Contains(d[9], " retry_after="+r.header.Get("Retry-After")+" ") ||
+		!strings.Contains(d[9], " request_id=e2e-erin-2") {
+		t.Errorf("denied request's combined line %q (Retry-After %s)", access[1], r.header.Get("Retry-After"))
+	}
+	for _, l := range snapshot() {
+		if !combinedLine.MatchString(l) && !strings.HasPrefix(l, "time=") {
+			t.Errorf("line neither combined nor slog text: %q", l)
+		}
+	}
+
+	goaccessCounts(t, dir, access)
+}
+
+// goaccessCounts runs GoAccess (COMBINED) on lines: every one is a valid
+// request.
+func goaccessCounts(t *testing.T, dir string, lines []string) {
+	t.Helper()
+	ga := testkit.NeedTool(t, "goaccess", "goaccess")
+	logf, report := filepath.Join(dir, "access.log"), filepath.Join(dir, "report.json")
+	if err := os.WriteFile(logf, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(ga, logf, "--log-format=COMBINED", "--no-global-config", "-o", report).CombinedOutput(); err != nil {
+		t.Fatalf("goaccess: %v\n%s", err, out)
+	}
+	var rep struct {
+		General struct {
+			Valid  int `json:"valid_requests"`
+			Failed int `json:"failed_requests"`
+		} `json:"general"`
+	}
+	b, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &rep); err != nil || rep.General.Valid != len(lines) || rep.General.Failed != 0 {
+		t.Fatalf("goaccess: %+v (%v)", rep.General, err)
 	}
 }
