@@ -210,12 +210,14 @@ func (l *line) requestLine() string {
 // protoVersion maps the proto field to the request line's version.
 func protoVersion(p string) string {
 	switch p {
-	case "", "http/1.1":
+	case "http/1.1":
 		return "HTTP/1.1"
 	case "http/1.0":
 		return "HTTP/1.0"
 	case "h2":
 		return "HTTP/2.0"
+	case "":
+		return "-"
 	}
 	return strings.ToUpper(p)
 }

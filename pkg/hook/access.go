@@ -29,7 +29,7 @@ func (g *Gate) logAccess(r *proxy.Request, d *proxy.Decision, res *proxy.Result,
 	}
 	proto := r.Proto
 	if proto == "" {
-		proto = proxy.ProtoHTTP11
+		proto = "-" // a path that did not say (proxy.Request.Proto)
 	}
 	attrs := make([]slog.Attr, 0, 32)
 	attrs = append(attrs,
