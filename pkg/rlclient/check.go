@@ -96,6 +96,9 @@ func (c *Client) Check(ctx context.Context, req *wire.RateRequest, out *Decision
 	r.sock = c.ring.Hold(shard)
 	r.mem = mem
 	r.id = randv2.Uint64() &^ tokenMask
+	if testRequestID != nil {
+		r.id = testRequestID()
+	}
 	r.start = c.clock.Now()
 	r.round, r.attempt = 0, 0
 	r.full = c.usableMask(mem, r.start.UnixNano())

@@ -226,6 +226,10 @@ func New(cfg Config) (*Client, error) {
 	return c, nil
 }
 
+// testRequestID, when set by a test (before New), gives every check its
+// request id (the conformance vectors use fixed ids). Nil in production.
+var testRequestID func() uint64
+
 // testReadGate is handed to udpshard as Config.ReadGate: tests set it
 // (before New) to hold the socket readers back. Nil in production.
 var testReadGate func(*udpshard.Socket)

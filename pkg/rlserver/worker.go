@@ -388,7 +388,10 @@ func (w *worker) completion(ke *keyEntry, nowNs int64) {
 	ds := d.shard(dk)
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
-	if d.lookup(ds, dk, nowMs) != nil {
+	if sl := d.lookup(ds, dk, nowMs); sl != nil {
+		// Keep the id as long as this completion can pass the timestamp
+		// check: a captured copy re-sent later must still find it.
+		sl.until = max(sl.until, w.until())
 		w.inc(cCompletionsIgnored)
 		return
 	}
