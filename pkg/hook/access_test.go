@@ -87,6 +87,7 @@ func TestRequestIDGeneratedUpstream(t *testing.T) {
 		{"quote", "X-Request-ID: a\"b\r\n"},
 		{"too long", "X-Request-ID: " + strings.Repeat("a", MaxRequestIDLen+1) + "\r\n"},
 		{"repeated", "X-Request-ID: a\r\nx-request-id: b\r\n"},
+		{"hop-by-hop", "X-Request-ID: a\r\nConnection: keep-alive, x-request-id\r\n"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := newRigUpstream(t, "close", allowAll, http.HandlerFunc(echoIDs))

@@ -25,9 +25,10 @@ func validRequestID(v []byte) bool {
 }
 
 // clientRequestID returns the request's id field when it appears exactly
-// once with a valid value.
+// once with a valid value and is not named in Connection (the proxy drops
+// such a field, so the upstream would never see it).
 func clientRequestID(h *httpparse.Request, name []byte) ([]byte, bool) {
-	if h == nil {
+	if h == nil || httpparse.ConnectionHas(h.Headers, name) {
 		return nil, false
 	}
 	var v []byte
