@@ -105,6 +105,9 @@ type serviceSettings struct {
 	rateLimitHeaders, steerLoopback             *bool
 	denyStatus                                  *int64
 	denyFormat                                  *DenyFormat
+	denyGRPCStatus                              *int64
+	upstreamProtocol                            *string
+	h2                                          h2Settings
 }
 
 type nameRef struct {
@@ -136,7 +139,7 @@ var (
 	topKeys         = []string{"ratelimitly", "defaults", "tiers", "zones", "trackers", "services", "request_id"}
 	rlKeys          = []string{"srv", "embedded", "resolver", "resolver_timeout", "credentials", "request_policy", "fail", "bind", "debug"}
 	rpKeys          = []string{"name", "unit", "replay_gaps", "replays", "final_receive", "completion"}
-	serviceSetKeys  = []string{"forwarded_headers", "timeouts", "limits", "ratelimit_headers", "steer_loopback"}
+	serviceSetKeys  = []string{"forwarded_headers", "timeouts", "limits", "ratelimit_headers", "steer_loopback", "upstream_protocol"}
 	locationSetKeys = []string{"limit", "guard", "label", "report", "mode", "deny"}
 	serviceOwnKeys  = []string{"name", "port", "prefixes", "listen", "upstream", "locations"}
 	locationOwnKeys = []string{"name", "match"}

@@ -154,9 +154,12 @@ func inheritServiceSettings(svc *Service, own, defSvc *serviceSettings, ownLoc, 
 	svc.RateLimitHeaders = pick(DefaultRateLimitHeaders, own.rateLimitHeaders, defSvc.rateLimitHeaders)
 	svc.SteerLoopback = pick(DefaultSteerLoopback, own.steerLoopback, defSvc.steerLoopback)
 	svc.Deny = Deny{
-		Status: int(pick(int64(DefaultDenyStatus), ownLoc.settings.denyStatus, defLoc.settings.denyStatus)),
-		Format: pick(DenyJSON, ownLoc.settings.denyFormat, defLoc.settings.denyFormat),
+		Status:     int(pick(int64(DefaultDenyStatus), ownLoc.settings.denyStatus, defLoc.settings.denyStatus)),
+		Format:     pick(DenyJSON, ownLoc.settings.denyFormat, defLoc.settings.denyFormat),
+		GRPCStatus: int(pick(int64(DefaultDenyGRPCStatus), ownLoc.settings.denyGRPCStatus, defLoc.settings.denyGRPCStatus)),
 	}
+	svc.UpstreamProtocol = pick(UpstreamAuto, own.upstreamProtocol, defSvc.upstreamProtocol)
+	svc.H2 = own.h2.resolve(&defSvc.h2)
 }
 
 // unmapBits is the prefix-length adjustment when an IPv4-mapped IPv6
@@ -255,8 +258,9 @@ func (l *loader) resolveLocation(loc *Location, ctx string, n *yaml.Node, own, s
 	}
 	loc.Mode = pick(ModeEnforce, own.mode, svc.mode, def.mode)
 	loc.Deny = Deny{
-		Status: int(pick(int64(DefaultDenyStatus), own.settings.denyStatus, svc.settings.denyStatus, def.settings.denyStatus)),
-		Format: pick(DenyJSON, own.settings.denyFormat, svc.settings.denyFormat, def.settings.denyFormat),
+		Status:     int(pick(int64(DefaultDenyStatus), own.settings.denyStatus, svc.settings.denyStatus, def.settings.denyStatus)),
+		Format:     pick(DenyJSON, own.settings.denyFormat, svc.settings.denyFormat, def.settings.denyFormat),
+		GRPCStatus: int(pick(int64(DefaultDenyGRPCStatus), own.settings.denyGRPCStatus, svc.settings.denyGRPCStatus, def.settings.denyGRPCStatus)),
 	}
 	if len(loc.Limits) > MaxPerRequest {
 		l.errorf(n, "%s: %d zones, more than the %d resources a request can carry", ctx, len(loc.Limits), MaxPerRequest)

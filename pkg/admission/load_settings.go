@@ -54,7 +54,7 @@ func (l *loader) serviceSetting(e kv, ctx string, s *serviceSettings) bool {
 			}
 		}
 	case "limits":
-		pairs, ok := l.mapping(e.v, c, "max_request_line", "max_header_bytes", "max_headers", "max_body_bytes", "max_requests_per_conn")
+		pairs, ok := l.mapping(e.v, c, append([]string{"max_request_line", "max_header_bytes", "max_headers", "max_body_bytes", "max_requests_per_conn"}, h2LimitKeys...)...)
 		if !ok {
 			return true
 		}
@@ -81,6 +81,8 @@ func (l *loader) serviceSetting(e kv, ctx string, s *serviceSettings) bool {
 				if n, ok := l.integer(f.v, fc, 0, math.MaxInt32); ok {
 					s.maxRequestsPerConn = &n
 				}
+			default:
+				l.h2Limit(f, fc, &s.h2)
 			}
 		}
 	case "ratelimit_headers":
@@ -91,6 +93,8 @@ func (l *loader) serviceSetting(e kv, ctx string, s *serviceSettings) bool {
 		if b, ok := l.boolean(e.v, c); ok {
 			s.steerLoopback = b
 		}
+	case "upstream_protocol":
+		l.upstreamProtocol(e.v, c, s)
 	default:
 		return false
 	}
@@ -150,7 +154,7 @@ func (l *loader) locationSetting(e kv, ctx string, s *locationSettings) bool {
 			}
 		}
 	case "deny":
-		pairs, ok := l.mapping(e.v, c, "status", "format")
+		pairs, ok := l.mapping(e.v, c, "status", "format", "grpc_status")
 		if !ok {
 			return true
 		}
@@ -159,6 +163,10 @@ func (l *loader) locationSetting(e kv, ctx string, s *locationSettings) bool {
 			case "status":
 				if n, ok := l.integer(f.v, c+".status", 400, 599); ok {
 					s.settings.denyStatus = &n
+				}
+			case "grpc_status":
+				if n, ok := l.integer(f.v, c+".grpc_status", 1, 16); ok {
+					s.settings.denyGRPCStatus = &n
 				}
 			case "format":
 				if m, ok := l.str(f.v, c+".format"); ok {

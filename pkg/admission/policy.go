@@ -165,6 +165,9 @@ type Limits struct {
 type Deny struct {
 	Status int
 	Format DenyFormat
+	// GRPCStatus is the grpc-status of a gRPC request's deny (8,
+	// RESOURCE_EXHAUSTED, by default).
+	GRPCStatus int
 }
 
 // Service is one proxied service: where its traffic arrives (a steered
@@ -182,6 +185,8 @@ type Service struct {
 	RateLimitHeaders bool
 	SteerLoopback    bool // steered mode: connections from the node itself are steered too
 	Deny             Deny
+	UpstreamProtocol string // how HTTP/2 clients' streams reach the upstream: auto, http1, h2c
+	H2               H2Limits
 
 	// Protocols other than HTTP/1.1 on the service's port (load_protocol.go).
 	TLS           TLSMode

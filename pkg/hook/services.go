@@ -28,6 +28,13 @@ func ProxyServices(p *admission.Policy) []*proxy.Service {
 				MaxHeaderBytes: s.Limits.MaxHeaderBytes,
 				MaxHeaders:     s.Limits.MaxHeaders,
 			},
+			UpstreamProtocol: s.UpstreamProtocol,
+			H2: proxy.H2Limits{
+				MaxConcurrentStreams: s.H2.MaxConcurrentStreams,
+				MaxReadFrameSize:     s.H2.MaxFrameSize,
+				HeaderTableSize:      s.H2.HeaderTableSize,
+				StreamWindow:         s.H2.StreamWindow,
+			},
 		}
 		ps.ProxyProtocol = s.ProxyProtocol
 		switch s.TLS {

@@ -145,6 +145,24 @@ type Service struct {
 	// TLS and Opaque say what the service does with TLS and with other
 	// protocols; Handoff implementations read them (handoff.go).
 	TLS, Opaque ConnMode
+
+	// UpstreamProtocol is how HTTP/2 clients' streams reach the upstream
+	// (pkg/h2proxy): "" or "auto" (the client's: h2c), "http1" or "h2c".
+	// HTTP/1.1 clients are always forwarded as HTTP/1.1.
+	UpstreamProtocol string
+	// H2 bounds HTTP/2 client connections (zero fields: pkg/h2proxy's
+	// defaults).
+	H2 H2Limits
+}
+
+// H2Limits are the HTTP/2 settings the proxy advertises and enforces.
+// The header block (SETTINGS_MAX_HEADER_LIST_SIZE) is bounded by
+// Limits.MaxHeaderBytes.
+type H2Limits struct {
+	MaxConcurrentStreams uint32 // SETTINGS_MAX_CONCURRENT_STREAMS
+	MaxReadFrameSize     uint32 // SETTINGS_MAX_FRAME_SIZE
+	HeaderTableSize      uint32 // SETTINGS_HEADER_TABLE_SIZE (HPACK dynamic table)
+	StreamWindow         uint32 // per-stream receive window: body held before admission
 }
 
 func (s *Service) headerTimeout() time.Duration { return durOr(s.HeaderTimeout, DefaultHeaderTimeout) }
