@@ -1,0 +1,196 @@
+package h2proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+)
+
+// hopByHop are the fields that never cross the proxy (RFC 9110 7.6.1);
+// HTTP/2 forbids them on the wire (RFC 9113 8.2.2).
+var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Te", "Trailer"}
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// forward sends an admitted stream upstream and relays the response, both
+// directions at once (gRPC client, server and bidirectional streams).
+func (st *stream) forward(w http.ResponseWriter, r *http.Request, d *proxy.Decision) {
+	h := st.h
+	svc := h.svc
+	up, err := h.srv.ups.get(svc, h.cfg)
+	if err != nil {
+		st.res.UpstreamErr = err
+		st.fail(w, http.StatusBadGateway)
+		return
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	timer := &headTimer{d: durOr(svc.UpstreamTimeout, proxy.DefaultUpstreamTimeout), cancel: cancel}
+	out := &http.Request{
+		Method:        r.Method,
+		URL:           &url.URL{Scheme: "http", Host: svc.Upstream, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery},
+		Proto:         "HTTP/2.0",
+		ProtoMajor:    2,
+		Header:        outHeader(r, st),
+		Host:          r.Host,
+		ContentLength: r.ContentLength,
+		Trailer:       r.Trailer,
+	}
+	if r.URL.Path == "*" {
+		out.URL = &url.URL{Scheme: "http", Host: svc.Upstream, Opaque: "*"}
+	}
+	if r.Body == nil || r.Body == http.NoBody {
+		out.Body = http.NoBody
+		timer.arm()
+	} else {
+		out.Body = &bodyReader{r: r.Body, st: st, max: svc.MaxBodyBytes, onEOF: timer.arm}
+	}
+	out = out.WithContext(ctx)
+	res, err := up.rt.RoundTrip(out)
+	headInTime := timer.stop()
+	if err != nil {
+		switch {
+		case r.Context().Err() != nil:
+			st.res.ClientAborted = true
+		case st.tooBig.Load():
+			st.fail(w, http.StatusRequestEntityTooLarge)
+		case !headInTime:
+			st.res.UpstreamErr = fmt.Errorf("upstream %s: no response head within %s", svc.Upstream, timer.d)
+			st.fail(w, http.StatusGatewayTimeout)
+		default:
+			st.res.UpstreamErr = fmt.Errorf("upstream %s: %w", svc.Upstream, err)
+			st.fail(w, http.StatusBadGateway)
+		}
+		return
+	}
+	defer func() { _ = res.Body.Close() }()
+	st.relay(w, r, res, d)
+}
+
+// outHeader is the upstream request's header: the client's fields (the
+// codec already refused connection-specific ones) plus the forwarding
+// fields of the service.
+func outHeader(r *http.Request, st *stream) http.Header {
+	svc := st.h.svc
+	out := r.Header.Clone()
+	if out == nil {
+		out = http.Header{}
+	}
+	for _, k := range hopByHop {
+		if k == "Te" && strings.EqualFold(out.Get("Te"), "trailers") {
+			continue
+		}
+		delete(out, k)
+	}
+	ip := st.h.remote.Addr().Unmap()
+	if svc.XForwardedFor {
+		v := ip.String()
+		if prior := out.Values("X-Forwarded-For"); len(prior) > 0 {
+			v = strings.Join(prior, ", ") + ", " + v
+		}
+		out.Set("X-Forwarded-For", v)
+	}
+	if svc.XForwardedProto {
+		out.Set("X-Forwarded-Proto", "http")
+	}
+	if svc.Forwarded {
+		v := "for=" + ip.String()
+		if ip.Is6() {
+			v = `for="[` + ip.String() + `]"`
+		}
+		v += ";proto=http"
+		if prior := out.Values("Forwarded"); len(prior) > 0 {
+			v = strings.Join(prior, ", ") + ", " + v
+		}
+		out.Set("Forwarded", v)
+	}
+	if svc.XRealIP {
+		out.Set("X-Real-Ip", ip.String())
+	}
+	return out
+}
+
+// relay writes the upstream response: head, body as it arrives (flushed
+// per read, so streams stay live), then trailers. A response that ends
+// with its head (a gRPC trailers-only answer) is written as one HEADERS
+// frame with END_STREAM. An upstream that resets mid-body makes the proxy
+// reset the client's stream.
+func (st *stream) relay(w http.ResponseWriter, r *http.Request, res *http.Response, d *proxy.Decision) {
+	hdr := w.Header()
+	for k, vs := range res.Header {
+		hdr[k] = vs
+	}
+	for _, k := range hopByHop {
+		delete(hdr, k)
+	}
+	if d != nil {
+		for _, f := range d.Header {
+			hdr.Add(string(f.Name), string(f.Value))
+		}
+	}
+	w.WriteHeader(res.StatusCode)
+	st.res.Status = res.StatusCode
+	rc := http.NewResponseController(w)
+	if res.ContentLength != 0 {
+		_ = rc.Flush()
+	}
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
+	for {
+		n, rerr := res.Body.Read(buf)
+		if n > 0 {
+			m, werr := w.Write(buf[:n])
+			st.res.BytesOut += int64(m)
+			if werr == nil {
+				werr = rc.Flush()
+			}
+			if werr != nil {
+				st.res.ClientAborted = true
+				st.res.End = st.h.now()
+				return // the deferred cancel resets the upstream stream
+			}
+		}
+		if rerr != nil {
+			st.res.End = st.h.now()
+			if errors.Is(rerr, context.Canceled) && r.Context().Err() != nil {
+				st.res.ClientAborted = true
+				return
+			}
+			if !errors.Is(rerr, io.EOF) {
+				st.res.UpstreamErr = fmt.Errorf("upstream %s: response body: %w", st.h.svc.Upstream, rerr)
+				// The documented way to reset the client's stream
+				// (RST_STREAM INTERNAL_ERROR) from a handler.
+				panic(http.ErrAbortHandler)
+			}
+			break
+		}
+	}
+	for k, vs := range res.Trailer {
+		hdr[http.TrailerPrefix+k] = vs
+	}
+}
+
+// fail answers a stream whose forwarding failed before a response head.
+func (st *stream) fail(w http.ResponseWriter, status int) {
+	if st.grpc {
+		code := grpcUnavailable
+		switch status {
+		case http.StatusRequestEntityTooLarge:
+			code = grpcResourceExhausted
+		case http.StatusGatewayTimeout:
+			code = grpcDeadlineExceeded
+		}
+		st.grpcAnswer(w, code, strings.ToLower(http.StatusText(status)), -1, nil)
+		return
+	}
+	st.answer(w, status, nil, []byte(strconv.Itoa(status)+" "+http.StatusText(status)+"\n"), "text/plain; charset=utf-8")
+}

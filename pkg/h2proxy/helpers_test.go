@@ -1,0 +1,226 @@
+package h2proxy_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/h2proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+)
+
+// echoService is the gRPC upstream: unary echo, server streaming (one
+// message per requested size), client streaming (sums payload sizes), bidi
+// (one answer per message).
+type echoService struct {
+	testgrpc.UnimplementedTestServiceServer
+	mu      sync.Mutex
+	lastMD  metadata.MD
+	calls   int
+	blocked chan struct{} // when set, UnaryCall waits for ctx end and closes it
+}
+
+func (s *echoService) UnaryCall(ctx context.Context, in *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	s.mu.Lock()
+	s.lastMD, s.calls = md, s.calls+1
+	blocked := s.blocked
+	s.mu.Unlock()
+	if blocked != nil {
+		<-ctx.Done()
+		close(blocked)
+		return nil, ctx.Err()
+	}
+	_ = grpc.SetTrailer(ctx, metadata.Pairs("x-trailer", "t1"))
+	return &testgrpc.SimpleResponse{Payload: &testgrpc.Payload{Body: in.GetPayload().GetBody()}}, nil
+}
+
+func (s *echoService) StreamingOutputCall(in *testgrpc.StreamingOutputCallRequest, out grpc.ServerStreamingServer[testgrpc.StreamingOutputCallResponse]) error {
+	for _, p := range in.GetResponseParameters() {
+		if err := out.Send(&testgrpc.StreamingOutputCallResponse{Payload: &testgrpc.Payload{Body: make([]byte, p.GetSize())}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *echoService) StreamingInputCall(in grpc.ClientStreamingServer[testgrpc.StreamingInputCallRequest, testgrpc.StreamingInputCallResponse]) error {
+	var sum int32
+	for {
+		m, err := in.Recv()
+		if errors.Is(err, io.EOF) {
+			return in.SendAndClose(&testgrpc.StreamingInputCallResponse{AggregatedPayloadSize: sum})
+		}
+		if err != nil {
+			return err
+		}
+		sum += int32(len(m.GetPayload().GetBody()))
+	}
+}
+
+func (s *echoService) FullDuplexCall(st grpc.BidiStreamingServer[testgrpc.StreamingOutputCallRequest, testgrpc.StreamingOutputCallResponse]) error {
+	for {
+		m, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if s := m.GetResponseStatus(); s != nil {
+			return status.Error(codes.Code(s.GetCode()), s.GetMessage())
+		}
+		if err := st.Send(&testgrpc.StreamingOutputCallResponse{Payload: m.GetPayload()}); err != nil {
+			return err
+		}
+	}
+}
+
+// startGRPC starts the gRPC upstream (h2c prior knowledge) on loopback.
+func startGRPC(t testing.TB) (*echoService, string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := &echoService{}
+	s := grpc.NewServer()
+	testgrpc.RegisterTestServiceServer(s, svc)
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(s.Stop)
+	return svc, ln.Addr().String()
+}
+
+// rec is a Hook that admits or denies by path and records every Done.
+type rec struct {
+	mu    sync.Mutex
+	deny  map[string]bool
+	block bool // Admit waits for ctx
+	// blockPath: Admit waits for ctx for this path only.
+	blockPath string
+	admits    int
+	dones     []proxy.Result
+	paths     []string
+	auth      []string
+	// admitted lists the paths that reached Admit.
+	admitted []string
+}
+
+func (h *rec) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
+	h.mu.Lock()
+	h.admits++
+	h.auth = append(h.auth, string(r.Head.Host))
+	h.admitted = append(h.admitted, string(r.Path))
+	deny, block := h.deny[string(r.Path)], h.block || (h.blockPath != "" && h.blockPath == string(r.Path))
+	h.mu.Unlock()
+	if block {
+		<-ctx.Done()
+		return proxy.Decision{Status: 499}
+	}
+	if deny {
+		return proxy.Decision{Status: 429, Body: []byte("denied\n"), ContentType: "text/plain",
+			Header: []httpparse.Header{{Name: []byte("Retry-After"), Value: []byte("3")}, {Name: []byte("RateLimit-Policy"), Value: []byte(`"z";q=1;w=1`)}}}
+	}
+	return proxy.Decision{Allow: true}
+}
+
+func (h *rec) Done(r *proxy.Request, d *proxy.Decision, res *proxy.Result) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.dones = append(h.dones, *res)
+	h.paths = append(h.paths, string(r.Path))
+}
+
+func (h *rec) GRPCDeny(*proxy.Decision) (int, string) { return 8, "rate limited by zone z" }
+
+func (h *rec) doneCount() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.dones)
+}
+
+// startProxy serves HTTP/2 connections for svc through h2proxy (the
+// standalone mode: the codec reads the preface itself).
+func startProxy(t testing.TB, svc *proxy.Service, hook proxy.Hook) (*h2proxy.Server, string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := h2proxy.New()
+	cfg := &proxy.Config{Services: []*proxy.Service{svc}, Hook: hook}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() { defer wg.Done(); srv.ServeConn(c, nil, svc, cfg) }()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		wg.Wait()
+	})
+	return srv, ln.Addr().String()
+}
+
+func dialGRPC(t testing.TB, addr string) testgrpc.TestServiceClient {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	return testgrpc.NewTestServiceClient(cc)
+}
+
+// h2cClient is an HTTP/2 prior-knowledge client (not gRPC).
+func h2cClient() *http.Client {
+	return &http.Client{Transport: h2cTransport()}
+}
+
+// waitFor polls cond until it holds or 10 s pass.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func limits(maxHeaders int) httpparse.Limits { return httpparse.Limits{MaxHeaders: maxHeaders} }
+
+// admittedPath reports whether a request for path reached Admit.
+func (h *rec) admittedPath(path string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, p := range h.admitted {
+		if p == path {
+			return true
+		}
+	}
+	return false
+}

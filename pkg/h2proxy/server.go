@@ -1,0 +1,256 @@
+// Package h2proxy is the HTTP/2 cleartext data path: it serves connections
+// that started with the HTTP/2 preface (handed off by pkg/proxy), admits
+// every request stream through the same proxy.Hook as HTTP/1.1, answers
+// denies in the client's language (429 with the RateLimit fields, or a gRPC
+// trailers-only status), and forwards admitted streams full duplex to the
+// service's upstream over pooled h2c or HTTP/1.1 connections.
+//
+// The HTTP/2 codec is golang.org/x/net/http2 as bundled into net/http (the
+// form x/net now recommends: http.Server.Protocols and http.HTTP2Config on
+// both sides), with its defences kept: handler concurrency bounded by the advertised
+// SETTINGS_MAX_CONCURRENT_STREAMS and a connection error after a burst of
+// early resets (rapid reset, CVE-2023-44487), a header block bounded by
+// SETTINGS_MAX_HEADER_LIST_SIZE however many CONTINUATION frames carry it
+// (CVE-2024-27316), and a bounded HPACK dynamic table. The bounds come from
+// proxy.Service (the policy's limits).
+package h2proxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+)
+
+// Defaults of the HTTP/2 limits (proxy.H2Limits zero values).
+const (
+	DefaultMaxConcurrentStreams = 128
+	DefaultMaxReadFrameSize     = 16 << 10
+	DefaultStreamWindow         = 64 << 10
+	DefaultHeaderTableSize      = 4096
+)
+
+// Server serves handed-off HTTP/2 connections. One Server is shared by all
+// services; it holds one HTTP/2 server per service configuration (its
+// limits) and the upstream pools.
+type Server struct {
+	ups upstreams
+
+	mu       sync.Mutex
+	servers  map[serverKey]*h2server
+	draining bool
+
+	// CountError, if set, is called with the codec's error kind
+	// ("too_many_early_resets", "headers_too_large"...) of every protocol
+	// error it detects. It must not block.
+	CountError func(kind string)
+}
+
+// serverKey is what an HTTP/2 server depends on: services with the same
+// limits share one (the handler reads the service from the connection),
+// so reloads do not multiply servers.
+type serverKey struct {
+	lim     proxy.H2Limits
+	maxHead int
+	idle    time.Duration
+}
+
+// h2server is the HTTP/2 server of one service configuration: an
+// http.Server speaking only HTTP/2 prior knowledge, fed the handed-off
+// connections through a listener of its own.
+type h2server struct {
+	hs *http.Server
+	ln *connListener
+}
+
+// New returns a Server with empty upstream pools.
+func New() *Server {
+	s := &Server{servers: map[serverKey]*h2server{}}
+	s.ups.init()
+	return s
+}
+
+// h2conn is a handed-off connection: it replays the bytes the dispatcher
+// already read, carries the service and configuration it was accepted
+// with, and tells ServeConn when the codec closed it.
+type h2conn struct {
+	net.Conn
+	pre    []byte
+	svc    *proxy.Service
+	cfg    *proxy.Config
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (c *h2conn) Read(p []byte) (int, error) {
+	if len(c.pre) > 0 {
+		n := copy(p, c.pre)
+		c.pre = c.pre[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+func (c *h2conn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return c.Conn.Close()
+}
+
+type connKey struct{}
+
+// connListener hands connections to an http.Server's accept loop.
+type connListener struct {
+	ch   chan net.Conn
+	done chan struct{}
+	once sync.Once
+}
+
+func (l *connListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ch:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *connListener) Close() error { l.once.Do(func() { close(l.done) }); return nil }
+func (l *connListener) Addr() net.Addr {
+	return &net.TCPAddr{IP: net.IPv4zero}
+}
+
+// ServeConn serves one HTTP/2 connection and returns when it has ended.
+// buffered holds the bytes already read from c (the whole or part of the
+// client preface, and possibly frames after it); they are served before
+// anything read from c. svc and cfg are the service and configuration in
+// force when the connection was accepted; cfg supplies the Hook, the
+// upstream dialer, the logger and the clock. ServeConn closes c.
+func (s *Server) ServeConn(c net.Conn, buffered []byte, svc *proxy.Service, cfg *proxy.Config) {
+	s.mu.Lock()
+	if s.draining {
+		s.mu.Unlock()
+		_ = c.Close()
+		return
+	}
+	h := s.serverFor(svc)
+	s.mu.Unlock()
+	hc := &h2conn{Conn: c, pre: append([]byte(nil), buffered...), svc: svc, cfg: cfg, closed: make(chan struct{})}
+	select {
+	case h.ln.ch <- hc:
+		<-hc.closed
+	case <-h.ln.done:
+		_ = c.Close()
+	}
+}
+
+// serverFor returns the HTTP/2 server of svc, starting it on first use
+// (s.mu held).
+func (s *Server) serverFor(svc *proxy.Service) *h2server {
+	key := serverKey{lim: svc.H2, maxHead: headerListSize(svc), idle: durOr(svc.IdleTimeout, proxy.DefaultIdleTimeout)}
+	if h := s.servers[key]; h != nil {
+		return h
+	}
+	lim := svc.H2
+	streams := orU32(lim.MaxConcurrentStreams, DefaultMaxConcurrentStreams)
+	window := orU32(lim.StreamWindow, DefaultStreamWindow)
+	var protos http.Protocols
+	protos.SetUnencryptedHTTP2(true)
+	hs := &http.Server{
+		Handler:        &handler{srv: s},
+		Protocols:      &protos,
+		MaxHeaderBytes: key.maxHead,
+		IdleTimeout:    key.idle,
+		ErrorLog:       log.New(io.Discard, "", 0),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, connKey{}, c)
+		},
+		HTTP2: &http.HTTP2Config{
+			MaxConcurrentStreams:          int(streams),
+			MaxReadFrameSize:              int(orU32(lim.MaxReadFrameSize, DefaultMaxReadFrameSize)),
+			MaxDecoderHeaderTableSize:     int(orU32(lim.HeaderTableSize, DefaultHeaderTableSize)),
+			MaxEncoderHeaderTableSize:     DefaultHeaderTableSize,
+			MaxReceiveBufferPerStream:     int(window),
+			MaxReceiveBufferPerConnection: int(min(max(uint64(window)*uint64(streams), 64<<10), 4<<20-1)),
+			CountError: func(kind string) {
+				if s.CountError != nil {
+					s.CountError(kind)
+				}
+			},
+		},
+	}
+	h := &h2server{hs: hs, ln: &connListener{ch: make(chan net.Conn), done: make(chan struct{})}}
+	go func() { _ = hs.Serve(h.ln) }()
+	s.servers[key] = h
+	return h
+}
+
+// headerListSize is the bound of a request's header block (HPACK-decoded
+// size, RFC 9113 6.5.2), from the service's max_header_bytes.
+func headerListSize(svc *proxy.Service) int {
+	if svc.Limits.MaxHeaderBytes > 0 {
+		return svc.Limits.MaxHeaderBytes
+	}
+	return 16 << 10
+}
+
+// Shutdown drains: every connection gets a GOAWAY (graceful: streams in
+// flight finish, new ones are refused) and Shutdown waits for the
+// connections to end or ctx to expire, after which the remaining ones are
+// closed. Connections handed off after Shutdown are closed at once.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.draining = true
+	servers := make([]*h2server, 0, len(s.servers))
+	for _, h := range s.servers {
+		servers = append(servers, h)
+	}
+	s.mu.Unlock()
+	errs := make(chan error, len(servers))
+	for _, h := range servers {
+		go func() {
+			err := h.hs.Shutdown(ctx) // GOAWAY, then waits
+			if err != nil {
+				_ = h.hs.Close()
+			}
+			errs <- err
+		}()
+	}
+	var first error
+	for range servers {
+		if err := <-errs; err != nil && first == nil {
+			first = fmt.Errorf("http2 drain: %w", err)
+		}
+	}
+	s.ups.close()
+	return first
+}
+
+func orU32(v, def uint32) uint32 {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+func durOr(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}
+
+func logger(cfg *proxy.Config) *slog.Logger {
+	if cfg.Logger != nil {
+		return cfg.Logger
+	}
+	return discard
+}
+
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -1,0 +1,121 @@
+package h2proxy
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+)
+
+// Upstream protocols (proxy.Service.UpstreamProtocol).
+const (
+	ProtoAuto  = "auto"  // the client's: h2c for HTTP/2 clients
+	ProtoHTTP1 = "http1" // HTTP/1.1 over pooled keep-alive connections
+	ProtoH2C   = "h2c"   // HTTP/2 prior knowledge, multiplexed
+)
+
+// upstream is the pooled transport of one (address, protocol): an
+// HTTP/2 transport multiplexes streams over few connections (opening
+// another when the upstream's stream limit is reached); an http.Transport
+// keeps HTTP/1.1 connections alive.
+type upstream struct {
+	rt     http.RoundTripper
+	closer interface{ CloseIdleConnections() }
+}
+
+type upKey struct {
+	addr, proto string
+	timeout     time.Duration
+}
+
+type upstreams struct {
+	mu sync.Mutex
+	m  map[upKey]*upstream
+}
+
+func (u *upstreams) init() { u.m = map[upKey]*upstream{} }
+
+// get returns the transport for svc's upstream, creating it on first use.
+// Its dialer is cfg.Dial (the redirect's bypassing dialer) as of creation.
+func (u *upstreams) get(svc *proxy.Service, cfg *proxy.Config) (*upstream, error) {
+	proto := svc.UpstreamProtocol
+	switch proto {
+	case "", ProtoAuto:
+		proto = ProtoH2C
+	case ProtoHTTP1, ProtoH2C:
+	default:
+		return nil, fmt.Errorf("service %s: unknown upstream protocol %q", svc.Name, proto)
+	}
+	timeout := durOr(svc.UpstreamTimeout, proxy.DefaultUpstreamTimeout)
+	key := upKey{addr: svc.Upstream, proto: proto, timeout: timeout}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if up := u.m[key]; up != nil {
+		return up, nil
+	}
+	dial := cfg.Dial
+	if dial == nil {
+		d := &net.Dialer{}
+		dial = d.DialContext
+	}
+	dialTimed := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, fmt.Errorf("dial %s: %w", addr, err)
+		}
+		return c, nil
+	}
+	idle := durOr(cfg.UpstreamIdleTimeout, proxy.DefaultUpstreamIdleTimeout)
+	var up *upstream
+	if proto == ProtoH2C {
+		var protos http.Protocols
+		protos.SetUnencryptedHTTP2(true)
+		t := &http.Transport{
+			Protocols:              &protos,
+			DialContext:            dialTimed,
+			DisableCompression:     true,
+			IdleConnTimeout:        idle,
+			MaxResponseHeaderBytes: 1 << 20,
+			HTTP2: &http.HTTP2Config{
+				SendPingTimeout: 30 * time.Second, // health check of a silent connection
+				PingTimeout:     15 * time.Second,
+			},
+		}
+		up = &upstream{rt: t, closer: t}
+	} else {
+		maxIdle := cfg.MaxIdlePerUpstream
+		if maxIdle == 0 {
+			maxIdle = proxy.DefaultMaxIdlePerUpstream
+		}
+		var protos http.Protocols
+		protos.SetHTTP1(true)
+		t := &http.Transport{
+			Protocols:              &protos,
+			DialContext:            dialTimed,
+			DisableCompression:     true,
+			MaxIdleConnsPerHost:    max(maxIdle, 0),
+			DisableKeepAlives:      maxIdle < 0,
+			IdleConnTimeout:        idle,
+			MaxResponseHeaderBytes: 1 << 20,
+		}
+		up = &upstream{rt: t, closer: t}
+	}
+	u.m[key] = up
+	return up, nil
+}
+
+// close closes the idle upstream connections (after a drain).
+func (u *upstreams) close() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for k, up := range u.m {
+		up.closer.CloseIdleConnections()
+		delete(u.m, k)
+	}
+}
