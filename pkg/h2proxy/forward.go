@@ -53,9 +53,23 @@ func (st *stream) forward(w http.ResponseWriter, r *http.Request, d *proxy.Decis
 	} else {
 		out.Body = &bodyReader{r: r.Body, st: st, max: svc.MaxBodyBytes, onEOF: timer.arm}
 	}
+	if d != nil {
+		for _, f := range d.Forward { // the hook's fields replace the client's
+			out.Header.Del(string(f.Name))
+		}
+		for _, f := range d.Forward {
+			out.Header.Add(string(f.Name), string(f.Value))
+		}
+	}
 	out = out.WithContext(ctx)
+	st.res.Upstream = svc.Upstream
+	upStart := h.now()
 	res, err := up.rt.RoundTrip(out)
 	headInTime := timer.stop()
+	if err == nil {
+		st.res.UpstreamStatus = res.StatusCode
+		st.res.UpstreamTTFB = h.now().Sub(upStart)
+	}
 	if err != nil {
 		switch {
 		case r.Context().Err() != nil:

@@ -135,7 +135,7 @@ func (st *stream) build(r *http.Request) {
 	if i := bytes.IndexByte(path, '?'); i >= 0 {
 		path, query = path[:i], path[i+1:]
 	}
-	st.req = proxy.Request{Remote: h.remote, Local: h.local, Service: h.svc, Head: hd, Path: path, Query: query, Start: h.now()}
+	st.req = proxy.Request{Remote: h.remote, Local: h.local, Service: h.svc, Head: hd, Path: path, Query: query, Start: h.now(), Proto: proxy.ProtoH2}
 	st.grpc = isGRPC(r.Header.Get("Content-Type"))
 }
 

@@ -1,0 +1,191 @@
+package h2proxy_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/h2proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/hook"
+	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+)
+
+var _ h2proxy.GRPCDenier = (*hook.Gate)(nil)
+
+// startHTTP starts an HTTP upstream speaking HTTP/1.1 and, with h2c,
+// HTTP/2 prior knowledge too. It echoes the request body and the
+// request's protocol, headers and trailers back.
+func startHTTP(t *testing.T, h2c bool) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(h2c)
+	s := &http.Server{Protocols: &p, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("X-Proto", r.Proto)
+		w.Header().Set("X-Got-Trailer", r.Trailer.Get("X-Req-Trailer"))
+		w.Header().Set("X-Got-Forward", r.Header.Get("X-Request-Id")+"|"+r.Header.Get("X-Forwarded-For"))
+		w.Header().Set("X-Authority", r.Host)
+		w.Header().Set("Trailer", "X-Res-Trailer")
+		_, _ = w.Write(body)
+		w.Header().Set("X-Res-Trailer", "done")
+	})}
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(func() { _ = s.Close() })
+	return ln.Addr().String()
+}
+
+// TestUpstreamProtocols: an HTTP/2 client reaches an HTTP/1.1 upstream
+// (http1) or an HTTP/2 one (auto, h2c); request and response trailers,
+// the hook's forward fields and the forwarding headers cross both.
+func TestUpstreamProtocols(t *testing.T) {
+	for _, tc := range []struct{ proto, want string }{{h2proxy.ProtoHTTP1, "HTTP/1.1"}, {h2proxy.ProtoAuto, "HTTP/2.0"}, {h2proxy.ProtoH2C, "HTTP/2.0"}} {
+		t.Run(tc.proto, func(t *testing.T) {
+			up := startHTTP(t, true)
+			h := &fwdHook{}
+			_, addr := startProxy(t, &proxy.Service{Name: "s", Upstream: up, UpstreamProtocol: tc.proto, XForwardedFor: true}, h)
+			pr, pw := io.Pipe()
+			req, _ := http.NewRequest("POST", "http://"+addr+"/echo?q=1", pr)
+			req.Host = "svc.example"
+			req.Header.Set("X-Request-Id", "client-value")
+			req.Trailer = http.Header{"X-Req-Trailer": nil}
+			go func() {
+				_, _ = io.WriteString(pw, strings.Repeat("b", 100000))
+				req.Trailer.Set("X-Req-Trailer", "tr")
+				_ = pw.Close()
+			}()
+			cl := h2cClient()
+			defer cl.CloseIdleConnections()
+			res, err := cl.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := io.ReadAll(res.Body)
+			_ = res.Body.Close()
+			if err != nil || len(body) != 100000 {
+				t.Fatalf("body %d %v", len(body), err)
+			}
+			for k, want := range map[string]string{"X-Proto": tc.want, "X-Got-Trailer": "tr", "X-Got-Forward": "hook-value|127.0.0.1", "X-Authority": "svc.example", "X-Allow-Extra": "1"} {
+				if got := res.Header.Get(k); got != want {
+					t.Errorf("%s = %q, want %q", k, got, want)
+				}
+			}
+			if got := res.Trailer.Get("X-Res-Trailer"); got != "done" {
+				t.Errorf("response trailer %q", got)
+			}
+			waitFor(t, "Done", func() bool { h.mu.Lock(); defer h.mu.Unlock(); return h.res.End != (time.Time{}) })
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if h.res.Upstream != up || h.res.UpstreamStatus != 200 || h.res.BytesIn != 100000 || h.res.BytesOut != 100000 || h.proto != proxy.ProtoH2 {
+				t.Errorf("result %+v proto %q", h.res, h.proto)
+			}
+		})
+	}
+}
+
+// fwdHook admits with a forward field and an extra response field.
+type fwdHook struct {
+	mu    sync.Mutex
+	res   proxy.Result
+	proto string
+}
+
+func (h *fwdHook) Admit(context.Context, *proxy.Request) proxy.Decision {
+	return proxy.Decision{Allow: true,
+		Forward: []httpparse.Header{{Name: []byte("X-Request-Id"), Value: []byte("hook-value")}},
+		Header:  []httpparse.Header{{Name: []byte("X-Allow-Extra"), Value: []byte("1")}}}
+}
+
+func (h *fwdHook) Done(r *proxy.Request, _ *proxy.Decision, res *proxy.Result) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.res, h.proto = *res, r.Proto
+}
+
+// TestUpstreamDown: a gRPC call to a dead upstream ends UNAVAILABLE, a
+// plain request gets 502; the result carries the upstream error.
+func TestUpstreamDown(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := ln.Addr().String()
+	_ = ln.Close()
+	h := &rec{}
+	_, addr := startProxy(t, &proxy.Service{Name: "s", Upstream: dead}, h)
+	cl := h2cClient()
+	defer cl.CloseIdleConnections()
+	res, err := cl.Get("http://" + addr + "/")
+	if err != nil || res.StatusCode != 502 {
+		t.Fatalf("%v %v", res, err)
+	}
+	waitFor(t, "Done", func() bool { return h.doneCount() == 1 })
+	if h.dones[0].UpstreamErr == nil || h.dones[0].Status != 502 {
+		t.Errorf("result %+v", h.dones[0])
+	}
+}
+
+// TestDrain: Shutdown sends GOAWAY; a stream in flight finishes, the
+// connection then ends, and a connection handed off afterwards is closed.
+func TestDrain(t *testing.T) {
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	upLn, _ := net.Listen("tcp", "127.0.0.1:0")
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	us := &http.Server{Protocols: &p, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		<-release
+		_, _ = io.WriteString(w, "late")
+	})}
+	go func() { _ = us.Serve(upLn) }()
+	defer us.Close()
+	srv, addr := startProxy(t, &proxy.Service{Name: "s", Upstream: upLn.Addr().String()}, &rec{})
+	cl := h2cClient()
+	defer cl.CloseIdleConnections()
+	type out struct {
+		body string
+		err  error
+	}
+	done := make(chan out, 1)
+	go func() {
+		res, err := cl.Get("http://" + addr + "/slow")
+		if err != nil {
+			done <- out{err: err}
+			return
+		}
+		b, err := io.ReadAll(res.Body)
+		_ = res.Body.Close()
+		done <- out{string(b), err}
+	}()
+	<-started
+	drained := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		drained <- srv.Shutdown(ctx)
+	}()
+	// The GOAWAY reaches the client: a new request on the same client
+	// needs a new connection, which the draining server closes.
+	waitFor(t, "new streams refused", func() bool {
+		res, err := cl.Get("http://" + addr + "/new")
+		if err == nil {
+			_ = res.Body.Close()
+		}
+		return err != nil
+	})
+	close(release)
+	if o := <-done; o.err != nil || o.body != "late" {
+		t.Fatalf("in-flight stream: %q %v", o.body, o.err)
+	}
+	if err := <-drained; err != nil {
+		t.Fatalf("drain: %v", err)
+	}
+}
