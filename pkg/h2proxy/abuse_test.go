@@ -238,3 +238,43 @@ func TestLimits(t *testing.T) {
 		t.Errorf("rejected requests reached admission")
 	}
 }
+
+// TestMalformedNotForwarded: a request with connection-specific fields
+// (RFC 9113 8.2.2) is answered 400 by the codec and never reaches
+// admission (h2spec 8.1.2.2, a documented exception for its form).
+func TestMalformedNotForwarded(t *testing.T) {
+	h := &rec{deny: map[string]bool{"/ok": true}}
+	_, addr := startProxy(t, &proxy.Service{Name: "g", Upstream: "127.0.0.1:9"}, h)
+	for i, extra := range [][]string{{"connection", "keep-alive"}, {"te", "gzip"}, {"transfer-encoding", "chunked"}} {
+		rc := dialRaw(t, addr)
+		block := rc.headerBlock("/x", extra...)
+		if err := rc.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block, EndHeaders: true, EndStream: true}); err != nil {
+			t.Fatal(err)
+		}
+		status := ""
+		dec := hpack.NewDecoder(4096, func(f hpack.HeaderField) {
+			if f.Name == ":status" {
+				status = f.Value
+			}
+		})
+		_ = rc.c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		for status == "" {
+			f, err := rc.fr.ReadFrame()
+			if err != nil {
+				t.Fatalf("case %d: %v", i, err)
+			}
+			if f.Header().Type == http2.FrameRSTStream || f.Header().Type == http2.FrameGoAway {
+				status = "reset"
+			}
+			if hf, ok := f.(*http2.HeadersFrame); ok {
+				_, _ = dec.Write(hf.HeaderBlockFragment())
+			}
+		}
+		if status != "400" && status != "reset" {
+			t.Errorf("case %d (%v): status %s", i, extra, status)
+		}
+	}
+	if h.admittedPath("/x") {
+		t.Error("a malformed request reached admission")
+	}
+}

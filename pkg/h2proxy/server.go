@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -141,13 +142,53 @@ func (s *Server) ServeConn(c net.Conn, buffered []byte, svc *proxy.Service, cfg 
 	}
 	h := s.serverFor(svc)
 	s.mu.Unlock()
-	hc := &h2conn{Conn: c, pre: append([]byte(nil), buffered...), svc: svc, cfg: cfg, closed: make(chan struct{})}
+	pre, ok := readPreface(c, buffered, durOr(svc.HeaderTimeout, proxy.DefaultHeaderTimeout))
+	if !ok {
+		lingerClose(c)
+		return
+	}
+	hc := &h2conn{Conn: c, pre: pre, svc: svc, cfg: cfg, closed: make(chan struct{})}
 	select {
 	case h.ln.ch <- hc:
 		<-hc.closed
 	case <-h.ln.done:
 		_ = c.Close()
 	}
+}
+
+// clientPreface is what an HTTP/2 connection starts with (RFC 9113 3.4).
+const clientPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+// readPreface completes the client preface from buffered and c, within
+// timeout. It returns the bytes read so far (to be replayed) and whether
+// they start with the preface.
+func readPreface(c net.Conn, buffered []byte, timeout time.Duration) ([]byte, bool) {
+	buf := make([]byte, len(buffered), max(len(buffered), 64))
+	copy(buf, buffered)
+	if len(buf) < len(clientPreface) {
+		_ = c.SetReadDeadline(time.Now().Add(timeout))
+		for len(buf) < len(clientPreface) && strings.HasPrefix(clientPreface, string(buf)) {
+			n, err := c.Read(buf[len(buf):cap(buf)])
+			buf = buf[:len(buf)+n]
+			if err != nil {
+				break
+			}
+		}
+		_ = c.SetReadDeadline(time.Time{})
+	}
+	return buf, len(buf) >= len(clientPreface) && string(buf[:len(clientPreface)]) == clientPreface
+}
+
+// lingerClose ends a connection that is not HTTP/2 after all: FIN first,
+// then a bounded drain of what the peer still sends, so that unread bytes
+// do not turn the close into a reset the peer may never read past.
+func lingerClose(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, _ = io.Copy(io.Discard, io.LimitReader(c, 64<<10))
+	}
+	_ = c.Close()
 }
 
 // serverFor returns the HTTP/2 server of svc, starting it on first use
