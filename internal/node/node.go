@@ -16,6 +16,7 @@ import (
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 	"github.com/rl-tproxy/rl-tproxy/pkg/embedded"
+	"github.com/rl-tproxy/rl-tproxy/pkg/h2proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/hook"
 	"github.com/rl-tproxy/rl-tproxy/pkg/metrics"
 	"github.com/rl-tproxy/rl-tproxy/pkg/passthrough"
@@ -49,6 +50,7 @@ type Node struct {
 	ready    *metrics.Readiness
 	gate     *hook.Gate
 	proxy    *proxy.Proxy
+	h2       *h2proxy.Server // HTTP/2 connections handed off by the proxy
 	admin    *metrics.Admin
 	reloader *admission.Reloader
 	redirect *redirect.Redirect
@@ -102,11 +104,13 @@ func Start(parent context.Context, pol *admission.Policy, opts Options) (_ *Node
 	}
 	n.gate.Swap(pol)
 	n.pol = pol
-	// The first bytes of a connection pick its protocol: TLS and other
-	// protocols go to the passthrough relay (per service: relayed or closed).
+	// The first bytes of a connection pick its protocol: HTTP/2 goes to
+	// the HTTP/2 data path, TLS and other protocols to the passthrough
+	// relay (per service: relayed or closed).
 	relay := &passthrough.Relay{Observe: n.gate.ObserveConn}
+	n.h2 = h2proxy.New()
 	pcfg := proxy.Config{Services: hook.ProxyServices(pol), Hook: n.gate, Logger: opts.Log,
-		Handoff: &proxy.HandoffMux{TLS: relay, Other: relay}}
+		Handoff: &proxy.HandoffMux{HTTP2: n.h2, TLS: relay, Other: relay}}
 	if steeredPorts(pol) != nil {
 		if err := n.attachRedirect(pol); err != nil {
 			return nil, err
@@ -201,6 +205,11 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	if n.proxy != nil {
 		if err := n.proxy.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("drain: %w", err))
+		}
+	}
+	if n.h2 != nil { // its connections ended with the proxy's; close its upstream pools
+		if err := n.h2.Shutdown(ctx); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if n.gate != nil {

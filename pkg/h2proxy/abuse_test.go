@@ -278,3 +278,7 @@ func TestMalformedNotForwarded(t *testing.T) {
 		t.Error("a malformed request reached admission")
 	}
 }
+
+func http2HeadersEnd(id uint32, block []byte) http2.HeadersFrameParam {
+	return http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true, EndStream: true}
+}

@@ -172,7 +172,7 @@ func startProxy(t testing.TB, svc *proxy.Service, hook proxy.Hook) (*h2proxy.Ser
 				return
 			}
 			wg.Add(1)
-			go func() { defer wg.Done(); srv.ServeConn(c, nil, svc, cfg) }()
+			go func() { defer wg.Done(); srv.Serve(c, nil, svc, cfg) }()
 		}
 	}()
 	t.Cleanup(func() {

@@ -31,7 +31,7 @@ func handoffProxy(t *testing.T, svc *proxy.Service, n int) string {
 			go func() {
 				buf := make([]byte, n)
 				m, _ := io.ReadFull(c, buf)
-				srv.ServeConn(c, buf[:m], svc, cfg)
+				srv.Serve(c, buf[:m], svc, cfg)
 			}()
 		}
 	}()

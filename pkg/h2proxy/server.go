@@ -43,6 +43,7 @@ const (
 // limits) and the upstream pools.
 type Server struct {
 	ups upstreams
+	drainState
 
 	mu       sync.Mutex
 	servers  map[serverKey]*h2server
@@ -127,13 +128,13 @@ func (l *connListener) Addr() net.Addr {
 	return &net.TCPAddr{IP: net.IPv4zero}
 }
 
-// ServeConn serves one HTTP/2 connection and returns when it has ended.
+// Serve serves one HTTP/2 connection and returns when it has ended.
 // buffered holds the bytes already read from c (the whole or part of the
 // client preface, and possibly frames after it); they are served before
 // anything read from c. svc and cfg are the service and configuration in
 // force when the connection was accepted; cfg supplies the Hook, the
-// upstream dialer, the logger and the clock. ServeConn closes c.
-func (s *Server) ServeConn(c net.Conn, buffered []byte, svc *proxy.Service, cfg *proxy.Config) {
+// upstream dialer, the logger and the clock. Serve closes c.
+func (s *Server) Serve(c net.Conn, buffered []byte, svc *proxy.Service, cfg *proxy.Config) {
 	s.mu.Lock()
 	if s.draining {
 		s.mu.Unlock()
@@ -246,13 +247,7 @@ func headerListSize(svc *proxy.Service) int {
 // connections to end or ctx to expire, after which the remaining ones are
 // closed. Connections handed off after Shutdown are closed at once.
 func (s *Server) Shutdown(ctx context.Context) error {
-	s.mu.Lock()
-	s.draining = true
-	servers := make([]*h2server, 0, len(s.servers))
-	for _, h := range s.servers {
-		servers = append(servers, h)
-	}
-	s.mu.Unlock()
+	servers := s.startDrain()
 	errs := make(chan error, len(servers))
 	for _, h := range servers {
 		go func() {
@@ -271,6 +266,18 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.ups.close()
 	return first
+}
+
+// startDrain marks the server draining and returns its HTTP/2 servers.
+func (s *Server) startDrain() []*h2server {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.draining = true
+	servers := make([]*h2server, 0, len(s.servers))
+	for _, h := range s.servers {
+		servers = append(servers, h)
+	}
+	return servers
 }
 
 func orU32(v, def uint32) uint32 {
