@@ -18,12 +18,12 @@ func (s *Server) Takes(kind sniff.Kind, _ *proxy.Service) bool { return kind == 
 // streams in flight finish, new streams are refused, and the connections
 // end; the proxy's shutdown bound closes whatever is left.
 func (s *Server) ServeConn(hc *proxy.HandoffConn) {
-	if hc.Drain != nil {
+	if drain := hc.Drain; drain != nil { // hc is not read after ServeConn returns
 		stop := make(chan struct{})
 		defer close(stop)
 		go func() {
 			select {
-			case <-hc.Drain:
+			case <-drain:
 				s.drainOnce.Do(s.goaway)
 			case <-stop:
 			}
