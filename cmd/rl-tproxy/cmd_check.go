@@ -33,6 +33,9 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		printLoadError(stderr, "check", *policy, err)
 		return exitInvalid
 	}
+	for _, w := range p.Warnings {
+		fmt.Fprintf(stderr, "%s:%d: warning: %s\n", w.File, w.Line, w.Msg)
+	}
 	fmt.Fprintf(stdout, "%s: ok: %s\n", *policy, p.Summary())
 	return exitOK
 }

@@ -76,3 +76,26 @@ func TestCheckInvalidPolicies(t *testing.T) {
 		})
 	}
 }
+
+// check warns when fail: open meets a bucket rendered from a value the
+// client controls without invalid: deny; the policy is still valid.
+func TestCheckWarnsClientValueUnderFailOpen(t *testing.T) {
+	const policy = "ratelimitly:\n  embedded: true\n  fail: open\n%szones:\n  tk: {bucket: \"tk:{header.x-key}\", rate: 1/m}\n" +
+		"services:\n  - name: web\n    listen: 127.0.0.1:8080\n    upstream: 127.0.0.1:8081\n    limit: [tk]\n"
+	for _, tc := range []struct{ knob, want string }{
+		{"", ":5: warning: zones.tk.bucket renders {header.x-key}, which the client controls: under fail: open"},
+		{"  invalid: deny\n", ""},
+	} {
+		path := filepath.Join(t.TempDir(), "policy.yaml")
+		if err := os.WriteFile(path, []byte(strings.Replace(policy, "%s", tc.knob, 1)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var out, errb bytes.Buffer
+		if code := dispatch([]string{"check", "--policy", path}, &out, &errb); code != exitOK {
+			t.Fatalf("exit %d, stderr %q", code, errb.String())
+		}
+		if tc.want == "" && errb.Len() != 0 || tc.want != "" && !strings.Contains(errb.String(), path+tc.want) {
+			t.Fatalf("knob %q: stderr %q, want %q", tc.knob, errb.String(), tc.want)
+		}
+	}
+}

@@ -67,6 +67,9 @@ type Decision struct {
 
 	local []LocalZone
 	buf   []byte
+	// invalidBy is the `invalid` of the zone or tracker whose value could
+	// not be rendered (InvalidInherit for the label).
+	invalidBy InvalidPolicy
 }
 
 // Reset empties d keeping its buffers.
@@ -81,6 +84,7 @@ func (d *Decision) Reset() {
 	d.Result.Resp.Reset()
 	d.local = d.local[:0]
 	d.buf = d.buf[:0]
+	d.invalidBy = InvalidInherit
 }
 
 // renderBufSize holds every rendered value of a request that can fit a
@@ -114,6 +118,7 @@ func Build(loc *Location, r *Request, d *Decision) ratelimitly.Cause {
 		d.buf, err = g.Tracker.Service.Render(d.buf, r)
 		n := len(d.buf) - start
 		if err != nil || n == 0 || n > MaxBucketLen {
+			d.invalidBy = g.Tracker.Invalid
 			return ratelimitly.CauseInvalidValue
 		}
 		threshold := g.ThresholdMs
@@ -121,6 +126,7 @@ func Build(loc *Location, r *Request, d *Decision) ratelimitly.Cause {
 			var v tierNum
 			var ok bool
 			if d.buf, v, ok = g.ThresholdTier.lookup(d.buf, r); !ok {
+				d.invalidBy = g.Tracker.Invalid
 				return ratelimitly.CauseInvalidValue
 			}
 			threshold = v.n
@@ -132,6 +138,7 @@ func Build(loc *Location, r *Request, d *Decision) ratelimitly.Cause {
 		d.buf, err = z.Bucket.Render(d.buf, r)
 		n := len(d.buf) - start
 		if err != nil || n == 0 || n > MaxBucketLen {
+			d.invalidBy = z.Invalid
 			return ratelimitly.CauseInvalidValue
 		}
 		b := d.buf[start:len(d.buf):len(d.buf)]
@@ -139,6 +146,7 @@ func Build(loc *Location, r *Request, d *Decision) ratelimitly.Cause {
 		if z.Tiered() {
 			var ok bool
 			if d.buf, rate, period, burst, cost, ok = z.numbers(d.buf, r); !ok {
+				d.invalidBy = z.Invalid
 				return ratelimitly.CauseInvalidValue
 			}
 		}
@@ -207,6 +215,14 @@ func (e *Engine) Decide(ctx context.Context, p *Policy, svc *Service, r *Request
 		}
 	}
 	d.Outcome, d.Action = Resolve(d.Verdict, d.Cause, fail, d.Shadow)
+	if d.Cause == ratelimitly.CauseInvalidValue && p.invalidPolicy(d.invalidBy) == InvalidDeny {
+		// A value the client controls cannot switch limits off: deny,
+		// whatever `fail` (which is for an unreachable RateLimitly) says.
+		d.Outcome, d.Action = OutcomeDeny, ActionDeny
+		if d.Shadow {
+			d.Outcome, d.Action = OutcomeShadowDeny, ActionAdmit
+		}
+	}
 	switch {
 	case d.Action == ActionLocal:
 		d.Zones = grow(d.Zones, len(d.local))

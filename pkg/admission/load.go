@@ -137,7 +137,7 @@ type locationSettings struct {
 
 var (
 	topKeys         = []string{"ratelimitly", "defaults", "tiers", "zones", "trackers", "services", "request_id"}
-	rlKeys          = []string{"srv", "embedded", "resolver", "resolver_timeout", "credentials", "request_policy", "fail", "bind", "debug"}
+	rlKeys          = []string{"srv", "embedded", "resolver", "resolver_timeout", "credentials", "request_policy", "fail", "invalid", "bind", "debug"}
 	rpKeys          = []string{"name", "unit", "replay_gaps", "replays", "final_receive", "completion"}
 	serviceSetKeys  = []string{"forwarded_headers", "timeouts", "limits", "ratelimit_headers", "steer_loopback", "upstream_protocol"}
 	locationSetKeys = []string{"limit", "guard", "label", "report", "mode", "deny"}
@@ -248,4 +248,32 @@ func (l *loader) load(data []byte) {
 		l.service(i, n, &defSvc, &defLoc)
 	}
 	l.crossChecks()
+	l.invalidWarnings()
+}
+
+// invalidWarnings warns about zones and trackers rendered from a value the
+// client controls while an invalid value follows a failure policy that
+// admits: the client could switch the limit off by sending an empty or
+// oversized value, or none.
+func (l *loader) invalidWarnings() {
+	p := l.p
+	fail := p.RateLimitly.Fail
+	if fail == FailClose {
+		return
+	}
+	warn := func(line int, what, v string) {
+		p.Warnings = append(p.Warnings, Error{File: l.file, Line: line, Msg: fmt.Sprintf(
+			"%s renders %s, which the client controls: under fail: %s a missing, empty or oversized value "+
+				"admits the request without this limit; set invalid: deny (here or in ratelimitly)", what, v, fail)})
+	}
+	for _, z := range p.Zones {
+		if v := z.Bucket.ClientValue(); v != "" && p.invalidPolicy(z.Invalid) != InvalidDeny {
+			warn(z.Line, "zones."+z.Name+".bucket", v)
+		}
+	}
+	for _, t := range p.Trackers {
+		if v := t.Service.ClientValue(); v != "" && p.invalidPolicy(t.Invalid) != InvalidDeny {
+			warn(t.Line, "trackers."+t.Name+".service", v)
+		}
+	}
 }

@@ -83,6 +83,8 @@ func (l *loader) ratelimitly(n *yaml.Node) {
 					l.errorf(e.v, "%s: want open, close or local, got %q", ctx, short(s))
 				}
 			}
+		case "invalid":
+			rl.Invalid = l.invalid(e.v, ctx)
 		case "bind":
 			if s, ok := l.str(e.v, ctx); ok {
 				a, err := netip.ParseAddr(s)
@@ -113,6 +115,22 @@ func (l *loader) ratelimitly(n *yaml.Node) {
 	}
 	l.credentials(n, credNode)
 	l.checkHorizon(n, rpNode)
+}
+
+// invalid reads an `invalid:` value (fail or deny).
+func (l *loader) invalid(v *yaml.Node, ctx string) InvalidPolicy {
+	s, ok := l.str(v, ctx)
+	if !ok {
+		return InvalidInherit
+	}
+	switch s {
+	case "fail":
+		return InvalidFail
+	case "deny":
+		return InvalidDeny
+	}
+	l.errorf(v, "%s: want fail or deny, got %q", ctx, short(s))
+	return InvalidInherit
 }
 
 func (l *loader) resolverAddr(v *yaml.Node, ctx, s string) string {

@@ -25,7 +25,7 @@ func (l *loader) zones(n *yaml.Node) {
 			l.errorf(k, "%s: duplicate zone", ctx)
 			continue
 		}
-		pairs, ok := l.mapping(v, ctx, "bucket", "rate", "burst", "cost")
+		pairs, ok := l.mapping(v, ctx, "bucket", "rate", "burst", "cost", "invalid")
 		if !ok {
 			continue
 		}
@@ -52,6 +52,8 @@ func (l *loader) zones(n *yaml.Node) {
 				}
 				b, ok := l.integer(e.v, c, 0, math.MaxUint32)
 				z.Burst, good = uint32(b), good && ok
+			case "invalid":
+				z.Invalid = l.invalid(e.v, c)
 			case "cost":
 				costNode = e.v
 				if tv, isTier, ok := l.tierRef(e.v, c, numCost); isTier {
@@ -100,13 +102,18 @@ func (l *loader) trackers(n *yaml.Node) {
 			l.errorf(k, "%s: duplicate tracker", ctx)
 			continue
 		}
-		pairs, ok := l.mapping(v, ctx, "service")
+		pairs, ok := l.mapping(v, ctx, "service", "invalid")
 		if !ok {
 			continue
 		}
 		t := &Tracker{Name: name, Line: k.Line}
 		for _, e := range pairs {
-			t.Service = l.template(e.v, ctx+".service", MaxBucketLen, true)
+			switch e.key {
+			case "service":
+				t.Service = l.template(e.v, ctx+".service", MaxBucketLen, true)
+			case "invalid":
+				t.Invalid = l.invalid(e.v, ctx+".invalid")
+			}
 		}
 		if !hasKey(pairs, "service") {
 			l.errorf(v, "%s: missing service", ctx)

@@ -24,6 +24,9 @@ type Policy struct {
 	Tiers       []*Tier    // in file order
 	Services    []*Service // in file order
 	RequestID   RequestID
+	// Warnings are legal but risky settings (rl-tproxy check prints them),
+	// as FILE:LINE: message in file order.
+	Warnings []Error
 
 	zoneByName    map[string]*Zone
 	tierByName    map[string]*Tier
@@ -54,6 +57,43 @@ func (f FailPolicy) String() string {
 		return "local"
 	}
 	return "open"
+}
+
+// InvalidPolicy says what a rendered value that cannot be used (empty,
+// over its limit, a tier key without a value) does to the request:
+// ratelimitly.CauseInvalidValue either follows the failure policy or is a
+// deny of its own.
+type InvalidPolicy uint8
+
+const (
+	// InvalidInherit: a zone or tracker without `invalid` uses
+	// ratelimitly.invalid; at the ratelimitly level it means InvalidFail.
+	InvalidInherit InvalidPolicy = iota
+	// InvalidFail follows `fail` (the contract's behaviour, the default).
+	InvalidFail
+	// InvalidDeny answers the deny status (outcome deny, cause
+	// invalid_value) whatever `fail` says; an unreachable RateLimitly still
+	// follows `fail`.
+	InvalidDeny
+)
+
+func (v InvalidPolicy) String() string {
+	if v == InvalidDeny {
+		return "deny"
+	}
+	return "fail"
+}
+
+// invalidPolicy resolves v (a zone's, a tracker's, or InvalidInherit for
+// the label) against ratelimitly.invalid.
+func (p *Policy) invalidPolicy(v InvalidPolicy) InvalidPolicy {
+	if v == InvalidInherit {
+		v = p.RateLimitly.Invalid
+	}
+	if v == InvalidInherit {
+		v = InvalidFail
+	}
+	return v
 }
 
 // Mode is a location's enforcement mode.
@@ -105,7 +145,8 @@ type RateLimitly struct {
 	RequestPolicy       RequestPolicy
 	Horizon             time.Duration // RequestPolicy.Horizon(), validated
 	Fail                FailPolicy
-	Bind                netip.Addr // source address for UDP; invalid = unspecified
+	Invalid             InvalidPolicy // for values rendered from the request; zones and trackers may override
+	Bind                netip.Addr    // source address for UDP; invalid = unspecified
 	Debug               bool
 }
 
@@ -121,6 +162,8 @@ type Zone struct {
 	// Per-request values (`rate: {tier: NAME}`); nil = the static value
 	// above (which is then 0).
 	RateTier, BurstTier, CostTier *TierValue
+	// Invalid is the zone's `invalid` (InvalidInherit when unset).
+	Invalid InvalidPolicy
 }
 
 // Tracker is a named latency tracker: a service template.
@@ -128,6 +171,7 @@ type Tracker struct {
 	Name    string
 	Service *Template
 	Line    int
+	Invalid InvalidPolicy // the tracker's `invalid` (InvalidInherit when unset)
 }
 
 // Guard is a latency guard: the tracker's estimate must be at or under

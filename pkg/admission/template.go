@@ -205,6 +205,26 @@ func (t *Template) Static() bool {
 	return true
 }
 
+// ClientValue returns the first variable whose value the client chooses
+// freely ({query.NAME}, {header.NAME}, {cookie.NAME}), or "" when there is
+// none: such a value may be missing or oversized at will.
+func (t *Template) ClientValue() string {
+	if t == nil {
+		return ""
+	}
+	for _, p := range t.parts {
+		switch p.kind {
+		case varQuery:
+			return "{query." + p.text + "}"
+		case varHeader:
+			return "{header." + p.text + "}"
+		case varCookie:
+			return "{cookie." + p.text + "}"
+		}
+	}
+	return ""
+}
+
 // StaticLen is the number of literal bytes: a lower bound on every rendering.
 // A nil template has length 0.
 func (t *Template) StaticLen() int {
