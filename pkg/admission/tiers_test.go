@@ -1,10 +1,12 @@
 package admission
 
 import (
+	"context"
 	"strings"
 	"testing"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
 const tierPolicy = ptEmbedded + `tiers:
@@ -128,5 +130,31 @@ func TestTierValueErrorReportedOnce(t *testing.T) {
 	_, err := Load(ptWrite(t, pol, ""))
 	if err == nil || strings.Count(err.Error(), "bad rate") != 1 {
 		t.Fatalf("err = %v, want one bad-rate error", err)
+	}
+}
+
+// TestTierMissFollowsInvalid: a tier key without a value is an invalid
+// value: under fail: open it is admitted unchecked unless the zone says
+// invalid: deny.
+func TestTierMissFollowsInvalid(t *testing.T) {
+	for _, tc := range []struct {
+		invalid string
+		outcome Outcome
+	}{{"fail", OutcomeFailOpen}, {"deny", OutcomeDeny}} {
+		pol := "ratelimitly: {embedded: true, fail: open}\ntiers:\n  plan: {key: \"{header.x-plan}\", values: {pro: 100/s}}\n" +
+			"zones:\n  z: {bucket: b, rate: {tier: plan}, invalid: " + tc.invalid + "}\n" + ptService + "    limit: z\n"
+		p := ptLoad(t, pol)
+		svc := p.Services[0]
+		ch := &scriptChecker{res: validResp(wire.StatusOK, true, nil, okRes)}
+		e := &Engine{Checker: ch}
+		var d Decision
+		e.Decide(context.Background(), p, svc, tierRequest("free", ""), &d)
+		if d.Outcome != tc.outcome || d.Cause != ratelimitly.CauseInvalidValue {
+			t.Errorf("invalid: %s: outcome %v cause %v, want %v invalid_value", tc.invalid, d.Outcome, d.Cause, tc.outcome)
+		}
+		e.Decide(context.Background(), p, svc, tierRequest("pro", ""), &d)
+		if d.Outcome != OutcomeAllow || d.Req.Resources[0].Rate != 100 {
+			t.Errorf("invalid: %s: pro key: outcome %v resource %+v", tc.invalid, d.Outcome, d.Req.Resources)
+		}
 	}
 }
