@@ -152,7 +152,7 @@ func newNode(t *testing.T) *node {
 	if err := os.WriteFile(n.policy, []byte(e2ePolicy), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	n.mnt = bpffsMountNS(t)
+	n.mnt = testkit.HoldBPFFS(t)
 	n.svcURL = fmt.Sprintf("http://%s/", net.JoinHostPort(n.pair.NodeIP4.String(), "80"))
 	return n
 }
@@ -259,36 +259,6 @@ func startUpstream(t *testing.T, ns *netnstest.NS) {
 	})}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
-}
-
-// bpffsMountNS starts a holder process in a new mount namespace with bpffs
-// on /sys/fs/bpf, like a host that mounts it at boot, and returns the
-// namespace's path for nsenter. The holder blocks on stdin until cleanup.
-func bpffsMountNS(t *testing.T) string {
-	t.Helper()
-	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "--",
-		"sh", "-c", "mount -t bpf -o mode=0700 bpf /sys/fs/bpf && echo ready && exec cat")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start mount namespace holder: %v", err)
-	}
-	t.Cleanup(func() {
-		stdin.Close()
-		_ = cmd.Wait()
-	})
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil || line != "ready\n" {
-		testkit.Missing(t, "needs a mountable bpffs in a private mount namespace: %q %v", line, err)
-	}
-	return fmt.Sprintf("/proc/%d/ns/mnt", cmd.Process.Pid)
 }
 
 // get makes one GET on a new connection dialled from inside ns (dialled

@@ -1,6 +1,9 @@
 // Package testkit is the shared kit of the project's tests: prerequisite
 // checks that skip locally but fail under RL_TPROXY_STRICT=1 (as CI runs),
-// and the helpers several packages' tests use alike.
+// bounded waits on observable state (WaitFor), goroutine and descriptor
+// leak checks for TestMain (VerifyMain), and a private bpffs for processes
+// that share pins (HoldBPFFS). Subpackage rlcluster starts a RateLimitly
+// cluster. test/README.md says which tests need what.
 package testkit
 
 import (

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 	"github.com/rl-tproxy/rl-tproxy/pkg/embedded"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
@@ -37,12 +38,7 @@ func BenchmarkAdmitEmbedded(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer cl.Close()
-	for deadline := time.Now().Add(10 * time.Second); !cl.Ready(); {
-		if time.Now().After(deadline) {
-			b.Fatal("no discovery")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.WaitFor(b, "discovery", cl.Ready)
 	dir := b.TempDir()
 	path := filepath.Join(dir, "policy.yaml")
 	pol := `ratelimitly:

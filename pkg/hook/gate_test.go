@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
@@ -237,7 +238,7 @@ func TestAllowPassesUpstreamRateLimitUnchanged(t *testing.T) {
 	if l["verdict"] != "allow" || l["outcome"] != "allow" || l["cause"] != "allow" || l["service"] != "web" || l["location"] != "api" || l["status"] != float64(200) {
 		t.Fatalf("access line %v", l)
 	}
-	waitFor(t, func() bool { return r.ck.reports.Load() == 1 }, "one report after a valid allow")
+	testkit.WaitFor(t, "one report after a valid allow", func() bool { return r.ck.reports.Load() == 1 })
 	r.ck.mu.Lock()
 	defer r.ck.mu.Unlock()
 	if !strings.HasPrefix(r.ck.lastSvc, "api:127.0.0.1") || r.ck.lastDur < time.Millisecond {
@@ -298,7 +299,7 @@ func TestReportRulesThroughProxy(t *testing.T) {
 			if l["outcome"] != c.outcome {
 				t.Fatalf("outcome %v, want %s", l["outcome"], c.outcome)
 			}
-			waitFor(t, func() bool { return r.ck.reports.Load() == c.reports }, "report count")
+			testkit.WaitFor(t, "report count", func() bool { return r.ck.reports.Load() == c.reports })
 			if r.ck.checks.Load() != c.checks || r.ck.reports.Load() != c.reports {
 				t.Fatalf("checks %d reports %d, want %d %d", r.ck.checks.Load(), r.ck.reports.Load(), c.checks, c.reports)
 			}
@@ -451,17 +452,6 @@ func TestSwapInflightKeepsGeneration(t *testing.T) {
 	}
 	if gens["/api/x"] != 1 || gens["/api/y"] != 2 {
 		t.Fatalf("generations %v", gens)
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond) // bounded poll on observable state
 	}
 }
 

@@ -105,12 +105,22 @@ func TestEndToEndNginxCurlWrk(t *testing.T) {
 	}
 	upstream, dir := startNginx(t)
 	hook := newTestHook(nil)
-	svc := &Service{Name: "nginx", Upstream: upstream, XForwardedFor: true}
-	_, addr := startProxy(t, hook, svc, nil)
-	go func() { // drain Done records
-		for range hook.doneCh {
+	// Drain Done records until the proxy has shut down (this cleanup is
+	// registered first, so it runs after startProxy's).
+	stop, drained := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(stop); <-drained })
+	go func() {
+		defer close(drained)
+		for {
+			select {
+			case <-hook.doneCh:
+			case <-stop:
+				return
+			}
 		}
 	}()
+	svc := &Service{Name: "nginx", Upstream: upstream, XForwardedFor: true}
+	_, addr := startProxy(t, hook, svc, nil)
 	url := "http://" + addr
 
 	curl := func(args ...string) string {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit/rlcluster"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
@@ -49,33 +51,27 @@ type cluster struct {
 }
 
 // startCluster starts n rlserver nodes on loopback behind an in-process DNS
-// server. With a clock, node i runs on clock time + i ms, so epochs are
-// distinct and node 0 is the oldest.
+// server (rlcluster). With a clock, node i runs on clock time + i ms, so
+// epochs are distinct and node 0 is the oldest. Node i accepts creds[i]
+// when given, testCred() otherwise.
 func startCluster(t testing.TB, n int, clk *manualClock, creds ...credentials.Credential) *cluster {
 	t.Helper()
-	cl := &cluster{dns: dnstest.Start(t)}
-	var addrs []netip.AddrPort
-	for i := 0; i < n; i++ {
-		ctl := &nodeCtl{}
-		cred := testCred()
+	cl := &cluster{}
+	for range n {
+		cl.ctl = append(cl.ctl, &nodeCtl{})
+	}
+	rc := rlcluster.Start(t, rlcluster.Config{Nodes: n, SRV: testSRV, Node: func(i int, cfg *rlserver.Config) {
+		cfg.Credentials = []credentials.Credential{testCred()}
 		if i < len(creds) {
-			cred = creds[i]
+			cfg.Credentials = []credentials.Credential{creds[i]}
 		}
-		cfg := rlserver.Config{Listen: "127.0.0.1:0", Credentials: []credentials.Credential{cred}, Workers: 1, Hooks: ctl.hooks()}
+		cfg.Hooks = cl.ctl[i].hooks()
 		if clk != nil {
 			off := time.Duration(i) * time.Millisecond
 			cfg.Now = func() time.Time { return clk.Now().Add(off) }
 		}
-		s, err := rlserver.Start(cfg)
-		if err != nil {
-			t.Fatalf("rlserver %d: %v", i, err)
-		}
-		t.Cleanup(func() { s.Close() })
-		cl.servers = append(cl.servers, s)
-		cl.ctl = append(cl.ctl, ctl)
-		addrs = append(addrs, s.Addr())
-	}
-	cl.dns.SetSRV(testSRV, targetsFor(addrs...)...)
+	}})
+	cl.dns, cl.servers = rc.DNS, rc.Servers
 	return cl
 }
 
@@ -92,7 +88,7 @@ func bucketRequest(name string, burst uint32) *wire.RateRequest {
 func learnEpochs(t testing.TB, c *Client) {
 	t.Helper()
 	var dec Decision
-	waitFor(t, "epochs", func() bool {
+	testkit.WaitFor(t, "epochs", func() bool {
 		if err := c.Check(context.Background(), testRequest(), &dec); err != nil {
 			t.Fatalf("check: %v", err)
 		}
@@ -124,7 +120,7 @@ func TestClusterAllowDeny(t *testing.T) {
 		t.Fatalf("4th check: err %v decision %+v", err, dec)
 	}
 	// Every node saw every check once (fan-out, no double consumption).
-	waitFor(t, "all nodes decided all checks", func() bool {
+	testkit.WaitFor(t, "all nodes decided all checks", func() bool {
 		for _, s := range cl.servers {
 			if st := s.Stats(); st.Requests+st.CompletionsApplied != 4 {
 				return false
@@ -163,9 +159,9 @@ func TestClusterAllDownTimesOutAtHorizon(t *testing.T) {
 	}
 	sent := c.Stats().Ring.Sent
 	ch := checkAsync(context.Background(), c, testRequest())
-	waitFor(t, "fan-out", func() bool { return c.Stats().Ring.Sent == sent+3 })
+	testkit.WaitFor(t, "fan-out", func() bool { return c.Stats().Ring.Sent == sent+3 })
 	clk.Advance(u)
-	waitFor(t, "replay", func() bool { return c.Stats().Ring.Sent == sent+6 })
+	testkit.WaitFor(t, "replay", func() bool { return c.Stats().Ring.Sent == sent+6 })
 	clk.Advance(u)
 	clk.Advance(u - time.Millisecond)
 	assertPending(t, ch, "just before 3U")
@@ -192,7 +188,7 @@ func TestClusterWrongKeyNodeIgnored(t *testing.T) {
 			t.Fatalf("decision taken from the wrong-key node")
 		}
 	}
-	waitFor(t, "auth drops at the wrong-key node", func() bool { return cl.servers[0].Stats().Drops["auth"] >= 10 })
+	testkit.WaitFor(t, "auth drops at the wrong-key node", func() bool { return cl.servers[0].Stats().Drops["auth"] >= 10 })
 	if st := cl.servers[0].Stats(); st.Requests != 0 {
 		t.Errorf("wrong-key node decided %d requests", st.Requests)
 	}
@@ -297,8 +293,8 @@ func TestClusterReplayConsumesOnce(t *testing.T) {
 	waitReady(t, c)
 	req := bucketRequest("replay-once", 5)
 	ch := checkAsync(context.Background(), c, req)
-	waitFor(t, "first attempt decided by the node", func() bool { return cl.servers[0].Stats().Requests == 1 })
-	waitFor(t, "answer dropped", func() bool { return relay.dropAnswers.Load() == 0 })
+	testkit.WaitFor(t, "first attempt decided by the node", func() bool { return cl.servers[0].Stats().Requests == 1 })
+	testkit.WaitFor(t, "answer dropped", func() bool { return relay.dropAnswers.Load() == 0 })
 	clk.Advance(u) // no answer at U: replay
 	r := await(t, ch)
 	if r.err != nil || r.d.Cause != CauseAllow || r.d.Attempts != 2 {
@@ -327,7 +323,7 @@ func TestClusterCompletionReachesNodeThatMissedRequest(t *testing.T) {
 	if err := c.Check(context.Background(), req, &dec); err != nil || dec.Cause != CauseAllow {
 		t.Fatalf("err %v decision %+v", err, dec)
 	}
-	waitFor(t, "completion applied", func() bool { return cl.servers[2].Stats().CompletionsApplied == 1 })
+	testkit.WaitFor(t, "completion applied", func() bool { return cl.servers[2].Stats().CompletionsApplied == 1 })
 	// The node that missed the request applied the decision: its bucket
 	// has one token less, like the others'.
 	cl.ctl[2].dropRequests.Store(false)
@@ -365,7 +361,7 @@ func TestClusterSteeringRebinds(t *testing.T) {
 			t.Fatalf("check %d during steering: %v", i, err)
 		}
 	}
-	waitFor(t, "rebind", func() bool { return c.Stats().Ring.Rebinds >= 1 })
+	testkit.WaitFor(t, "rebind", func() bool { return c.Stats().Ring.Rebinds >= 1 })
 	cl.ctl[1].steer.Store(false)
 	for i := 0; i < 20; i++ {
 		if err := c.Check(context.Background(), testRequest(), &dec); err != nil {
@@ -378,7 +374,7 @@ func TestClusterSteeringRebinds(t *testing.T) {
 	if st := cl.servers[1].Stats(); st.Steered == 0 {
 		t.Error("server never steered")
 	}
-	waitFor(t, "old sockets retired", func() bool { st := c.Stats().Ring; return st.Sockets == 1 && st.Retired == st.Rebinds })
+	testkit.WaitFor(t, "old sockets retired", func() bool { st := c.Stats().Ring; return st.Sockets == 1 && st.Retired == st.Rebinds })
 }
 
 func TestClusterMembershipChangeAfterTTL(t *testing.T) {
@@ -390,12 +386,12 @@ func TestClusterMembershipChangeAfterTTL(t *testing.T) {
 	waitReady(t, c)
 	cl.dns.SetSRV(testSRV, targetsFor(cl.servers[0].Addr(), cl.servers[1].Addr(), cl.servers[2].Addr())...)
 	clk.Advance(8 * time.Second)
-	waitFor(t, "third endpoint", func() bool { return c.Stats().Endpoints == 3 })
+	testkit.WaitFor(t, "third endpoint", func() bool { return c.Stats().Endpoints == 3 })
 	var dec Decision
 	if err := c.Check(context.Background(), testRequest(), &dec); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "node 3 used", func() bool { st := cl.servers[2].Stats(); return st.Requests+st.Completions > 0 })
+	testkit.WaitFor(t, "node 3 used", func() bool { st := cl.servers[2].Stats(); return st.Requests+st.Completions > 0 })
 }
 
 func TestClusterDNSFailureAfterStartUsesLastKnownGood(t *testing.T) {
@@ -406,7 +402,7 @@ func TestClusterDNSFailureAfterStartUsesLastKnownGood(t *testing.T) {
 	waitReady(t, c)
 	cl.dns.SetMode(dnstest.ModeServFail)
 	clk.Advance(5 * time.Second)
-	waitFor(t, "failed refresh", func() bool { return c.Stats().LookupFailures >= 1 })
+	testkit.WaitFor(t, "failed refresh", func() bool { return c.Stats().LookupFailures >= 1 })
 	var dec Decision
 	if err := c.Check(context.Background(), testRequest(), &dec); err != nil || !dec.Cause.Decided() {
 		t.Fatalf("err %v decision %+v", err, dec)
@@ -417,7 +413,7 @@ func TestClusterDNSFailureAtStart(t *testing.T) {
 	cl := startCluster(t, 3, nil)
 	cl.dns.SetMode(dnstest.ModeNXDomain)
 	c := newTestClient(t, cl.dns.Addr(), clientOpts{})
-	waitFor(t, "failed lookup", func() bool { return c.Stats().LookupFailures >= 1 })
+	testkit.WaitFor(t, "failed lookup", func() bool { return c.Stats().LookupFailures >= 1 })
 	var dec Decision
 	if err := c.Check(context.Background(), testRequest(), &dec); err != ErrNoEndpoints || dec.Cause != CauseNoEndpoints {
 		t.Fatalf("err %v decision %+v", err, dec)

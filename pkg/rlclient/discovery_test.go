@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 func mustResolver(t *testing.T, addr string) *resolver {
@@ -188,7 +189,7 @@ func TestClientDNSFailureAtStart(t *testing.T) {
 	s := dnstest.Start(t)
 	s.SetMode(dnstest.ModeServFail)
 	c := newTestClient(t, s.Addr(), clientOpts{})
-	waitFor(t, "a failed lookup", func() bool { return c.Stats().LookupFailures >= 1 })
+	testkit.WaitFor(t, "a failed lookup", func() bool { return c.Stats().LookupFailures >= 1 })
 	var dec Decision
 	if err := c.Check(context.Background(), testRequest(), &dec); err != ErrNoEndpoints || dec.Cause != CauseNoEndpoints {
 		t.Fatalf("err %v decision %+v", err, dec)
@@ -211,7 +212,7 @@ func TestClientMembershipChangeAfterTTL(t *testing.T) {
 	d.SetSRV(testSRV, targetsFor(nodes[0].addr(), nodes[1].addr(), nodes[2].addr())...)
 	lookups := c.Stats().Lookups
 	clk.Advance(6 * time.Second)
-	waitFor(t, "refresh after TTL", func() bool { return len(c.Endpoints()) == 3 })
+	testkit.WaitFor(t, "refresh after TTL", func() bool { return len(c.Endpoints()) == 3 })
 	if c.Stats().Lookups != lookups+1 {
 		t.Errorf("lookups %d -> %d", lookups, c.Stats().Lookups)
 	}
@@ -221,7 +222,7 @@ func TestClientMembershipChangeAfterTTL(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "all nodes used", func() bool {
+	testkit.WaitFor(t, "all nodes used", func() bool {
 		return nodes[1].count(1) > 0 && nodes[2].count(1) > 0
 	})
 }
@@ -234,13 +235,13 @@ func TestClientDNSFailureAfterStartUsesLastKnownGood(t *testing.T) {
 	waitReady(t, c)
 	d.SetMode(dnstest.ModeServFail)
 	clk.Advance(5 * time.Second)
-	waitFor(t, "failed refresh", func() bool { return c.Stats().LookupFailures >= 1 })
+	testkit.WaitFor(t, "failed refresh", func() bool { return c.Stats().LookupFailures >= 1 })
 	var dec Decision
 	if err := c.Check(context.Background(), testRequest(), &dec); err != nil || dec.Cause != CauseAllow {
 		t.Fatalf("with last-known-good: err %v decision %+v", err, dec)
 	}
 	clk.Advance(LastKnownGood)
-	waitFor(t, "expiry", func() bool { return c.Stats().LKGExpired == 1 })
+	testkit.WaitFor(t, "expiry", func() bool { return c.Stats().LKGExpired == 1 })
 	if err := c.Check(context.Background(), testRequest(), &dec); err != ErrNoEndpoints {
 		t.Fatalf("after expiry: %v", err)
 	}

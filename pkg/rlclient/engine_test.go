@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
@@ -42,7 +43,7 @@ func TestFakeAllowDenyPrefersOldest(t *testing.T) {
 			t.Fatalf("check %d: %v (%v)", i, err, dec.Cause)
 		}
 	}
-	waitFor(t, "epochs learned", func() bool {
+	testkit.WaitFor(t, "epochs learned", func() bool {
 		m := c.disc.current()
 		for _, e := range m.eps {
 			if e.epoch.Load() == 0 {
@@ -90,12 +91,12 @@ func TestFakeTimeoutAtHorizonWithReplay(t *testing.T) {
 	c := newTestClient(t, d.Addr(), clientOpts{clock: clk, policy: ratelimitly.Standard(u)})
 	waitReady(t, c)
 	ch := checkAsync(context.Background(), c, testRequest())
-	waitFor(t, "first round", func() bool { return allCount(nodes, wire.KindRateRequest) == 3 })
+	testkit.WaitFor(t, "first round", func() bool { return allCount(nodes, wire.KindRateRequest) == 3 })
 	assertPending(t, ch, "at 0")
 	clk.Advance(u - time.Millisecond)
 	assertPending(t, ch, "before U")
 	clk.Advance(time.Millisecond) // U: no answer -> replay to all three
-	waitFor(t, "replay round", func() bool { return allCount(nodes, wire.KindRateRequest) == 6 })
+	testkit.WaitFor(t, "replay round", func() bool { return allCount(nodes, wire.KindRateRequest) == 6 })
 	for _, n := range nodes {
 		rs := n.received()
 		if rs[0].id != rs[1].id || rs[1].attempt != 1 || !rs[1].replay || rs[0].replay || rs[0].attempt != 0 {
@@ -129,9 +130,9 @@ func TestFakeAnswerInFinalReceiveDecides(t *testing.T) {
 	c := newTestClient(t, d.Addr(), clientOpts{clock: clk, policy: ratelimitly.Standard(u)})
 	waitReady(t, c)
 	ch := checkAsync(context.Background(), c, testRequest())
-	waitFor(t, "first round", func() bool { return allCount(nodes, wire.KindRateRequest) == 2 })
+	testkit.WaitFor(t, "first round", func() bool { return allCount(nodes, wire.KindRateRequest) == 2 })
 	clk.Advance(u)
-	waitFor(t, "replay", func() bool { return allCount(nodes, wire.KindRateRequest) == 4 })
+	testkit.WaitFor(t, "replay", func() bool { return allCount(nodes, wire.KindRateRequest) == 4 })
 	clk.Advance(u) // into the receive-only unit
 	// Answer only now: node 2 replays its answer by hand.
 	nodes[1].set(func(n *fakeNode) { n.drop = false })
@@ -141,7 +142,7 @@ func TestFakeAnswerInFinalReceiveDecides(t *testing.T) {
 		t.Fatalf("final receive: err %v decision %+v", r.err, r.d)
 	}
 	// Completion to node 1, which never answered.
-	waitFor(t, "completion", func() bool { return nodes[0].count(wire.KindCompletion) == 1 })
+	testkit.WaitFor(t, "completion", func() bool { return nodes[0].count(wire.KindCompletion) == 1 })
 	if nodes[1].count(wire.KindCompletion) != 0 {
 		t.Error("completion sent to a node that answered")
 	}
@@ -194,7 +195,7 @@ func TestFakeSingleRoundTimesOutAtUnit(t *testing.T) {
 		t.Fatalf("horizon %v", c.Horizon())
 	}
 	ch := checkAsync(context.Background(), c, testRequest())
-	waitFor(t, "send", func() bool { return allCount(nodes, wire.KindRateRequest) == 3 })
+	testkit.WaitFor(t, "send", func() bool { return allCount(nodes, wire.KindRateRequest) == 3 })
 	clk.Advance(u - time.Millisecond)
 	assertPending(t, ch, "before U")
 	clk.Advance(time.Millisecond)
@@ -220,13 +221,13 @@ func TestFakeOneDownDecidedAtUnitWithoutReplay(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "epochs", func() bool { return c.disc.current().eps[0].epoch.Load() == 1000 })
+	testkit.WaitFor(t, "epochs", func() bool { return c.disc.current().eps[0].epoch.Load() == 1000 })
 	// The oldest node goes down: the younger answers cannot decide early,
 	// the unit deadline decides with the oldest valid answer.
 	nodes[0].set(func(n *fakeNode) { n.drop = true })
 	// Let the learning checks' datagrams land (early decisions return
 	// before every node has seen its request).
-	waitFor(t, "learning traffic", func() bool { return allCount(nodes, wire.KindRateRequest) == 15 })
+	testkit.WaitFor(t, "learning traffic", func() bool { return allCount(nodes, wire.KindRateRequest) == 15 })
 	before := allCount(nodes, wire.KindRateRequest)
 	compBefore := nodes[0].count(wire.KindCompletion)
 	ch := checkAsync(context.Background(), c, testRequest())
@@ -240,7 +241,7 @@ func TestFakeOneDownDecidedAtUnitWithoutReplay(t *testing.T) {
 	if got := allCount(nodes, wire.KindRateRequest) - before; got != 3 {
 		t.Errorf("requests for the check = %d, want 3 (no replay)", got)
 	}
-	waitFor(t, "completion to the down node", func() bool { return nodes[0].count(wire.KindCompletion) == compBefore+1 })
+	testkit.WaitFor(t, "completion to the down node", func() bool { return nodes[0].count(wire.KindCompletion) == compBefore+1 })
 	rs := nodes[0].received()
 	last, req := rs[len(rs)-1], rs[len(rs)-2]
 	if last.kind != wire.KindCompletion || last.decision != wire.DecisionAllow || last.id != req.id || req.kind != wire.KindRateRequest {
@@ -261,17 +262,17 @@ func TestFakeWrongKeyIgnored(t *testing.T) {
 	if err := c.Check(context.Background(), testRequest(), &dec); err != nil || dec.Endpoint != "n2.rl.test." || dec.ServerEpoch != 1000 {
 		t.Fatalf("err %v decision %+v", err, dec)
 	}
-	waitFor(t, "auth drop", func() bool { return c.Stats().Drops.Auth >= 1 })
+	testkit.WaitFor(t, "auth drop", func() bool { return c.Stats().Drops.Auth >= 1 })
 	// Only the wrong-key node: no decision; at the horizon the cause is
 	// authentication/protocol, not a plain timeout.
 	d.SetSRV(testSRV, targetsFor(bad.addr())...)
 	clk.Advance(MinRefresh)
-	waitFor(t, "membership of one", func() bool { return c.Stats().Endpoints == 1 })
+	testkit.WaitFor(t, "membership of one", func() bool { return c.Stats().Endpoints == 1 })
 	ch := checkAsync(context.Background(), c, testRequest())
-	waitFor(t, "wrong-key answer", func() bool { return c.Stats().Drops.Auth >= 2 })
+	testkit.WaitFor(t, "wrong-key answer", func() bool { return c.Stats().Drops.Auth >= 2 })
 	u := c.policy.Unit
 	clk.Advance(u)
-	waitFor(t, "replay", func() bool { return bad.count(wire.KindRateRequest) >= 3 })
+	testkit.WaitFor(t, "replay", func() bool { return bad.count(wire.KindRateRequest) >= 3 })
 	clk.Advance(u)
 	clk.Advance(u)
 	r := await(t, ch)
@@ -292,7 +293,7 @@ func TestFakeSteeringRebinds(t *testing.T) {
 			t.Fatalf("check %d: %v", i, err)
 		}
 	}
-	waitFor(t, "rebind", func() bool { return c.Stats().Ring.Rebinds >= 1 })
+	testkit.WaitFor(t, "rebind", func() bool { return c.Stats().Ring.Rebinds >= 1 })
 	nodes[2].set(func(n *fakeNode) { n.steer = false })
 	for i := 0; i < 10; i++ {
 		if err := c.Check(context.Background(), testRequest(), &dec); err != nil {
@@ -309,7 +310,7 @@ func TestFakeSteeringRebinds(t *testing.T) {
 	if len(ports) < 2 {
 		t.Errorf("node saw source ports %v, want the old and the new", ports)
 	}
-	waitFor(t, "old socket retired", func() bool { st := c.Stats().Ring; return st.Sockets == 1 && st.Retired >= 1 })
+	testkit.WaitFor(t, "old socket retired", func() bool { st := c.Stats().Ring; return st.Sockets == 1 && st.Retired >= 1 })
 }
 
 func TestFakeCancelRetires(t *testing.T) {
@@ -322,7 +323,7 @@ func TestFakeCancelRetires(t *testing.T) {
 	waitReady(t, c)
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := checkAsync(ctx, c, testRequest())
-	waitFor(t, "sent", func() bool { return allCount(nodes, wire.KindRateRequest) == 2 })
+	testkit.WaitFor(t, "sent", func() bool { return allCount(nodes, wire.KindRateRequest) == 2 })
 	cancel()
 	r := await(t, ch)
 	if r.err != ErrCancelled || r.d.Cause != CauseCancelled {
@@ -400,7 +401,7 @@ func TestReportFireAndForget(t *testing.T) {
 	waitReady(t, c)
 	c.Report([]byte("svc-a"), 1500*time.Microsecond)
 	c.Report(nil, time.Second)
-	waitFor(t, "reports", func() bool { return allCount(nodes, wire.KindLatencyReport) == 2 })
+	testkit.WaitFor(t, "reports", func() bool { return allCount(nodes, wire.KindLatencyReport) == 2 })
 	st := c.Stats()
 	if st.Reports != 2 || st.ReportsDropped != 2 {
 		t.Errorf("reports %d dropped %d", st.Reports, st.ReportsDropped)
@@ -469,7 +470,7 @@ func TestCloseEndsChecksInFlight(t *testing.T) {
 	c := newTestClient(t, d.Addr(), clientOpts{clock: clk})
 	waitReady(t, c)
 	ch := checkAsync(context.Background(), c, testRequest())
-	waitFor(t, "sent", func() bool { return allCount(nodes, wire.KindRateRequest) == 2 })
+	testkit.WaitFor(t, "sent", func() bool { return allCount(nodes, wire.KindRateRequest) == 2 })
 	c.Close()
 	if r := await(t, ch); r.err != ErrCancelled || r.d.Cause != CauseCancelled {
 		t.Fatalf("in flight at close: err %v decision %+v", r.err, r.d)
@@ -501,7 +502,7 @@ func TestFakeCustomPolicySchedule(t *testing.T) {
 	}
 	ch := checkAsync(context.Background(), c, testRequest())
 	sends := func(n int) func() bool { return func() bool { return allCount(nodes, wire.KindRateRequest) == n } }
-	waitFor(t, "first send", sends(2))
+	testkit.WaitFor(t, "first send", sends(2))
 	steps := []struct {
 		advance time.Duration
 		want    int // requests seen by the nodes after the step
@@ -514,7 +515,7 @@ func TestFakeCustomPolicySchedule(t *testing.T) {
 	for i, st := range steps {
 		clk.Advance(st.advance)
 		if st.want != allCount(nodes, wire.KindRateRequest) {
-			waitFor(t, fmt.Sprintf("step %d: %d requests", i, st.want), sends(st.want))
+			testkit.WaitFor(t, fmt.Sprintf("step %d: %d requests", i, st.want), sends(st.want))
 		}
 		assertPending(t, ch, fmt.Sprintf("step %d", i))
 	}
@@ -549,7 +550,7 @@ func TestFakeAnswerOnAnotherShardSocket(t *testing.T) {
 	}
 	// Requests left from both shards' sockets (the nodes record them
 	// asynchronously: an early decision does not wait for every node).
-	waitFor(t, "requests from both shards", func() bool {
+	testkit.WaitFor(t, "requests from both shards", func() bool {
 		sentFrom := map[uint16]bool{}
 		for _, s := range nodes[0].received() {
 			sentFrom[s.from.Port()] = true

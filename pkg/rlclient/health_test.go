@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
@@ -24,7 +25,7 @@ func learnAll(t *testing.T, c *Client, nodes []*fakeNode, checks int) {
 			t.Fatalf("learning check %d: %v", i, err)
 		}
 	}
-	waitFor(t, "epochs", func() bool {
+	testkit.WaitFor(t, "epochs", func() bool {
 		for _, e := range c.disc.current().eps {
 			if e.epoch.Load() == 0 {
 				return false
@@ -32,7 +33,7 @@ func learnAll(t *testing.T, c *Client, nodes []*fakeNode, checks int) {
 		}
 		return true
 	})
-	waitFor(t, "learning traffic", func() bool { return allCount(nodes, wire.KindRateRequest) == checks*len(nodes) })
+	testkit.WaitFor(t, "learning traffic", func() bool { return allCount(nodes, wire.KindRateRequest) == checks*len(nodes) })
 }
 
 func probes(n *fakeNode) int {
@@ -94,7 +95,7 @@ func TestDeadOldestLeavesUsableSetAndRejoins(t *testing.T) {
 	}
 	// Probed while dead: still unusable.
 	clk.Advance(ProbeInterval)
-	waitFor(t, "first probe", func() bool { return probes(nodes[0]) == 1 })
+	testkit.WaitFor(t, "first probe", func() bool { return probes(nodes[0]) == 1 })
 	if probes(nodes[1])+probes(nodes[2]) != 0 {
 		t.Error("usable endpoints were probed")
 	}
@@ -102,7 +103,7 @@ func TestDeadOldestLeavesUsableSetAndRejoins(t *testing.T) {
 	// oldest again.
 	nodes[0].set(func(n *fakeNode) { n.drop = false })
 	clk.Advance(ProbeInterval)
-	waitFor(t, "probe answer", func() bool { return c.Stats().ProbeAnswers == 1 })
+	testkit.WaitFor(t, "probe answer", func() bool { return c.Stats().ProbeAnswers == 1 })
 	if st := c.Stats(); st.Usable != 3 {
 		t.Fatalf("usable %d after the probe answer", st.Usable)
 	}
@@ -124,9 +125,9 @@ func TestAllUnusableStillSends(t *testing.T) {
 	waitReady(t, c)
 	for i := 0; i < MissLimit; i++ {
 		ch := checkAsync(context.Background(), c, testRequest())
-		waitFor(t, "round", func() bool { return allCount(nodes, wire.KindRateRequest) == 3*(2*i+1) })
+		testkit.WaitFor(t, "round", func() bool { return allCount(nodes, wire.KindRateRequest) == 3*(2*i+1) })
 		clk.Advance(u)
-		waitFor(t, "replay", func() bool { return allCount(nodes, wire.KindRateRequest) == 3*(2*i+2) })
+		testkit.WaitFor(t, "replay", func() bool { return allCount(nodes, wire.KindRateRequest) == 3*(2*i+2) })
 		clk.Advance(2 * u)
 		if r := await(t, ch); r.err != ErrTimeout {
 			t.Fatalf("check %d: %v", i, r.err)
@@ -137,7 +138,7 @@ func TestAllUnusableStillSends(t *testing.T) {
 	}
 	before := allCount(nodes, wire.KindRateRequest)
 	ch := checkAsync(context.Background(), c, testRequest())
-	waitFor(t, "send to every endpoint", func() bool { return allCount(nodes, wire.KindRateRequest) >= before+3 })
+	testkit.WaitFor(t, "send to every endpoint", func() bool { return allCount(nodes, wire.KindRateRequest) >= before+3 })
 	nodes[1].set(func(n *fakeNode) { n.drop = false })
 	clk.Advance(u) // the replay reaches the node that came back
 	if r := await(t, ch); r.err != nil || r.d.Endpoint != "n2.rl.test." {
@@ -175,7 +176,7 @@ func TestEveryAddressOfATargetIsAnEndpoint(t *testing.T) {
 			t.Fatalf("check %d: %v", i, err)
 		}
 		for j, n := range nodes {
-			waitFor(t, "request at every address", func() bool { return n.count(wire.KindRateRequest) == i })
+			testkit.WaitFor(t, "request at every address", func() bool { return n.count(wire.KindRateRequest) == i })
 			if rs := n.received(); rs[len(rs)-1].from.Addr().Is6() != (j == 2) {
 				t.Errorf("node %d got the request from %v", j, rs[len(rs)-1].from)
 			}
@@ -197,7 +198,7 @@ func TestFailureWarningRateLimited(t *testing.T) {
 	fail := func() {
 		t.Helper()
 		ch := checkAsync(context.Background(), c, testRequest())
-		waitFor(t, "send", func() bool { return c.Stats().InFlight == 1 })
+		testkit.WaitFor(t, "send", func() bool { return c.Stats().InFlight == 1 })
 		clk.Advance(u)
 		if r := await(t, ch); r.err != ErrTimeout {
 			t.Fatalf("err %v", r.err)

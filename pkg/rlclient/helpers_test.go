@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit/rlcluster"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
@@ -31,19 +33,6 @@ func wrongCred() credentials.Credential {
 	c := testCred()
 	c.Secret[0] ^= 0xff
 	return c
-}
-
-// waitFor polls cond in a bounded loop: the condition is driven by other
-// goroutines doing real I/O. It fails the test after 20 s.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // seenDgram is what a fake node received.
@@ -194,13 +183,9 @@ func (n *fakeNode) serve() {
 	}
 }
 
-// targetsFor builds SRV targets (n1.rl.test, n2.rl.test, ...) for addresses.
+// targetsFor builds SRV targets (n1.rl.test., n2.rl.test., ...) for addresses.
 func targetsFor(addrs ...netip.AddrPort) []dnstest.Target {
-	var ts []dnstest.Target
-	for i, a := range addrs {
-		ts = append(ts, dnstest.Target{Name: fmt.Sprintf("n%d.rl.test", i+1), Port: a.Port(), Addrs: []netip.Addr{a.Addr()}})
-	}
-	return ts
+	return rlcluster.Targets("rl.test", addrs...)
 }
 
 type clientOpts struct {
@@ -240,7 +225,7 @@ func newTestClient(t testing.TB, dnsAddr string, o clientOpts) *Client {
 
 func waitReady(t testing.TB, c *Client) {
 	t.Helper()
-	waitFor(t, "discovery", c.Ready)
+	testkit.WaitFor(t, "discovery", c.Ready)
 }
 
 func testRequest() *wire.RateRequest {
@@ -291,7 +276,7 @@ func assertPending(t testing.TB, ch <-chan checkResult, when string) {
 // waitValid waits until the single live request holds n valid answers.
 func waitValid(t testing.TB, c *Client, n int) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("%d valid answers", n), func() bool {
+	testkit.WaitFor(t, fmt.Sprintf("%d valid answers", n), func() bool {
 		for i := range c.table.stripes {
 			st := &c.table.stripes[i]
 			st.mu.Lock()
@@ -314,7 +299,7 @@ func waitValid(t testing.TB, c *Client, n int) {
 // or not) from n endpoints for its latest send.
 func waitAnswered(t testing.TB, c *Client, n int) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("%d answers", n), func() bool {
+	testkit.WaitFor(t, fmt.Sprintf("%d answers", n), func() bool {
 		for i := range c.table.stripes {
 			st := &c.table.stripes[i]
 			st.mu.Lock()

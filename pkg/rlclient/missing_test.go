@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
@@ -52,7 +53,7 @@ func TestInvalidAnswerGetsReplayAndCompletion(t *testing.T) {
 					t.Fatalf("node %d: want the request and its replay, got %+v", i+1, rs)
 				}
 			}
-			waitFor(t, "completion to the invalid server", func() bool { return bad.count(wire.KindCompletion) == 1 })
+			testkit.WaitFor(t, "completion to the invalid server", func() bool { return bad.count(wire.KindCompletion) == 1 })
 			rs := bad.received()
 			if last := rs[len(rs)-1]; last.kind != wire.KindCompletion || last.decision != wire.DecisionAllow || last.id != rs[0].id {
 				t.Errorf("completion %+v", last)
@@ -111,7 +112,7 @@ func TestInvalidAnswerBesideValidDecides(t *testing.T) {
 					t.Fatalf("check %d: err %v decision %+v", i, err, dec)
 				}
 			}
-			waitFor(t, "completions", func() bool { return nodes[0].count(wire.KindCompletion) == 3 })
+			testkit.WaitFor(t, "completions", func() bool { return nodes[0].count(wire.KindCompletion) == 3 })
 		})
 	}
 }

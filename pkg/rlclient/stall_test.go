@@ -79,11 +79,11 @@ func TestStalledReadersAnswersBeatOverdueDeadlines(t *testing.T) {
 	c, release := gatedClient(t, d.Addr(), clientOpts{clock: clk, policy: ratelimitly.Standard(u), shards: 1})
 	waitReady(t, c)
 	ch := checkAsync(context.Background(), c, testRequest())
-	waitFor(t, "requests sent", func() bool { return allCount(nodes, wire.KindRateRequest) == 3 })
+	testkit.WaitFor(t, "requests sent", func() bool { return allCount(nodes, wire.KindRateRequest) == 3 })
 	// The answers are in the kernel's queue of the client socket; its
 	// reader is held back, so nothing has been delivered.
 	local := c.ring.LocalAddr(0)
-	waitFor(t, "answers queued on the client socket", func() bool { return udpRxQueue(t, local) > 0 })
+	testkit.WaitFor(t, "answers queued on the client socket", func() bool { return udpRxQueue(t, local) > 0 })
 	assertPending(t, ch, "readers held back")
 	if st := c.Stats(); st.Ring.Received != 0 {
 		t.Fatalf("reader delivered %d datagrams while held back", st.Ring.Received)

@@ -3,7 +3,6 @@ package rlclient
 import (
 	"context"
 	"math/rand/v2"
-	"os"
 	"runtime"
 	"sync"
 	"testing"
@@ -11,14 +10,6 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
 )
-
-func countFDs(t testing.TB) int {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		testkit.Missing(t, "needs /proc/self/fd: %v", err)
-	}
-	return len(ents)
-}
 
 // TestNoLeaksAfterManyChecksWithCancellations runs 100k checks (10k under
 // -race or -short, where each check costs ~20x more), a quarter of them
@@ -38,7 +29,7 @@ func TestNoLeaksAfterManyChecksWithCancellations(t *testing.T) {
 	waitReady(t, c)
 	runtime.GC()
 	baseG := runtime.NumGoroutine()
-	baseFD := countFDs(t)
+	baseFD := testkit.CountFDs(t)
 
 	const workers = 32
 	per := total / workers
@@ -90,8 +81,8 @@ func TestNoLeaksAfterManyChecksWithCancellations(t *testing.T) {
 	if st := c.Stats(); st.InFlight != 0 {
 		t.Errorf("in flight after the run: %d", st.InFlight)
 	}
-	waitFor(t, "goroutines back to baseline", func() bool { return runtime.NumGoroutine() <= baseG })
-	waitFor(t, "descriptors back to baseline", func() bool { return countFDs(t) <= baseFD })
+	testkit.WaitFor(t, "goroutines back to baseline", func() bool { return runtime.NumGoroutine() <= baseG })
+	testkit.WaitFor(t, "descriptors back to baseline", func() bool { return testkit.CountFDs(t) <= baseFD })
 	live := 0
 	for i := range c.table.stripes {
 		s := &c.table.stripes[i]

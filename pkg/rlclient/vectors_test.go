@@ -10,6 +10,7 @@ import (
 
 	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
 	"github.com/rl-tproxy/rl-tproxy/internal/protovec"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
@@ -123,7 +124,7 @@ func replayClientCase(t *testing.T, v protovec.Vector, tc protovec.ClientCase, i
 			t.Errorf("drop %s counted %d, want 2", tc.DropReason, dropCount(c, tc.DropReason))
 		}
 	case "drop":
-		waitFor(t, "drop "+tc.DropReason, func() bool { return dropCount(c, tc.DropReason) == 1 })
+		testkit.WaitFor(t, "drop "+tc.DropReason, func() bool { return dropCount(c, tc.DropReason) == 1 })
 		assertPending(t, ch, "after a dropped answer")
 		cancel()
 		if r := await(t, ch); r.d.Cause != CauseCancelled {

@@ -39,19 +39,6 @@ func echoServer(t *testing.T) (netip.AddrPort, *net.UDPConn) {
 	return c.LocalAddr().(*net.UDPAddr).AddrPort(), c
 }
 
-// waitFor polls cond in a bounded loop (the condition is driven by other
-// goroutines doing real I/O); it fails the test after 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 func recvOne(t *testing.T, ch <-chan uint64) uint64 {
 	t.Helper()
 	select {
@@ -191,7 +178,7 @@ func TestRebindTransactional(t *testing.T) {
 	before := held.LocalAddr()
 	r.Rebind(held)
 	r.Rebind(held) // a duplicate request while pending is absorbed
-	waitFor(t, "rebind", func() bool { return r.Stats().Rebinds == 1 })
+	testkit.WaitFor(t, "rebind", func() bool { return r.Stats().Rebinds == 1 })
 	after := r.LocalAddr(0)
 	if after == before {
 		t.Fatalf("local address unchanged after rebind: %v", after)
@@ -209,7 +196,7 @@ func TestRebindTransactional(t *testing.T) {
 	// Steering about the replaced socket is ignored.
 	r.Rebind(held)
 	held.Release()
-	waitFor(t, "retire", func() bool { return r.Stats().Retired == 1 })
+	testkit.WaitFor(t, "retire", func() bool { return r.Stats().Retired == 1 })
 	st := r.Stats()
 	if st.Sockets != 1 || st.Rebinds != 1 {
 		t.Fatalf("after retire: %+v", st)
@@ -248,7 +235,7 @@ func TestRebindFailureKeepsWorkingSocket(t *testing.T) {
 	if v := recvOne(t, got); v != 9 {
 		t.Fatalf("echo = %d", v)
 	}
-	waitFor(t, "rebind after retries", func() bool { return r.Stats().Rebinds == 1 })
+	testkit.WaitFor(t, "rebind after retries", func() bool { return r.Stats().Rebinds == 1 })
 	st := r.Stats()
 	if st.RebindFailures != 3 {
 		t.Errorf("rebind failures = %d, want 3", st.RebindFailures)
@@ -256,7 +243,7 @@ func TestRebindFailureKeepsWorkingSocket(t *testing.T) {
 	if r.LocalAddr(0) == before {
 		t.Error("address unchanged after successful retry")
 	}
-	waitFor(t, "retire", func() bool { return r.Stats().Retired == 1 })
+	testkit.WaitFor(t, "retire", func() bool { return r.Stats().Retired == 1 })
 }
 
 func TestRebindFromHandler(t *testing.T) {
@@ -273,7 +260,7 @@ func TestRebindFromHandler(t *testing.T) {
 		t.Fatal(err)
 	}
 	recvOne(t, got)
-	waitFor(t, "rebind+retire", func() bool { st := r.Stats(); return st.Rebinds == 1 && st.Retired == 1 })
+	testkit.WaitFor(t, "rebind+retire", func() bool { st := r.Stats(); return st.Rebinds == 1 && st.Retired == 1 })
 	if err := r.SendCurrent(0, srv, []byte("abc"), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -295,7 +282,7 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 		r.Close()
 		s.Release()
 	}
-	waitFor(t, "goroutines to exit", func() bool { return runtime.NumGoroutine() <= base })
+	testkit.WaitFor(t, "goroutines to exit", func() bool { return runtime.NumGoroutine() <= base })
 }
 
 func TestNewRequiresHandler(t *testing.T) {
@@ -362,7 +349,7 @@ func TestFlushAsyncSendsQueueInOneBatch(t *testing.T) {
 	push(0, 40)
 	r.FlushAsync(0)
 	recvAll(0, 40)
-	waitFor(t, "send counters", func() bool { st := r.Stats(); return st.Sent == 40 && st.SendBatches > 0 })
+	testkit.WaitFor(t, "send counters", func() bool { st := r.Stats(); return st.Sent == 40 && st.SendBatches > 0 })
 	if st := r.Stats(); st.SendBatches != 1 || st.FlushWakes != 1 {
 		t.Fatalf("after 40 datagrams and one FlushAsync: %+v, want 1 batch, 1 flush wake", st)
 	}
@@ -375,7 +362,7 @@ func TestFlushAsyncSendsQueueInOneBatch(t *testing.T) {
 	recvAll(40, 40+MaxBatch)
 	// FlushAsync on an empty queue is harmless.
 	r.FlushAsync(0)
-	waitFor(t, "flush wake", func() bool { return r.Stats().FlushWakes == 2 })
+	testkit.WaitFor(t, "flush wake", func() bool { return r.Stats().FlushWakes == 2 })
 	if st := r.Stats(); st.Sent != 40+MaxBatch || st.Dropped != (DropCounts{}) {
 		t.Fatalf("after an empty flush: %+v", st)
 	}

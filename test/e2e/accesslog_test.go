@@ -54,7 +54,7 @@ func (u *idUpstream) requests() []http.Header {
 func (p *proxyProc) accessByID(id string) map[string]any {
 	p.t.Helper()
 	var line map[string]any
-	waitFor(p.t, "access line with request_id "+id, func() bool {
+	testkit.WaitFor(p.t, "access line with request_id "+id, func() bool {
 		for _, l := range p.access() {
 			if l["request_id"] == id {
 				line = l
@@ -111,7 +111,7 @@ func TestAccessLineAndRequestID(t *testing.T) {
 		t.Fatalf("Retry-After %q", r.header.Get("Retry-After"))
 	}
 	var deny map[string]any
-	waitFor(t, "the deny's access line", func() bool {
+	testkit.WaitFor(t, "the deny's access line", func() bool {
 		for _, l := range p.access() {
 			if l["request_id"] == "e2e-carol-1" && l["status"] == float64(429) {
 				deny = l
@@ -201,7 +201,7 @@ func TestCombinedLogFormat(t *testing.T) {
 	})
 	adminRe := regexp.MustCompile(`msg="admin listener" addr=(\S+)`)
 	var admin string
-	waitFor(t, "admin listener line", func() bool {
+	testkit.WaitFor(t, "admin listener line", func() bool {
 		for _, l := range snapshot() {
 			if m := adminRe.FindStringSubmatch(l); m != nil {
 				admin = m[1]
@@ -210,7 +210,7 @@ func TestCombinedLogFormat(t *testing.T) {
 		}
 		return false
 	})
-	waitFor(t, "/readyz 200", func() bool {
+	testkit.WaitFor(t, "/readyz 200", func() bool {
 		resp, err := http.Get("http://" + admin + "/readyz")
 		if err != nil {
 			return false
@@ -227,7 +227,7 @@ func TestCombinedLogFormat(t *testing.T) {
 		t.Fatalf("second request: %d", r.status)
 	}
 	var access []string
-	waitFor(t, "two combined access lines", func() bool {
+	testkit.WaitFor(t, "two combined access lines", func() bool {
 		access = access[:0]
 		for _, l := range snapshot() {
 			if combinedLine.MatchString(l) {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 // A burst against a 5/m zone with burst 3: three 200s, then 429 with
@@ -66,9 +67,9 @@ func TestGuardTripsAndRecovers(t *testing.T) {
 	if r := e.get(t, "/guarded"); r.status != 200 {
 		t.Fatalf("fast guarded request: %d", r.status)
 	}
-	waitFor(t, "the fast request's report", func() bool { return e.c.reports() >= 3 })
+	testkit.WaitFor(t, "the fast request's report", func() bool { return e.c.Reports() >= 3 })
 	e.up.delay.Store(int64(150 * time.Millisecond))
-	before := e.c.reports()
+	before := e.c.Reports()
 	tripped, slow := false, 0
 	for i := 0; i < 10 && !tripped; i++ {
 		r := e.get(t, "/guarded")
@@ -89,13 +90,13 @@ func TestGuardTripsAndRecovers(t *testing.T) {
 	}
 	// Each admitted slow response was reported once to each of the 3
 	// servers; the guard deny was not.
-	waitFor(t, "the slow responses' reports", func() bool { return e.c.reports()-before >= uint64(3*slow) })
-	if got := e.c.reports() - before; got != uint64(3*slow) {
+	testkit.WaitFor(t, "the slow responses' reports", func() bool { return e.c.Reports()-before >= uint64(3*slow) })
+	if got := e.c.Reports() - before; got != uint64(3*slow) {
 		t.Errorf("servers applied %d reports for %d slow responses, want %d", got, slow, 3*slow)
 	}
 	// The access line is written after the 429 reached the client.
 	var deny map[string]any
-	waitFor(t, "the guard deny's access line", func() bool {
+	testkit.WaitFor(t, "the guard deny's access line", func() bool {
 		for _, l := range e.p.access() {
 			if l["status"] == float64(429) {
 				deny = l
@@ -132,7 +133,7 @@ func TestFailureTable(t *testing.T) {
 	good, wrongKey, noSRV, bcast := map[string]*env{}, map[string]*env{}, map[string]*env{}, map[string]*env{}
 	// An endpoint the kernel refuses to send to: the limited broadcast
 	// address without SO_BROADCAST (sendto fails with EACCES).
-	c.dns.SetSRV("_bcast._udp.e2e.test.", dnstest.Target{Name: "bcast.e2e.test.", Port: 9, Addrs: []netip.Addr{netip.MustParseAddr("255.255.255.255")}})
+	c.DNS.SetSRV("_bcast._udp.e2e.test.", dnstest.Target{Name: "bcast.e2e.test.", Port: 9, Addrs: []netip.Addr{netip.MustParseAddr("255.255.255.255")}})
 	for _, mode := range modes {
 		good[mode] = newEnv(t, c, policyOpts{fail: mode})
 		bad := newCredential(t, c.cred.KeyID) // same key id, another secret
@@ -187,7 +188,7 @@ func TestFailureTable(t *testing.T) {
 					}
 					hdr = []string{"X-Key: " + key}
 				}
-				before := c.reports()
+				before := c.Reports()
 				n := len(e.p.access())
 				r := e.get(t, rw.path, hdr...)
 				if r.status != rw.status[mode] {
@@ -216,13 +217,13 @@ func TestFailureTable(t *testing.T) {
 				if wantReport {
 					// One report, fanned out to each of the 3 servers.
 					want = 3
-					waitFor(t, "the report at the servers", func() bool { return c.reports() >= before+3 })
+					testkit.WaitFor(t, "the report at the servers", func() bool { return c.Reports() >= before+3 })
 				}
 				// Reports are sent in Done, before the access line is
 				// written: by now a report would have been applied or is
 				// in the servers' socket queues, which the next check's
 				// answers follow. Nothing else is in flight.
-				if got := c.reports() - before; got != want {
+				if got := c.Reports() - before; got != want {
 					t.Errorf("%s: servers applied %d reports, want %d", mode, got, want)
 				}
 			}
@@ -233,8 +234,10 @@ func TestFailureTable(t *testing.T) {
 // A client that goes away while its check is in flight gets no report and
 // no verdict: outcome client_abort, cause cancelled.
 func TestClientAbortNoReport(t *testing.T) {
+	// curl must exist: its failure (the abort) is what this test expects.
+	testkit.NeedTool(t, "curl", "curl")
 	e := newEnv(t, nil, policyOpts{})
-	before := e.c.reports()
+	before := e.c.Reports()
 	e.c.dropRequests.Store(true) // the check waits for the whole horizon (750ms)
 	out, err := exec.Command("curl", "-s", "--max-time", "0.3", "-H", "X-Key: abort", e.p.base+"/api/slow").CombinedOutput()
 	e.c.dropRequests.Store(false)
@@ -253,8 +256,8 @@ func TestClientAbortNoReport(t *testing.T) {
 	if r := e.get(t, "/api/fast", "X-Key: abort2"); r.status != 200 {
 		t.Fatalf("status %d", r.status)
 	}
-	waitFor(t, "the completed request's report", func() bool { return e.c.reports() >= before+3 })
-	if got := e.c.reports() - before; got != 3 {
+	testkit.WaitFor(t, "the completed request's report", func() bool { return e.c.Reports() >= before+3 })
+	if got := e.c.Reports() - before; got != 3 {
 		t.Fatalf("servers applied %d reports, want 3 (one request, fanned out)", got)
 	}
 }

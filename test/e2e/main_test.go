@@ -6,14 +6,11 @@ package e2e
 import (
 	"bufio"
 	"bytes"
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,8 +22,8 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/bintest"
-	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit/rlcluster"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 	"github.com/rl-tproxy/rl-tproxy/pkg/rlserver"
@@ -58,28 +55,16 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// waitFor polls cond (bounded) on observable state.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // ---- RateLimitly cluster ----
 
 const srvName = "_ratelimitly._udp.rl.e2e.test."
 
-// cluster is three rlservers on 127.0.0.{2,3,4} behind a DNS SRV record.
+// cluster is three rlservers on 127.0.0.{2,3,4} behind a DNS SRV record
+// (rlcluster).
 type cluster struct {
-	servers []*rlserver.Server
-	dns     *dnstest.Server
-	cred    credentials.Credential
-	cred2   credentials.Credential // a second key the servers accept (rotation)
+	*rlcluster.Cluster
+	cred  credentials.Credential
+	cred2 credentials.Credential // a second key the servers accept (rotation)
 	// Toggles read by the servers' hooks.
 	dropRequests atomic.Bool // drop RATE_REQUESTs and COMPLETIONs (client times out)
 	extraResult  atomic.Bool // answer with one resource result too many
@@ -87,11 +72,7 @@ type cluster struct {
 
 func newCredential(t *testing.T, keyID uint32) credentials.Credential {
 	t.Helper()
-	c := credentials.Credential{Tenant: "e2e", KeyID: keyID}
-	if _, err := rand.Read(c.Secret[:]); err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return rlcluster.NewCredential(t, "e2e", keyID)
 }
 
 func startCluster(t *testing.T) *cluster {
@@ -107,48 +88,15 @@ func startCluster(t *testing.T) *cluster {
 			}
 		},
 	}
-	c.dns = dnstest.Start(t)
-	var targets []dnstest.Target
-	for i := 0; i < 3; i++ {
-		ip := fmt.Sprintf("127.0.0.%d", 2+i)
-		s, err := rlserver.Start(rlserver.Config{Listen: ip + ":0", Credentials: []credentials.Credential{c.cred, c.cred2}, Workers: 1, Hooks: hooks})
-		if err != nil {
-			t.Fatalf("rlserver %s: %v", ip, err)
-		}
-		t.Cleanup(func() { s.Close() })
-		c.servers = append(c.servers, s)
-		targets = append(targets, dnstest.Target{Name: fmt.Sprintf("rl%d.e2e.test.", i), Port: s.Addr().Port(), Addrs: []netip.Addr{s.Addr().Addr()}})
-	}
-	c.dns.SetTTL(5, 5)
-	c.dns.SetSRV(srvName, targets...)
+	c.Cluster = rlcluster.Start(t, rlcluster.Config{SRV: srvName, Domain: "e2e.test.", DistinctIPs: true, TTL: 5,
+		Credentials: []credentials.Credential{c.cred, c.cred2},
+		Node:        func(_ int, cfg *rlserver.Config) { cfg.Hooks = hooks }})
 	return c
-}
-
-// reports is the number of latency reports the servers applied.
-func (c *cluster) reports() uint64 {
-	var n uint64
-	for _, s := range c.servers {
-		n += s.Stats().Reports
-	}
-	return n
-}
-
-func (c *cluster) requests() uint64 {
-	var n uint64
-	for _, s := range c.servers {
-		n += s.Stats().Requests
-	}
-	return n
 }
 
 func writeCredentials(t *testing.T, dir string, c credentials.Credential) string {
 	t.Helper()
-	p := filepath.Join(dir, "credentials.yaml")
-	body := fmt.Sprintf("tenant: %s\nkey_id: %d\nsecret: %s\n", c.Tenant, c.KeyID, base64.StdEncoding.EncodeToString(c.Secret[:]))
-	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return bintest.WriteFile(t, filepath.Join(dir, "credentials.yaml"), rlcluster.CredentialYAML(c), 0o600)
 }
 
 // freeAddr returns a loopback address with a port that was free a moment
@@ -265,7 +213,7 @@ func startProxy(t *testing.T, policy string, waitReady bool, extra ...string) *p
 			p.mu.Unlock()
 		}
 	})
-	waitFor(t, "proxy listening and admin up", func() bool {
+	testkit.WaitFor(t, "proxy listening and admin up", func() bool {
 		select {
 		case <-p.exited:
 			p.mu.Lock()
@@ -286,7 +234,7 @@ func startProxy(t *testing.T, policy string, waitReady bool, extra ...string) *p
 	if !waitReady {
 		return p
 	}
-	waitFor(t, "/readyz 200", func() bool {
+	testkit.WaitFor(t, "/readyz 200", func() bool {
 		resp, err := http.Get("http://" + p.admin + "/readyz")
 		if err != nil {
 			return false
@@ -327,7 +275,7 @@ func (p *proxyProc) access() []map[string]any {
 func (p *proxyProc) waitAccess(n int) map[string]any {
 	p.t.Helper()
 	var lines []map[string]any
-	waitFor(p.t, fmt.Sprintf("%d access lines", n), func() bool {
+	testkit.WaitFor(p.t, fmt.Sprintf("%d access lines", n), func() bool {
 		lines = p.access()
 		return len(lines) >= n
 	})
@@ -460,7 +408,7 @@ services:
         match: {path_prefix: /}
         limit: [strict]
         report: slow
-`, o.srv, c.dns.Addr(), o.credentials, o.fail, o.tiers, o.rate, o.burst, o.zones, o.listen, o.upstream, o.extra)
+`, o.srv, c.DNS.Addr(), o.credentials, o.fail, o.tiers, o.rate, o.burst, o.zones, o.listen, o.upstream, o.extra)
 	return bintest.WriteFile(t, filepath.Join(dir, "policy.yaml"), body, 0o644)
 }
 

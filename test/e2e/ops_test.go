@@ -20,17 +20,17 @@ import (
 // admits; the servers still see the checks, and admitted work reports.
 func TestShadowMode(t *testing.T) {
 	e := newEnv(t, nil, policyOpts{})
-	before := e.c.requests()
+	before := e.c.Requests()
 	for i := 0; i < 6; i++ {
 		if r := e.get(t, "/shadow/x", "X-Key: shadowed"); r.status != 200 {
 			t.Fatalf("shadow request %d: %d", i, r.status)
 		}
 	}
-	if got := e.c.requests() - before; got != 6*3 {
+	if got := e.c.Requests() - before; got != 6*3 {
 		t.Errorf("servers decided %d requests, want 18 (6 checks fanned out to 3)", got)
 	}
 	lines := e.p.access()
-	waitFor(t, "6 access lines", func() bool { lines = e.p.access(); return len(lines) >= 6 })
+	testkit.WaitFor(t, "6 access lines", func() bool { lines = e.p.access(); return len(lines) >= 6 })
 	outcomes := map[string]int{}
 	for _, l := range lines {
 		outcomes[fmt.Sprint(l["outcome"])]++
@@ -134,17 +134,17 @@ func TestReloadUnderLoad(t *testing.T) {
 	}
 	// Reload twice while wrk runs: by file change (rate 7/m) then SIGHUP
 	// after another change (rate 9/m, burst 2).
-	waitFor(t, "load reaching the proxy", func() bool { return len(e.p.access()) >= 50 })
+	testkit.WaitFor(t, "load reaching the proxy", func() bool { return len(e.p.access()) >= 50 })
 	o := e.opts
 	o.rate, o.burst = "7/m", 5
 	writePolicy(t, e.dir, e.c, o)
-	waitFor(t, "file-triggered reload", func() bool {
+	testkit.WaitFor(t, "file-triggered reload", func() bool {
 		return e.p.metric(`rl_tproxy_policy_generation`) == 2
 	})
 	o.rate, o.burst = "9/m", 2
 	writePolicy(t, e.dir, e.c, o)
 	e.p.signal(syscall.SIGHUP)
-	waitFor(t, "reload to generation 3", func() bool { return e.p.metric(`rl_tproxy_policy_generation`) == 3 })
+	testkit.WaitFor(t, "reload to generation 3", func() bool { return e.p.metric(`rl_tproxy_policy_generation`) == 3 })
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("wrk: %v\n%s", err, out.String())
 	}
@@ -202,9 +202,9 @@ func TestCredentialRotationUnderLoad(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "load reaching the proxy", func() bool { return len(e.p.access()) >= 50 })
+	testkit.WaitFor(t, "load reaching the proxy", func() bool { return len(e.p.access()) >= 50 })
 	writeCredentials(t, e.dir, e.c.cred2) // the watcher sees the credentials file change
-	waitFor(t, "client rebuilt", func() bool { return e.p.metric(`rl_tproxy_ratelimitly_client_rebuilds_total`) == 1 })
+	testkit.WaitFor(t, "client rebuilt", func() bool { return e.p.metric(`rl_tproxy_ratelimitly_client_rebuilds_total`) == 1 })
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("wrk: %v\n%s", err, out.String())
 	}
@@ -246,7 +246,7 @@ func TestSighupReload(t *testing.T) {
 		t.Fatalf("generation %v without a signal (watch off)", v)
 	}
 	e.p.signal(syscall.SIGHUP)
-	waitFor(t, "SIGHUP reload", func() bool { return e.p.metric(`rl_tproxy_policy_generation`) == 2 })
+	testkit.WaitFor(t, "SIGHUP reload", func() bool { return e.p.metric(`rl_tproxy_policy_generation`) == 2 })
 	if v := e.p.metric(`rl_tproxy_policy_reloads_total{result="success",trigger="signal"}`); v != 1 {
 		t.Fatalf("signal reloads %v", v)
 	}
@@ -271,7 +271,7 @@ func TestInvalidReloadKeepsServing(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.p.signal(syscall.SIGHUP)
-	waitFor(t, "reload errors counted", func() bool {
+	testkit.WaitFor(t, "reload errors counted", func() bool {
 		return e.p.metric(`rl_tproxy_policy_reloads_total{result="error",trigger="signal"}`) >= 1
 	})
 	if v := e.p.metric(`rl_tproxy_policy_reload_errors_total`); v < 2 {
@@ -369,7 +369,7 @@ func TestReloadMovesListener(t *testing.T) {
 	o.listen = freeAddr(t)
 	writePolicy(t, e.dir, e.c, o)
 	e.p.signal(syscall.SIGHUP)
-	waitFor(t, "reload", func() bool { return e.p.metric(`rl_tproxy_policy_generation`) == 2 })
+	testkit.WaitFor(t, "reload", func() bool { return e.p.metric(`rl_tproxy_policy_generation`) == 2 })
 	if r := curl(t, "http://"+o.listen+"/api/x", "-H", "X-Key: moved"); r.status != 200 {
 		t.Fatalf("new address: %d", r.status)
 	}
@@ -387,7 +387,7 @@ func TestReloadMovesListener(t *testing.T) {
 	o2.rate = "1/m"
 	writePolicy(t, e.dir, e.c, o2)
 	e.p.signal(syscall.SIGHUP)
-	waitFor(t, "rejected reload", func() bool {
+	testkit.WaitFor(t, "rejected reload", func() bool {
 		return e.p.metric(`rl_tproxy_policy_reloads_total{result="error",trigger="signal"}`) == 1
 	})
 	if v := e.p.metric(`rl_tproxy_policy_generation`); v != 2 {

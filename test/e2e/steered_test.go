@@ -125,7 +125,7 @@ services:
 		}
 		return false
 	}
-	waitFor(t, "steered listener registered", registered)
+	testkit.WaitFor(t, "steered listener registered", registered)
 	url := fmt.Sprintf("http://%s:%d/x", pair.NodeIP4, port)
 	status := func() int {
 		out, err := pair.Client.Command(context.Background(), "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10", url).Output()
@@ -138,7 +138,7 @@ services:
 	}
 	// Discovery of the embedded server is asynchronous: until it is done,
 	// fail: close answers 429 (no_endpoints). Wait for the first 200.
-	waitFor(t, "first admitted request", func() bool { return status() == 200 })
+	testkit.WaitFor(t, "first admitted request", func() bool { return status() == 200 })
 	got := []int{status(), status()}
 	if got[0] != 200 || got[1] != 429 {
 		t.Fatalf("statuses after the first allow %v, want [200 429] (burst 2)", got)

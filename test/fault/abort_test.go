@@ -16,6 +16,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit/rlcluster"
 )
 
 // procFDs returns the number of open fds of pid and how many of them are
@@ -247,7 +250,7 @@ func TestRandomClientAborts(t *testing.T) {
 	c := startCluster(t)
 	up := startUpstream(t)
 	dir := t.TempDir()
-	creds := writeFile(t, filepath.Join(dir, "credentials.yaml"), credentialYAML(c.cred))
+	creds := writeFile(t, filepath.Join(dir, "credentials.yaml"), rlcluster.CredentialYAML(c.cred))
 	pol, listen := writePolicy(t, dir, c, policyOpts{fail: "open", unit: "250ms", creds: creds, upstream: up.addr})
 	p := startProxy(t, pol, listen, "warn", false) // no access log: RL_FAULT_N can be 1M
 	_, upPortS, _ := net.SplitHostPort(up.addr)
@@ -267,7 +270,7 @@ func TestRandomClientAborts(t *testing.T) {
 	if warm.errs != 0 || warm.statuses[200] != warm.modes[modeComplete] {
 		t.Fatalf("warm-up: %d errors (first %v), statuses %v for %d complete exchanges\n%s", warm.errs, warm.firstErr, warm.statuses, warm.modes[modeComplete], causeLines(p.scrape()))
 	}
-	waitFor(t, 60*time.Second, "no open client connection or admission after the warm-up", func() bool {
+	testkit.WaitWithin(t, 60*time.Second, "no open client connection or admission after the warm-up", func() bool {
 		_, _, _, open, inflight := settled()
 		return open == 0 && inflight == 0
 	})

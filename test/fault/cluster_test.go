@@ -10,6 +10,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit/rlcluster"
 )
 
 // accessLine is the part of an access-log line these tests read.
@@ -61,10 +64,10 @@ func TestNodeKilledUnderLoad(t *testing.T) {
 	c := startCluster(t)
 	up := startUpstream(t)
 	dir := t.TempDir()
-	creds := writeFile(t, filepath.Join(dir, "credentials.yaml"), credentialYAML(c.cred))
+	creds := writeFile(t, filepath.Join(dir, "credentials.yaml"), rlcluster.CredentialYAML(c.cred))
 	pol, listen := writePolicy(t, dir, c, policyOpts{fail: "close", unit: "250ms", creds: creds, upstream: up.addr})
 	p := startProxy(t, pol, listen, "info", true)
-	waitFor(t, 30*time.Second, "3 endpoints discovered", func() bool {
+	testkit.WaitWithin(t, 30*time.Second, "3 endpoints discovered", func() bool {
 		return p.metric("rl_tproxy_ratelimitly_endpoints") == 3
 	})
 
@@ -72,20 +75,20 @@ func TestNodeKilledUnderLoad(t *testing.T) {
 	var done atomic.Bool
 	res := make(chan map[int]int, 1)
 	go func() { res <- load(t, p.base+"/api", n, conc, nil); done.Store(true) }()
-	waitFor(t, 120*time.Second, fmt.Sprintf("%d requests logged before the kill", killAt), func() bool {
+	testkit.WaitWithin(t, 120*time.Second, fmt.Sprintf("%d requests logged before the kill", killAt), func() bool {
 		return p.accN.Load() >= killAt || done.Load()
 	})
 	atKill := p.accN.Load()
 	c.nodes[0].p.kill()
 	statuses := <-res
-	waitFor(t, 30*time.Second, "every request logged", func() bool { return p.accN.Load() >= n })
+	testkit.WaitWithin(t, 30*time.Second, "every request logged", func() bool { return p.accN.Load() >= n })
 	if statuses[200] != n {
 		t.Fatalf("statuses %v, want %d × 200", statuses, n)
 	}
 	if after := int64(n) - atKill; after < n/2 {
 		t.Fatalf("only %d requests after the kill: the load ended too early to show anything", after)
 	}
-	waitFor(t, 30*time.Second, "the dead node out of the usable set", func() bool {
+	testkit.WaitWithin(t, 30*time.Second, "the dead node out of the usable set", func() bool {
 		return p.metric("rl_tproxy_ratelimitly_usable_endpoints") == 2
 	})
 
@@ -95,7 +98,7 @@ func TestNodeKilledUnderLoad(t *testing.T) {
 	if st := load(t, p.base+"/api", m, conc, nil); st[200] != m {
 		t.Fatalf("after the node left: statuses %v, want %d × 200", st, m)
 	}
-	waitFor(t, 30*time.Second, "every request logged", func() bool { return p.accN.Load() >= n+m })
+	testkit.WaitWithin(t, 30*time.Second, "every request logged", func() bool { return p.accN.Load() >= n+m })
 	deadline1 := p.metric(`rl_tproxy_ratelimitly_checks_decided_total{when="deadline"}`)
 	early1 := p.metric(`rl_tproxy_ratelimitly_checks_decided_total{when="early"}`)
 	if deadline1 != deadline0 || early1-early0 != m {
@@ -126,14 +129,14 @@ func TestNodeKilledUnderLoad(t *testing.T) {
 // and the client's decisions come from its answers again.
 func rejoinAsOldest(t *testing.T, c *cluster, p *proxyProc, conc int) {
 	c.restart(0)
-	waitFor(t, 30*time.Second, "the restarted node back in the usable set", func() bool {
+	testkit.WaitWithin(t, 30*time.Second, "the restarted node back in the usable set", func() bool {
 		return p.metric("rl_tproxy_ratelimitly_usable_endpoints") == 3
 	})
 	for i := 1; i < 3; i++ {
 		c.nodes[i].p.kill()
 		c.restart(i)
 	}
-	waitFor(t, 30*time.Second, "3 usable endpoints", func() bool {
+	testkit.WaitWithin(t, 30*time.Second, "3 usable endpoints", func() bool {
 		return p.metric("rl_tproxy_ratelimitly_usable_endpoints") == 3
 	})
 	epoch0 := c.nodes[0].epoch
@@ -146,8 +149,8 @@ func rejoinAsOldest(t *testing.T, c *cluster, p *proxyProc, conc int) {
 		t.Fatalf("after the restarts: statuses %v", st)
 	}
 	chosen := func(i int) float64 {
-		return p.metric(fmt.Sprintf(`rl_tproxy_ratelimitly_endpoint_decisions_total{addr="%s:%d",target="rl%d.fault.test."}`,
-			c.nodes[i].ip, c.nodes[i].port, i))
+		return p.metric(fmt.Sprintf(`rl_tproxy_ratelimitly_endpoint_decisions_total{addr="%s:%d",target="%s"}`,
+			c.nodes[i].ip, c.nodes[i].port, rlcluster.TargetName(srvDomain, i)))
 	}
 	var before [3]float64
 	for i := range before {
@@ -180,14 +183,14 @@ func TestAllNodesDown(t *testing.T) {
 	sides := []*side{{fail: "open", status: 200}, {fail: "close", status: 429}}
 	for _, s := range sides {
 		dir := t.TempDir()
-		creds := writeFile(t, filepath.Join(dir, "credentials.yaml"), credentialYAML(c.cred))
+		creds := writeFile(t, filepath.Join(dir, "credentials.yaml"), rlcluster.CredentialYAML(c.cred))
 		pol, listen := writePolicy(t, dir, c, policyOpts{fail: s.fail, unit: "100ms", creds: creds, upstream: up.addr})
 		s.p = startProxy(t, pol, listen, "info", true)
 		if st := load(t, s.p.base+"/api", 20, 4, nil); st[200] != 20 {
 			t.Fatalf("fail %s: warm-up statuses %v", s.fail, st)
 		}
 		// Access lines trail responses: let the warm-up's all be counted.
-		waitFor(t, 30*time.Second, "the warm-up's access lines", func() bool { o, _ := s.p.counts(); return total2(o) >= 20 })
+		testkit.WaitWithin(t, 30*time.Second, "the warm-up's access lines", func() bool { o, _ := s.p.counts(); return total2(o) >= 20 })
 	}
 	for _, nd := range c.nodes {
 		nd.p.kill()
@@ -201,7 +204,7 @@ func TestAllNodesDown(t *testing.T) {
 		if st[s.status] != n {
 			t.Fatalf("fail %s: statuses %v, want %d × %d", s.fail, st, n, s.status)
 		}
-		waitFor(t, 30*time.Second, "access lines", func() bool { return len(accessLines(s.p.proc)) >= before+n })
+		testkit.WaitWithin(t, 30*time.Second, "access lines", func() bool { return len(accessLines(s.p.proc)) >= before+n })
 		lines := accessLines(s.p.proc)[before:]
 		for i, l := range lines {
 			if l.Outcome != "fail_"+s.fail || l.Cause != "timeout" || l.Status != s.status {
@@ -223,7 +226,7 @@ func TestAllNodesDown(t *testing.T) {
 	for _, s := range sides {
 		s.p.resetCounts()
 		probes := 0
-		waitFor(t, 30*time.Second, "an allow after the restart", func() bool {
+		testkit.WaitWithin(t, 30*time.Second, "an allow after the restart", func() bool {
 			resp, err := http.Get(s.p.base + "/api")
 			if err != nil {
 				return false
@@ -235,7 +238,7 @@ func TestAllNodesDown(t *testing.T) {
 		})
 		// A probe's access line is written after its response: wait for
 		// every probe's line before counting afresh.
-		waitFor(t, 30*time.Second, "the probes' access lines", func() bool {
+		testkit.WaitWithin(t, 30*time.Second, "the probes' access lines", func() bool {
 			o, _ := s.p.counts()
 			total := 0
 			for _, v := range o {
@@ -247,7 +250,7 @@ func TestAllNodesDown(t *testing.T) {
 		if st := load(t, s.p.base+"/api", 50, 5, nil); st[200] != 50 {
 			t.Fatalf("fail %s after restart: statuses %v", s.fail, st)
 		}
-		waitFor(t, 30*time.Second, "access lines", func() bool { o, _ := s.p.counts(); return o["allow"] >= 50 })
+		testkit.WaitWithin(t, 30*time.Second, "access lines", func() bool { o, _ := s.p.counts(); return o["allow"] >= 50 })
 		if o, causes := s.p.counts(); o["allow"] != 50 || causes["allow"] != 50 {
 			t.Fatalf("fail %s after restart: outcomes %v causes %v", s.fail, o, causes)
 		}
@@ -262,19 +265,19 @@ func TestDNSStoppedLastKnownGood(t *testing.T) {
 	c := startCluster(t)
 	up := startUpstream(t)
 	dir := t.TempDir()
-	creds := writeFile(t, filepath.Join(dir, "credentials.yaml"), credentialYAML(c.cred))
+	creds := writeFile(t, filepath.Join(dir, "credentials.yaml"), rlcluster.CredentialYAML(c.cred))
 	pol, listen := writePolicy(t, dir, c, policyOpts{fail: "close", unit: "250ms", creds: creds, upstream: up.addr})
 	p := startProxy(t, pol, listen, "info", true)
 	if st := load(t, p.base+"/api", 20, 4, nil); st[200] != 20 {
 		t.Fatalf("warm-up statuses %v", st)
 	}
 	// Access lines trail responses: let the warm-up's all be counted.
-	waitFor(t, 30*time.Second, "the warm-up's access lines", func() bool { o, _ := p.counts(); return total2(o) >= 20 })
+	testkit.WaitWithin(t, 30*time.Second, "the warm-up's access lines", func() bool { o, _ := p.counts(); return total2(o) >= 20 })
 	queries := c.dns.Queries()
 	c.dns.Close()
 	// SRV and A TTLs are 1s (refresh clamped to 5s); failed lookups retry
 	// from 500ms. Wait for two failed refreshes.
-	waitFor(t, 60*time.Second, "two failed discovery refreshes", func() bool {
+	testkit.WaitWithin(t, 60*time.Second, "two failed discovery refreshes", func() bool {
 		return p.metric("rl_tproxy_ratelimitly_resolve_errors_total") >= 2
 	})
 	p.resetCounts()
@@ -282,7 +285,7 @@ func TestDNSStoppedLastKnownGood(t *testing.T) {
 	if st := load(t, p.base+"/api", n, 8, nil); st[200] != n {
 		t.Fatalf("statuses %v, want %d × 200", st, n)
 	}
-	waitFor(t, 30*time.Second, "access lines", func() bool { o, _ := p.counts(); return total2(o) >= n })
+	testkit.WaitWithin(t, 30*time.Second, "access lines", func() bool { o, _ := p.counts(); return total2(o) >= n })
 	if o, causes := p.counts(); o["allow"] != n || causes["allow"] != n {
 		t.Fatalf("outcomes %v causes %v: want %d allows from the last-known-good membership", o, causes, n)
 	}

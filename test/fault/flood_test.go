@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit/rlcluster"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
@@ -109,14 +111,14 @@ func TestForgedDatagramFlood(t *testing.T) {
 	c := startCluster(t)
 	up := startUpstream(t)
 	dir := t.TempDir()
-	creds := writeFile(t, filepath.Join(dir, "credentials.yaml"), credentialYAML(c.cred))
+	creds := writeFile(t, filepath.Join(dir, "credentials.yaml"), rlcluster.CredentialYAML(c.cred))
 	pol, listen := writePolicy(t, dir, c, policyOpts{fail: "close", unit: "250ms", creds: creds, upstream: up.addr})
 	p := startProxy(t, pol, listen, "info", false)
 	if st := load(t, p.base+"/api", 20, 4, nil); st[200] != 20 {
 		t.Fatalf("warm-up statuses %v", st)
 	}
 	// Access lines trail responses: let the warm-up's all be counted.
-	waitFor(t, 30*time.Second, "the warm-up's access lines", func() bool { o, _ := p.counts(); return total2(o) >= 20 })
+	testkit.WaitWithin(t, 30*time.Second, "the warm-up's access lines", func() bool { o, _ := p.counts(); return total2(o) >= 20 })
 	ports := udpPorts(t, p.pid())
 	if len(ports) == 0 {
 		t.Fatal("no UDP sockets found for the proxy process")
@@ -161,7 +163,7 @@ func TestForgedDatagramFlood(t *testing.T) {
 	if statuses[200] != n {
 		t.Fatalf("statuses under the flood %v, want %d × 200", statuses, n)
 	}
-	waitFor(t, 30*time.Second, "access lines", func() bool { o, _ := p.counts(); return total2(o) >= n })
+	testkit.WaitWithin(t, 30*time.Second, "access lines", func() bool { o, _ := p.counts(); return total2(o) >= n })
 	if o, causes := p.counts(); o["allow"] != n || causes["allow"] != n {
 		t.Fatalf("outcomes %v causes %v under the flood, want %d allows", o, causes, n)
 	}
@@ -170,7 +172,7 @@ func TestForgedDatagramFlood(t *testing.T) {
 	reasons := map[string]string{"random": "malformed", "header_garbage": "auth", "wrong_key": "auth",
 		"wrong_kind": "kind", "stale_replay": "stale", "unknown_id": "unknown_id"}
 	var after string
-	waitFor(t, 30*time.Second, "dropped-datagram counters to rise for every forged kind", func() bool {
+	testkit.WaitWithin(t, 30*time.Second, "dropped-datagram counters to rise for every forged kind", func() bool {
 		after = p.scrape()
 		for _, r := range reasons {
 			s := `rl_tproxy_ratelimitly_datagrams_dropped_total{reason="` + r + `"}`

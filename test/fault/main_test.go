@@ -2,8 +2,6 @@ package fault
 
 import (
 	"bufio"
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -24,6 +22,8 @@ import (
 
 	"github.com/rl-tproxy/rl-tproxy/internal/bintest"
 	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit/rlcluster"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 )
 
@@ -46,31 +46,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// waitFor polls cond on observable state, bounded by limit.
-func waitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", limit, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // ---- credentials ----
 
 func newCredential(t testing.TB, keyID uint32) credentials.Credential {
 	t.Helper()
-	c := credentials.Credential{Tenant: "fault", KeyID: keyID}
-	if _, err := rand.Read(c.Secret[:]); err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
-func credentialYAML(c credentials.Credential) string {
-	return fmt.Sprintf("tenant: %s\nkey_id: %d\nsecret: %s\n", c.Tenant, c.KeyID, base64.StdEncoding.EncodeToString(c.Secret[:]))
+	return rlcluster.NewCredential(t, "fault", keyID)
 }
 
 func writeFile(t testing.TB, path, body string) string {
@@ -234,8 +214,13 @@ func (p *proc) kill() {
 }
 
 // ---- RateLimitly cluster: three server processes behind DNS SRV ----
+// (processes, not rlcluster.Start's in-process servers: the tests kill -9
+// and restart them; credentials and SRV records come from rlcluster)
 
-const srvName = "_ratelimitly._udp.rl.fault.test."
+const (
+	srvName   = "_ratelimitly._udp.rl.fault.test."
+	srvDomain = "fault.test." // node i's SRV target is rlcluster.TargetName(srvDomain, i)
+)
 
 type node struct {
 	ip    string
@@ -265,7 +250,7 @@ func (c *cluster) startServer(ip string, port uint16) *node {
 	n.p = startProc(c.t, "ratelimitly-server "+ip, true, "ratelimitly-server",
 		"--listen", fmt.Sprintf("%s:%d", ip, port), "--credentials", c.creds, "--admin", "127.0.0.1:0", "--workers", "1")
 	var addr string
-	waitFor(c.t, 30*time.Second, "ratelimitly-server "+ip+" serving", func() bool {
+	testkit.WaitWithin(c.t, 30*time.Second, "ratelimitly-server "+ip+" serving", func() bool {
 		if !n.p.running() {
 			c.t.Fatalf("ratelimitly-server %s exited:\n%s", ip, strings.Join(n.p.lines(), "\n"))
 		}
@@ -284,16 +269,16 @@ func (c *cluster) startServer(ip string, port uint16) *node {
 func startCluster(t testing.TB) *cluster {
 	t.Helper()
 	c := &cluster{t: t, cred: newCredential(t, 21)}
-	c.creds = writeFile(t, filepath.Join(t.TempDir(), "server-credentials.yaml"), credentialYAML(c.cred))
+	c.creds = writeFile(t, filepath.Join(t.TempDir(), "server-credentials.yaml"), rlcluster.CredentialYAML(c.cred))
 	c.dns = dnstest.Start(t)
-	var targets []dnstest.Target
+	var addrs []netip.AddrPort
 	for i := 0; i < 3; i++ {
 		n := c.startServer(fmt.Sprintf("127.0.0.%d", 2+i), 0)
 		c.nodes = append(c.nodes, n)
-		targets = append(targets, dnstest.Target{Name: fmt.Sprintf("rl%d.fault.test.", i), Port: n.port, Addrs: []netip.Addr{netip.MustParseAddr(n.ip)}})
+		addrs = append(addrs, netip.AddrPortFrom(netip.MustParseAddr(n.ip), n.port))
 	}
 	c.dns.SetTTL(1, 1)
-	c.dns.SetSRV(srvName, targets...)
+	c.dns.SetSRV(srvName, rlcluster.Targets(srvDomain, addrs...)...)
 	return c
 }
 
@@ -400,7 +385,7 @@ func startProxy(t testing.TB, policy, listen, level string, keep bool) *proxyPro
 	p := &proxyProc{base: "http://" + listen, admin: freeAddr(t)}
 	p.proc = startProc(t, "rl-tproxy run", keep, "run", "--policy", policy, "--admin", p.admin,
 		"--log-format", "json", "--log-level", level, "--drain-timeout", "5s")
-	waitFor(t, 30*time.Second, "/readyz 200", func() bool {
+	testkit.WaitWithin(t, 30*time.Second, "/readyz 200", func() bool {
 		if !p.running() {
 			t.Fatalf("rl-tproxy exited:\n%s", strings.Join(p.lines(), "\n"))
 		}

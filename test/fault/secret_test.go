@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit/rlcluster"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 )
 
@@ -79,7 +81,7 @@ func TestSecretNeverDisclosed(t *testing.T) {
 	up := startUpstream(t)
 	dir := t.TempDir()
 	credPath := filepath.Join(dir, "credentials.yaml")
-	writeFile(t, credPath, credentialYAML(c.cred))
+	writeFile(t, credPath, rlcluster.CredentialYAML(c.cred))
 	pol, listen := writePolicy(t, dir, c, policyOpts{fail: "close", unit: "100ms", creds: credPath, debug: true, upstream: up.addr})
 	p := startProxy(t, pol, listen, "debug", true)
 	if st := load(t, p.base+"/api", 30, 3, nil); st[200] != 30 {
@@ -94,7 +96,7 @@ func TestSecretNeverDisclosed(t *testing.T) {
 	// short. Each is loaded by a reload (SIGHUP), by `check` and by `run`.
 	b64 := base64.StdEncoding.EncodeToString(c.cred.Secret[:])
 	broken := []string{
-		credentialYAML(c.cred) + "extra: 1\n",
+		rlcluster.CredentialYAML(c.cred) + "extra: 1\n",
 		fmt.Sprintf("tenant: fault\nkey_id: -3\nsecret: %s\n", b64),
 		fmt.Sprintf("tenant: fault\nkey_id: 21\nsecert: %s\n", b64),
 		fmt.Sprintf("tenant: fault\nkey_id: 21\nsecret: %s\n", base64.StdEncoding.EncodeToString(c.cred.Secret[:31])),
@@ -108,7 +110,7 @@ func TestSecretNeverDisclosed(t *testing.T) {
 		if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 30*time.Second, fmt.Sprintf("reload %d rejected", i), func() bool {
+		testkit.WaitWithin(t, 30*time.Second, fmt.Sprintf("reload %d rejected", i), func() bool {
 			return p.metric("rl_tproxy_policy_reload_errors_total") > errorsBefore
 		})
 		errorsBefore = p.metric("rl_tproxy_policy_reload_errors_total")
@@ -128,13 +130,13 @@ func TestSecretNeverDisclosed(t *testing.T) {
 			fmt.Fprintf(&cliOut, "$ rl-tproxy %s (credentials %d)\n%s", strings.Join(args, " "), i, out.String())
 		}
 	}
-	writeFile(t, credPath, credentialYAML(c.cred))
+	writeFile(t, credPath, rlcluster.CredentialYAML(c.cred))
 
 	// A second proxy with the right key id and a wrong secret: every
 	// datagram fails authentication at the servers.
 	wrong := newCredential(t, c.cred.KeyID)
 	dir2 := t.TempDir()
-	wrongPath := writeFile(t, filepath.Join(dir2, "credentials.yaml"), credentialYAML(wrong))
+	wrongPath := writeFile(t, filepath.Join(dir2, "credentials.yaml"), rlcluster.CredentialYAML(wrong))
 	pol2, listen2 := writePolicy(t, dir2, c, policyOpts{fail: "close", unit: "50ms", creds: wrongPath, debug: true, upstream: up.addr})
 	p2 := startProxy(t, pol2, listen2, "debug", true)
 	if st := load(t, p2.base+"/api", 10, 2, nil); st[429] != 10 {

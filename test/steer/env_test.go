@@ -79,7 +79,7 @@ func newEnv(t *testing.T, v6 bool) *env {
 	if v6 {
 		e.nodeIP, e.clientIP = e.pair.NodeIP6, e.pair.ClientIP6
 	}
-	e.mnt = holdMountNS(t)
+	e.mnt = testkit.HoldBPFFS(t)
 	cred := e.writeCredentials()
 	e.startCluster(cred)
 	e.startNginx()
@@ -188,7 +188,7 @@ http {
 		}
 	})
 	// nginx opens its listening sockets before it writes the pid file.
-	waitFor(t, "nginx pid file", func() bool {
+	testkit.WaitWithin(t, waitBound, "nginx pid file", func() bool {
 		if e.nginx.exited() {
 			errLog, _ := os.ReadFile(filepath.Join(dir, "error.log"))
 			t.Fatalf("nginx exited: %v\n%s\n%s", e.nginx.waitErr(), e.nginx.tail(20), errLog)
@@ -291,7 +291,7 @@ func (e *env) startProxy(name string) *proxy {
 		})
 	}
 	p.waitLine(t, `"rl-tproxy running"`, 0, msgIs("rl-tproxy running"))
-	waitFor(t, name+" /readyz 200", func() bool {
+	testkit.WaitWithin(t, waitBound, name+" /readyz 200", func() bool {
 		if p.exited() {
 			t.Fatalf("%s exited: %v\n%s", name, p.waitErr(), p.tail(40))
 		}

@@ -28,7 +28,6 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/bintest"
-	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 // binPath is the rl-tproxy binary built by TestMain.
@@ -57,18 +56,6 @@ const (
 	waitBound = 60 * time.Second
 	pollEvery = 10 * time.Millisecond
 )
-
-// waitFor polls cond until it holds, failing t after waitBound.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitBound)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", waitBound, what)
-		}
-		time.Sleep(pollEvery)
-	}
-}
 
 // proc is a child process whose stdout and stderr lines are collected.
 type proc struct {
@@ -223,40 +210,6 @@ func msgIs(msg string) func(string) bool {
 		}
 		return json.Unmarshal([]byte(line), &m) == nil && m.Msg == msg
 	}
-}
-
-// holdMountNS starts a holder process in a new private mount namespace
-// with its own bpffs on /sys/fs/bpf (as a host mounts it at boot) and
-// returns the namespace's path for nsenter. Every proxy of a test runs in
-// that mount namespace, so a restarted or second proxy finds the pins the
-// first one left; the holder, and with it the bpffs and its pins, goes
-// away when the test ends. (`ip netns exec` would give each process its
-// own sysfs and so its own bpffs: no pins would be shared.)
-func holdMountNS(t testing.TB) string {
-	t.Helper()
-	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "--",
-		"sh", "-c", "mount -t bpf -o mode=0700 bpf /sys/fs/bpf && echo ready && exec cat")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start mount namespace holder: %v", err)
-	}
-	t.Cleanup(func() {
-		stdin.Close()
-		_ = cmd.Wait()
-	})
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil || line != "ready\n" {
-		testkit.Missing(t, "needs a mountable bpffs in a private mount namespace: %q %v", line, err)
-	}
-	return fmt.Sprintf("/proc/%d/ns/mnt", cmd.Process.Pid)
 }
 
 // runBounded runs cmd with a deadline and returns its stdout.

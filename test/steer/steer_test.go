@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 // TestSteerNginxIPv4 and TestSteerNginxIPv6: curl and wrk from the client
@@ -76,7 +78,7 @@ func testSteerNginx(t *testing.T, v6 bool) {
 		return strings.HasPrefix(path, "/limited/") || path == "/wrk/"
 	}
 	var nginxProtected, answered200, allowed int
-	waitFor(t, "nginx's protected lines to match the proxy's admitted requests", func() bool {
+	testkit.WaitWithin(t, waitBound, "nginx's protected lines to match the proxy's admitted requests", func() bool {
 		lines := e.nginxLines()
 		nginxProtected = countLines(lines, "uri=/limited/") + countLines(lines, "uri=/wrk/ ")
 		answered200, allowed = 0, 0

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 // loadWorkers is the number of concurrent client connections of the load
@@ -145,7 +147,7 @@ func (l *load) String() string {
 func (l *load) waitMore(t *testing.T, what string, c *atomic.Int64, n int64) {
 	t.Helper()
 	base := c.Load()
-	waitFor(t, fmt.Sprintf("%d more %s answers (load: %s)", n, what, l), func() bool { return c.Load() >= base+n })
+	testkit.WaitWithin(t, waitBound, fmt.Sprintf("%d more %s answers (load: %s)", n, what, l), func() bool { return c.Load() >= base+n })
 }
 
 // countPath counts a proxy's access records for path. It scans only the
@@ -236,7 +238,7 @@ func testKillRestartTakeover(t *testing.T, v6 bool) {
 	// 3. Takeover: a third proxy starts while the second runs.
 	l.setPhase("takeover")
 	third := e.startProxy("proxy-3")
-	waitFor(t, "the new proxy to serve the load", func() bool { return third.countPath("/open/load") >= 100 })
+	testkit.WaitWithin(t, waitBound, "the new proxy to serve the load", func() bool { return third.countPath("/open/load") >= 100 })
 	// (An error is fine: the old proxy may already be gone.)
 	if r, err := httpGet(e.pair.Node, second.admin, "/readyz", true); err == nil && r.status == 200 {
 		t.Errorf("taken-over proxy's /readyz: %d %q; want not ready (its listener left the sockmap)", r.status, r.body)
