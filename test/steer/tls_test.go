@@ -112,7 +112,7 @@ func TestSteerProtocols(t *testing.T) {
 			t.Fatalf("reject port answered %q", reply)
 		}
 	}
-	waitFor(t, "2 rejected opaque connections in /metrics", func() bool {
+	testkit.WaitWithin(t, waitBound, "2 rejected opaque connections in /metrics", func() bool {
 		return metricValue(t, e, px, `rl_tproxy_passthrough_connections_total{action="rejected",protocol="other",service="reject"}`) == "2"
 	})
 	if rejected.count() != 0 {
@@ -137,7 +137,7 @@ func loopback(e *env) string {
 func waitAccess(t *testing.T, px *proxy, match func(map[string]any) bool) map[string]any {
 	t.Helper()
 	var found map[string]any
-	waitFor(t, "access line", func() bool {
+	testkit.WaitWithin(t, waitBound, "access line", func() bool {
 		for _, m := range px.access() {
 			if match(m) {
 				found = m
@@ -223,7 +223,7 @@ http {
 			p.waitExit(waitBound)
 		}
 	})
-	waitFor(t, "nginx-tls pid file", func() bool {
+	testkit.WaitWithin(t, waitBound, "nginx-tls pid file", func() bool {
 		if p.exited() {
 			errLog, _ := os.ReadFile(filepath.Join(dir, "error.log"))
 			t.Fatalf("nginx-tls exited: %v\n%s\n%s", p.waitErr(), p.tail(20), errLog)
