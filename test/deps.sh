@@ -18,6 +18,7 @@ declare -A need=(
   [goaccess]=goaccess
   [gnuplot]=gnuplot-nox
   [curl]=curl
+  [ssh]=openssh-client
   [ip]=iproute2
   [systemd-analyze]=systemd
   [bpftool]=bpftool
