@@ -25,6 +25,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/node"
+	"github.com/rl-tproxy/rl-tproxy/internal/safefile"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 )
 
@@ -108,7 +109,7 @@ func newDemo(src *admission.Policy, srcPath string, out io.Writer, log *slog.Log
 	}
 	d := &demo{out: out, log: log, srcPath: srcPath, svc: svc, upAddr: svc.Upstream,
 		client: &http.Client{Timeout: 10 * time.Second}}
-	raw, err := os.ReadFile(srcPath)
+	raw, err := safefile.Read(srcPath, 4<<20)
 	if err != nil {
 		return nil, err
 	}

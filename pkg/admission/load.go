@@ -4,12 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/safefile"
 )
 
 // Static limits of rendered values (the wire and the nginx contract).
@@ -58,32 +59,25 @@ func Load(path string) (*Policy, error) {
 // Parse validates and compiles policy text; name is the file name used in
 // errors and as the base for a relative credentials path.
 func Parse(name string, data []byte) (*Policy, error) {
-	return parse(name, data, readLimited)
+	return parse(name, data, nil)
 }
 
 // readLimited reads a regular file of bounded size (never a device or FIFO
 // that could block or never end).
-func readLimited(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
+func readLimited(path string) ([]byte, error) { return safefile.Read(path, maxFileSize) }
+
+// readCredentials reads the credentials file named at line: through
+// l.readFile when set (tests), else as a secret (safefile.ReadSecret),
+// keeping its warning.
+func (l *loader) readCredentials(path string, line int) ([]byte, error) {
+	if l.readFile != nil {
+		return l.readFile(path)
 	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
+	data, warning, err := safefile.ReadSecret(path, maxFileSize)
+	if warning != "" {
+		l.p.Warnings = append(l.p.Warnings, Error{File: l.file, Line: line, Msg: "ratelimitly.credentials: " + warning})
 	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", path)
-	}
-	data, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(data) > maxFileSize {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, maxFileSize)
-	}
-	return data, nil
+	return data, err
 }
 
 type loader struct {
@@ -153,6 +147,8 @@ func concat(lists ...[]string) []string {
 	return out
 }
 
+// parse loads policy text; readFile reads the credentials file (nil: the
+// real file, with the ownership and permission rules of safefile.ReadSecret).
 func parse(name string, data []byte, readFile func(string) ([]byte, error)) (*Policy, error) {
 	l := &loader{nodes: nodes{file: name}, dir: filepath.Dir(name), readFile: readFile,
 		tierRaw: map[string]*rawTier{}, tierUses: map[tierUse]*TierValue{}}

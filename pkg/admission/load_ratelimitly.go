@@ -254,7 +254,7 @@ func (l *loader) credentials(rlNode, credNode *yaml.Node) {
 		rl.GeneratedCredential = true
 		return
 	}
-	data, err := l.readFile(rl.CredentialsFile)
+	data, err := l.readCredentials(rl.CredentialsFile, credNode.Line)
 	if err != nil {
 		var pe *fs.PathError
 		if errors.As(err, &pe) {

@@ -24,8 +24,9 @@ type Policy struct {
 	Tiers       []*Tier    // in file order
 	Services    []*Service // in file order
 	RequestID   RequestID
-	// Warnings are legal but risky settings (rl-tproxy check prints them),
-	// as FILE:LINE: message in file order.
+	// Warnings are legal but risky settings (rl-tproxy check prints them,
+	// run logs them), as FILE:LINE: message in file order; also a
+	// world-readable credentials file (at the policy's credentials line).
 	Warnings []Error
 
 	zoneByName    map[string]*Zone

@@ -9,13 +9,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/fileerr"
+	"github.com/rl-tproxy/rl-tproxy/internal/safefile"
 
 	"gopkg.in/yaml.v3"
 )
@@ -71,9 +71,14 @@ type Error = fileerr.Error
 // LoadError lists every problem found in a credentials file.
 type LoadError = fileerr.List
 
-// Load reads and parses the credentials file at path.
+// maxFileSize bounds a credentials file.
+const maxFileSize = 1 << 20
+
+// Load reads and parses the credentials file at path. The file must be a
+// regular file that only its owner (root or this process's user) and
+// group can change (safefile.ReadSecret); a world-readable one is loaded.
 func Load(path string) ([]Credential, error) {
-	data, err := os.ReadFile(path)
+	data, _, err := safefile.ReadSecret(path, maxFileSize)
 	if err != nil {
 		return nil, fmt.Errorf("load credentials %s: %w", path, err)
 	}
