@@ -1,20 +1,15 @@
 package admission
 
 import (
-	"bytes"
-	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
-	"strings"
 	"sync"
+	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/rl-tproxy/rl-tproxy/internal/safefile"
 )
 
 // Reload triggers.
@@ -46,6 +41,15 @@ type Reloader struct {
 	// Observe is called once per attempt with the result (ReloadSuccess,
 	// ReloadError, ReloadUnchanged), the trigger and the number of errors.
 	Observe func(result, trigger string, errs int)
+	// Settle is the quiet period after a file event before the watcher
+	// reloads (0 = DefaultSettle); see Watch.
+	Settle time.Duration
+	// MaxWait bounds how long the watcher waits for a writer to close the
+	// file (0 = DefaultMaxWait).
+	MaxWait time.Duration
+	// deferred, if set (tests), is called each time the watcher put off a
+	// reload because a file was still being written or did not load yet.
+	deferred func(reason string)
 
 	mu       sync.Mutex
 	sum      [sha256.Size]byte
@@ -71,7 +75,7 @@ func (r *Reloader) digest(credFile string) ([sha256.Size]byte, error) {
 		if f == "" {
 			continue
 		}
-		b, err := os.ReadFile(f)
+		b, err := safefile.Read(f, maxFileSize)
 		if err != nil {
 			return [sha256.Size]byte{}, err
 		}
@@ -95,6 +99,13 @@ func (r *Reloader) logger() *slog.Logger {
 func (r *Reloader) Reload(trigger string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.reload(trigger, nil)
+}
+
+// reload is Reload with r.mu held. When unsettled is not nil, a load
+// error is not reported: unsettled is called with it and reload returns
+// it (the watcher retries until the file is stable).
+func (r *Reloader) reload(trigger string, unsettled func(error)) error {
 	log := r.logger()
 	load := r.Load
 	if load == nil {
@@ -126,6 +137,10 @@ func (r *Reloader) Reload(trigger string) error {
 		if !stable && r.credFile != p.RateLimitly.CredentialsFile && preErr == nil && derr == nil {
 			r.credFile = p.RateLimitly.CredentialsFile // hash the new credentials file next time
 		}
+	}
+	if err != nil && unsettled != nil {
+		unsettled(err)
+		return err
 	}
 	if err != nil {
 		n := 1
@@ -160,72 +175,3 @@ func (r *Reloader) Reload(trigger string) error {
 	return nil
 }
 
-// Watch reloads on changes of the policy file or its credentials file
-// until ctx ends. It watches the files' directories (inotify), so an
-// editor's rename, a rewrite, or a Kubernetes ConfigMap update (a swap of
-// the `..data` symlink) are all seen. ready, if not nil, is closed once
-// the watches are in place.
-func (r *Reloader) Watch(ctx context.Context, credentialsFile string, ready chan<- struct{}) error {
-	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
-	if err != nil {
-		return fmt.Errorf("watch %s: inotify: %w", r.Path, err)
-	}
-	f := os.NewFile(uintptr(fd), "inotify")
-	defer f.Close()
-	const mask = unix.IN_CLOSE_WRITE | unix.IN_MOVED_TO | unix.IN_CREATE | unix.IN_DELETE | unix.IN_ATTRIB
-	names := map[int32]map[string]bool{} // watch descriptor -> base names of interest
-	for _, file := range []string{r.Path, credentialsFile} {
-		if file == "" {
-			continue
-		}
-		dir := filepath.Dir(file)
-		wd, err := unix.InotifyAddWatch(fd, dir, mask)
-		if err != nil {
-			return fmt.Errorf("watch %s: inotify on %s: %w", file, dir, err)
-		}
-		if names[int32(wd)] == nil {
-			names[int32(wd)] = map[string]bool{}
-		}
-		names[int32(wd)][filepath.Base(file)] = true
-	}
-	if ready != nil {
-		close(ready)
-	}
-	go func() {
-		<-ctx.Done()
-		f.Close() // unblocks Read
-	}()
-	buf := make([]byte, 64*(unix.SizeofInotifyEvent+unix.NAME_MAX+1))
-	for {
-		n, err := f.Read(buf)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("watch %s: read inotify: %w", r.Path, err)
-		}
-		if relevant(buf[:n], names) {
-			_ = r.Reload(TriggerFile) // errors are logged and counted
-		}
-	}
-}
-
-// relevant reports whether a batch of inotify events touches a watched
-// file name or a Kubernetes "..data"-style atomic-writer entry.
-func relevant(b []byte, names map[int32]map[string]bool) bool {
-	hit := false
-	for len(b) >= unix.SizeofInotifyEvent {
-		wd := int32(binary.NativeEndian.Uint32(b[0:4]))
-		mask := binary.NativeEndian.Uint32(b[4:8])
-		l := int(binary.NativeEndian.Uint32(b[12:16]))
-		if unix.SizeofInotifyEvent+l > len(b) {
-			break
-		}
-		name := string(bytes.TrimRight(b[unix.SizeofInotifyEvent:unix.SizeofInotifyEvent+l], "\x00"))
-		if mask&unix.IN_Q_OVERFLOW != 0 || names[wd][name] || strings.HasPrefix(name, "..") {
-			hit = true
-		}
-		b = b[unix.SizeofInotifyEvent+l:]
-	}
-	return hit
-}
