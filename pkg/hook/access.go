@@ -49,7 +49,7 @@ func (g *Gate) logAccess(r *proxy.Request, d *proxy.Decision, res *proxy.Result,
 	attrs = append(attrs,
 		slog.String(accesslog.Proto, proto),
 		slog.Int(accesslog.Status, res.Status),
-		slog.String("verdict", st.dec.Verdict.String()),
+		slog.String("verdict", verdictOf(st.dec.Verdict, outcome).String()),
 		slog.String("outcome", outcome.String()),
 		slog.String("cause", st.dec.Cause.String()),
 	)
@@ -152,4 +152,14 @@ func deniedBy(dec *admission.Decision) (zones, guards string) {
 		}
 	}
 	return strings.Join(zs, ","), strings.Join(gs, ",")
+}
+
+// verdictOf is the access log's verdict: none for every aborted outcome,
+// whatever RateLimitly answered before the client went away (the
+// contract: "not found for ... every aborted outcome").
+func verdictOf(v admission.Verdict, outcome admission.Outcome) admission.Verdict {
+	if outcome == admission.OutcomeClientAbort {
+		return admission.VerdictNone
+	}
+	return v
 }
