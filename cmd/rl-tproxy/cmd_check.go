@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/node"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 )
 
@@ -31,6 +32,10 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	p, err := admission.Load(*policy)
 	if err != nil {
 		printLoadError(stderr, "check", *policy, err)
+		return exitInvalid
+	}
+	if err := node.Preflight(p); err != nil {
+		fmt.Fprintf(stderr, "rl-tproxy check: %s: %v\n", *policy, err)
 		return exitInvalid
 	}
 	for _, w := range p.Warnings {

@@ -90,7 +90,7 @@ func (n *Node) setClient(pol *admission.Policy) error {
 	if n.client != nil {
 		// Swap only to a client that can decide: wait (bounded) for its
 		// first discovery, else keep the old one.
-		if err := waitReady(c, discoveryWait(rl.ResolverTimeout)); err != nil {
+		if err := waitReady(n.ctx, c, discoveryWait(rl.ResolverTimeout)); err != nil {
 			_ = c.Close()
 			if newEmb {
 				_ = emb.Close()
@@ -113,6 +113,7 @@ func (n *Node) setClient(pol *admission.Policy) error {
 		}()
 	}
 	n.client, n.clientKey, n.cred = gc, ckey, cred
+	n.clientErr = nil
 	if rl.Embedded {
 		n.emb, n.embKey = emb, ekey
 		n.m.SetServerStats(func() metrics.ServerStats {
@@ -144,10 +145,14 @@ func discoveryWait(resolverTimeout time.Duration) time.Duration {
 	return 2*resolverTimeout + time.Second
 }
 
-// waitReady polls c until its first discovery succeeded or d passed.
-func waitReady(c *rlclient.Client, d time.Duration) error {
+// waitReady polls c until its first discovery succeeded, d passed or ctx
+// ended (the node shuts down).
+func waitReady(ctx context.Context, c *rlclient.Client, d time.Duration) error {
 	deadline := time.Now().Add(d)
 	for !c.Ready() {
+		if ctx.Err() != nil {
+			return fmt.Errorf("discovery wait abandoned: %w", ctx.Err())
+		}
 		if time.Now().After(deadline) {
 			if err := c.DiscoveryError(); err != nil {
 				return fmt.Errorf("discovery not done within %s: %w", d, err)
@@ -181,8 +186,11 @@ func (n *Node) apply(p *admission.Policy) error {
 		return err
 	}
 	if err := n.setClient(p); err != nil {
-		closeAll(opened)
-		return err
+		if n.client != nil {
+			closeAll(opened)
+			return err // keep the running client and the policy in force
+		}
+		n.clientFailed(err) // none yet: apply p, keep retrying with it
 	}
 	n.gate.Swap(p)
 	if err := n.proxy.Update(cfg); err != nil {
@@ -196,11 +204,70 @@ func (n *Node) apply(p *admission.Policy) error {
 	}
 	n.pol = p
 	n.commitListeners(p, opened)
+	n.logWarnings(p)
 	return nil
 }
 
 func closeAll(ls map[string]*listener) {
 	for _, l := range ls {
 		l.ln.Close()
+	}
+}
+
+// Bounds of the retry of a RateLimitly client that could not be created.
+const (
+	clientRetryMin = 100 * time.Millisecond
+	clientRetryMax = 10 * time.Second
+)
+
+// clientFailed records that no client could be created for n.pol: until
+// one is, protected requests follow the failure policy (the gate has no
+// checker: no endpoints), /readyz says why, and a retry loop runs. n.mu is
+// held.
+func (n *Node) clientFailed(err error) {
+	first := n.clientErr == nil
+	n.clientErr = err
+	n.log.Error("RateLimitly client not created; protected requests follow the failure policy while it is retried",
+		"error", err.Error(), "fail", n.pol.RateLimitly.Fail.String())
+	n.ready.Set("ratelimitly", func() error {
+		return fmt.Errorf("RateLimitly client not created (retrying): %w", err)
+	})
+	if first && !n.closing {
+		n.goWatch(func() { n.retryClient(n.ctx) })
+	}
+}
+
+// retryClient retries creating the client for the policy in force, with
+// backoff from clientRetryMin doubling to clientRetryMax, until one is
+// created (here or by a reload) or ctx ends.
+func (n *Node) retryClient(ctx context.Context) {
+	backoff := clientRetryMin
+	t := time.NewTimer(backoff)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n.mu.Lock()
+		if n.client != nil || n.closing {
+			n.mu.Unlock()
+			return
+		}
+		err := n.setClient(n.pol)
+		if err == nil {
+			n.mu.Unlock()
+			n.log.Info("RateLimitly client created after retrying")
+			return
+		}
+		n.clientErr = err
+		n.ready.Set("ratelimitly", func() error {
+			return fmt.Errorf("RateLimitly client not created (retrying): %w", err)
+		})
+		n.mu.Unlock()
+		backoff = min(2*backoff, clientRetryMax)
+		n.log.Warn("RateLimitly client still not created", "error", err.Error(), "retry_in", backoff.String())
+		t.Reset(backoff)
 	}
 }

@@ -82,9 +82,7 @@ func (n *Node) watchTakeover(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		n.mu.Lock()
-		lns := slices.Clone(n.steered)
-		n.mu.Unlock()
+		lns := n.steeredListeners()
 		still := false
 		for _, ln := range lns {
 			ok, err := n.redirect.ListenerRegistered(ln)
@@ -143,9 +141,7 @@ func (n *Node) attachRedirect(p *admission.Policy) error {
 	n.redirect = r
 	n.m.Registry.MustRegister(r.Collector())
 	n.ready.Set("redirect", func() error {
-		n.mu.Lock()
-		lns := slices.Clone(n.steered)
-		n.mu.Unlock()
+		lns := n.steeredListeners()
 		for _, ln := range lns {
 			ok, err := r.ListenerRegistered(ln)
 			if err != nil {
@@ -184,6 +180,7 @@ func (n *Node) serveSteered(ctx context.Context) error {
 		}
 		n.mu.Lock()
 		n.steered = append(n.steered, ln)
+		n.publishListeners()
 		n.mu.Unlock()
 		n.log.Info("steered listener registered", "addr", ln.Addr().String(), "ports", fmt.Sprint(steeredPorts(n.pol)))
 		go func() {
@@ -259,6 +256,7 @@ func (n *Node) commitListeners(p *admission.Policy, opened map[string]*listener)
 			l.closed = true
 			l.ln.Close()
 			delete(n.listeners, addr)
+			n.publishListeners()
 			n.log.Info("listener closed", "addr", addr, "service", l.svc)
 		} else if l.svc != want[addr] {
 			n.log.Warn("listen address moved to another service; its connections use the old service until restart", "addr", addr, "old", l.svc, "new", want[addr])
@@ -266,6 +264,7 @@ func (n *Node) commitListeners(p *admission.Policy, opened map[string]*listener)
 	}
 	for addr, l := range opened {
 		n.listeners[addr] = l
+		n.publishListeners()
 		svc := svcs[l.svc]
 		n.log.Info("listening", "service", l.svc, "addr", l.ln.Addr().String(), "upstream", svc.Upstream)
 		go func() {
@@ -293,11 +292,27 @@ func (n *Node) serveEnded(what string, err error, l *listener) {
 	}
 }
 
+// listenersUp is the "listeners" readiness check; it reads the published
+// view and never waits for n.mu.
 func (n *Node) listenersUp() error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if len(n.listeners) == 0 && len(n.steered) == 0 {
+	if n.nListeners.Load() == 0 {
 		return errors.New("no listener")
+	}
+	return nil
+}
+
+// publishListeners refreshes the lock-free view of the listeners after a
+// change; n.mu is held.
+func (n *Node) publishListeners() {
+	steered := slices.Clone(n.steered)
+	n.steeredNow.Store(&steered)
+	n.nListeners.Store(int64(len(n.listeners) + len(n.steered)))
+}
+
+// steeredListeners is the published list of steered listeners.
+func (n *Node) steeredListeners() []net.Listener {
+	if p := n.steeredNow.Load(); p != nil {
+		return *p
 	}
 	return nil
 }

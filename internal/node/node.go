@@ -12,6 +12,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
@@ -58,8 +59,16 @@ type Node struct {
 	// takenOver is closed when another proxy took the steered listeners'
 	// sockmap slots (a newer instance started): drain and exit.
 	takenOver chan struct{}
+	ctx       context.Context // ends when the node shuts down
 	cancel    context.CancelFunc
 	watchWG   sync.WaitGroup
+	// kick asks the reload worker for a reload (SIGHUP); one pending
+	// request is enough.
+	kick chan struct{}
+	// Lock-free views for readiness and the takeover watch, which never
+	// wait for n.mu (a reload can hold it while a new client discovers).
+	nListeners atomic.Int64
+	steeredNow atomic.Pointer[[]net.Listener]
 
 	mu        sync.Mutex // guards below
 	pol       *admission.Policy
@@ -71,6 +80,9 @@ type Node struct {
 	listeners map[string]*listener   // listener mode, by address
 	steered   []net.Listener
 	closing   bool
+	// clientErr is why no RateLimitly client could be created yet (nil
+	// once one runs); clientRetry retries with bounded backoff meanwhile.
+	clientErr error
 }
 
 type listener struct {
@@ -80,11 +92,15 @@ type listener struct {
 }
 
 // Start builds and starts everything pol needs and returns the running
-// node; on error everything started so far is shut down again.
+// node; on error everything started so far is shut down again. A
+// RateLimitly client that cannot be created (socket, bind, resolver) does
+// not fail Start: protected requests follow the failure policy, /readyz
+// says why, and creation is retried with bounded backoff.
 func Start(parent context.Context, pol *admission.Policy, opts Options) (_ *Node, err error) {
 	ctx, cancel := context.WithCancel(parent)
 	n := &Node{opts: opts, log: opts.Log, m: metrics.New(opts.Version, opts.Commit), ready: &metrics.Readiness{},
-		failed: make(chan error, 4), takenOver: make(chan struct{}), cancel: cancel, listeners: map[string]*listener{}}
+		failed: make(chan error, 4), takenOver: make(chan struct{}), ctx: ctx, cancel: cancel,
+		listeners: map[string]*listener{}, kick: make(chan struct{}, 1)}
 	defer func() {
 		if err != nil {
 			sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -99,51 +115,16 @@ func Start(parent context.Context, pol *admission.Policy, opts Options) (_ *Node
 		}
 		return nil
 	})
-	if err := n.setClient(pol); err != nil {
-		return nil, err
-	}
-	n.gate.Swap(pol)
+	n.logWarnings(pol)
+	n.mu.Lock()
 	n.pol = pol
-	// The first bytes of a connection pick its protocol: HTTP/2 goes to
-	// the HTTP/2 data path, TLS and other protocols to the passthrough
-	// relay (per service: relayed or closed).
-	relay := &passthrough.Relay{Observe: n.gate.ObserveConn}
-	n.h2 = h2proxy.New()
-	pcfg := proxy.Config{Services: hook.ProxyServices(pol), Hook: n.gate, Logger: opts.Log,
-		Handoff: &proxy.HandoffMux{HTTP2: n.h2, TLS: relay, Other: relay}}
-	if steeredPorts(pol) != nil {
-		if err := n.attachRedirect(pol); err != nil {
-			return nil, err
-		}
-		pcfg.Dial = n.redirect.Dialer()
+	if err := n.setClient(pol); err != nil {
+		n.clientFailed(err)
 	}
-	n.proxy, err = proxy.New(pcfg)
-	if err != nil {
-		return nil, fmt.Errorf("proxy: %w", err)
-	}
-	n.m.SetProxyStats(func() metrics.ProxyStats {
-		st := n.proxy.Stats()
-		return metrics.ProxyStats{OpenConnections: int64(st.Conns), UpstreamIdle: int64(st.UpstreamIdle)}
-	})
-	if err := n.syncListeners(ctx, pol); err != nil {
+	n.mu.Unlock()
+	n.gate.Swap(pol)
+	if err := n.startProxy(ctx, pol); err != nil {
 		return nil, err
-	}
-	if n.redirect != nil {
-		// Registering the listener is the takeover (from a previous proxy,
-		// or from the services themselves): do it once this proxy can
-		// decide, so a takeover opens no window of failed decisions. If
-		// discovery takes longer than the bound, take over anyway.
-		if err := waitReady(n.client.C, discoveryWait(pol.RateLimitly.ResolverTimeout)); err != nil {
-			n.log.Warn("taking over steering before RateLimitly discovery completed; requests follow the failure policy until it does", "error", err.Error())
-		}
-		if err := n.serveSteered(ctx); err != nil {
-			return nil, err
-		}
-		n.watchWG.Add(1)
-		go func() {
-			defer n.watchWG.Done()
-			n.watchTakeover(ctx)
-		}()
 	}
 	n.ready.Set("listeners", n.listenersUp)
 	if opts.Admin != "" && opts.Admin != "off" {
@@ -151,42 +132,157 @@ func Start(parent context.Context, pol *admission.Policy, opts Options) (_ *Node
 		if err != nil {
 			return nil, err
 		}
-		n.log.Info("admin listener", "addr", n.admin.Addr().String(), "paths", "/metrics /healthz /readyz")
+		n.log.Info("admin listener", "addr", n.admin.Addr().String(), "paths", "/metrics /healthz /readyz",
+			"max_conns", metrics.AdminMaxConns)
 	}
 	n.reloader = &admission.Reloader{Path: opts.Policy, Apply: n.apply, Logger: opts.Log, Observe: n.m.Reload}
 	n.reloader.Mark(pol)
+	n.goWatch(func() { n.reloadWorker(ctx) })
 	if opts.Watch {
-		ready := make(chan struct{})
-		n.watchWG.Add(1)
-		go func() {
-			defer n.watchWG.Done()
-			if err := n.reloader.Watch(ctx, pol.RateLimitly.CredentialsFile, ready); err != nil {
-				n.log.Warn("policy file watch stopped; SIGHUP still reloads", "error", err.Error())
-				select {
-				case <-ready:
-				default:
-					close(ready)
-				}
-			}
-		}()
-		<-ready
+		n.startWatch(ctx, pol.RateLimitly.CredentialsFile)
 	}
 	return n, nil
 }
+
+// startProxy builds the proxy, attaches steering when pol has steered
+// services, and opens and serves the listeners.
+func (n *Node) startProxy(ctx context.Context, pol *admission.Policy) error {
+	// The first bytes of a connection pick its protocol: HTTP/2 goes to
+	// the HTTP/2 data path, TLS and other protocols to the passthrough
+	// relay (per service: relayed or closed).
+	relay := &passthrough.Relay{Observe: n.gate.ObserveConn}
+	n.h2 = h2proxy.New()
+	pcfg := proxy.Config{Services: hook.ProxyServices(pol), Hook: n.gate, Logger: n.log,
+		Handoff: &proxy.HandoffMux{HTTP2: n.h2, TLS: relay, Other: relay}}
+	if steeredPorts(pol) != nil {
+		if err := n.attachRedirect(pol); err != nil {
+			return err
+		}
+		pcfg.Dial = n.redirect.Dialer()
+	}
+	var err error
+	n.proxy, err = proxy.New(pcfg)
+	if err != nil {
+		return fmt.Errorf("proxy: %w", err)
+	}
+	n.m.SetProxyStats(func() metrics.ProxyStats {
+		st := n.proxy.Stats()
+		return metrics.ProxyStats{OpenConnections: int64(st.Conns), UpstreamIdle: int64(st.UpstreamIdle)}
+	})
+	if err := n.syncListeners(ctx, pol); err != nil {
+		return err
+	}
+	if n.redirect == nil {
+		return nil
+	}
+	// Registering the listener is the takeover (from a previous proxy, or
+	// from the services themselves): do it once this proxy can decide, so
+	// a takeover opens no window of failed decisions. If discovery takes
+	// longer than the bound (or no client could be created), take over
+	// anyway: requests follow the failure policy until it decides.
+	n.mu.Lock()
+	c := n.client
+	n.mu.Unlock()
+	if c == nil {
+		n.log.Warn("taking over steering without a RateLimitly client; requests follow the failure policy until one is created")
+	} else if err := waitReady(ctx, c.C, discoveryWait(pol.RateLimitly.ResolverTimeout)); err != nil {
+		n.log.Warn("taking over steering before RateLimitly discovery completed; requests follow the failure policy until it does", "error", err.Error())
+	}
+	if err := n.serveSteered(ctx); err != nil {
+		return err
+	}
+	n.goWatch(func() { n.watchTakeover(ctx) })
+	return nil
+}
+
+// goWatch runs f on a goroutine Shutdown waits for (bounded by its
+// context).
+func (n *Node) goWatch(f func()) {
+	n.watchWG.Add(1)
+	go func() {
+		defer n.watchWG.Done()
+		f()
+	}()
+}
+
+// startWatch starts the file watcher and returns once its watches are in
+// place (or it failed: SIGHUP still reloads).
+func (n *Node) startWatch(ctx context.Context, credentialsFile string) {
+	ready := make(chan struct{})
+	n.goWatch(func() {
+		if err := n.reloader.Watch(ctx, credentialsFile, ready); err != nil {
+			n.log.Warn("policy file watch stopped; SIGHUP still reloads", "error", err.Error())
+			select {
+			case <-ready:
+			default:
+				close(ready)
+			}
+		}
+	})
+	<-ready
+}
+
+// RequestReload asks for a reload (as SIGHUP does) and returns at once:
+// the reload runs on the node's reload worker, never on the caller's
+// (signal) loop. Requests made while one is pending coalesce.
+func (n *Node) RequestReload() {
+	select {
+	case n.kick <- struct{}{}:
+	default:
+	}
+}
+
+// reloadWorker runs the requested reloads until ctx ends.
+func (n *Node) reloadWorker(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.kick:
+			_ = n.reloader.Reload(admission.TriggerSignal) // logged and counted
+		}
+	}
+}
+
+// logWarnings logs what loading p found worth a warning.
+func (n *Node) logWarnings(p *admission.Policy) {
+	for _, w := range p.Warnings {
+		n.log.Warn("policy warning", "warning", w.Error())
+	}
+}
+
+// watcherWait bounds how long Shutdown waits for the watcher, the reload
+// worker and the client retry after cancelling them.
+const watcherWait = 2 * time.Second
 
 // Shutdown drains: stop watching, take steered listeners out of the
 // sockmap (new connections go to the services), drain the proxy, close the
 // client after its in-flight checks, then the embedded server, the
 // redirect descriptors (pins stay) and the admin listener.
 func (n *Node) Shutdown(ctx context.Context) error {
+	// Cancel first: a reload waiting for a new client's discovery (with
+	// n.mu held) gives up, so the lock below is never held for long.
+	if n.cancel != nil {
+		n.cancel()
+	}
 	n.mu.Lock()
 	n.closing = true
 	steered := slices.Clone(n.steered)
 	n.mu.Unlock()
-	if n.cancel != nil {
-		n.cancel()
+	watchers := make(chan struct{})
+	go func() {
+		n.watchWG.Wait()
+		close(watchers)
+	}()
+	select {
+	case <-watchers:
+	case <-ctx.Done():
+	case <-time.After(watcherWait):
+		// A reload stuck in a read the kernel does not interrupt (every
+		// file is opened non-blocking, but a hung filesystem can still
+		// block): drain without it; the process exit ends it.
+		n.log.Warn("a reload is still running; draining without waiting for it")
 	}
-	n.watchWG.Wait()
 	var errs []error
 	for _, ln := range steered {
 		if n.redirect != nil {
@@ -234,8 +330,8 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Reload reloads the policy file now (as SIGHUP does); the error is the
-// load or apply error, already logged and counted.
+// Reload reloads the policy file now and waits for the result; the error
+// is the load or apply error, already logged and counted.
 func (n *Node) Reload(trigger string) error { return n.reloader.Reload(trigger) }
 
 // TakenOver is closed when a newer proxy took over the steered listeners.
@@ -273,3 +369,6 @@ func (n *Node) Decides() (bool, error) {
 	}
 	return c.C.Ready(), c.C.DiscoveryError()
 }
+
+// Ready runs the readiness checks /readyz runs.
+func (n *Node) Ready() (lines []string, ok bool) { return n.ready.Check() }

@@ -60,7 +60,7 @@ loop:
 	for {
 		select {
 		case <-sig.hup:
-			_ = n.Reload(admission.TriggerSignal)
+			n.RequestReload() // never on this loop: SIGTERM stays prompt
 		case s := <-sig.term:
 			log.Info("shutting down", "signal", s.String(), "drain_timeout", drain.String())
 			break loop

@@ -85,6 +85,61 @@ func (m *Metrics) Handler(ready *Readiness) http.Handler {
 	return mux
 }
 
+// Bounds of the admin listener. Its file descriptors are a budget of
+// their own: at most AdminMaxConns accepted connections plus the listener,
+// whatever clients do; further connections wait in the kernel's accept
+// queue (no descriptor of ours) until a slot frees. The data path keeps
+// the rest of RLIMIT_NOFILE.
+const (
+	AdminMaxConns          = 64
+	adminReadHeaderTimeout = 5 * time.Second
+	adminReadTimeout       = 10 * time.Second
+	adminWriteTimeout      = 30 * time.Second // a large /metrics scrape
+	adminIdleTimeout       = 30 * time.Second
+	adminMaxHeaderBytes    = 8 << 10
+)
+
+// limitListener accepts at most cap(sem) connections at a time: Accept
+// waits for a slot before it takes the next connection off the queue.
+type limitListener struct {
+	net.Listener
+	sem  chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	select {
+	case l.sem <- struct{}{}:
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.sem
+		return nil, err
+	}
+	return &limitConn{Conn: c, release: func() { <-l.sem }}, nil
+}
+
+func (l *limitListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+// limitConn gives its slot back on the first Close.
+type limitConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}
+
 // Admin is a running admin listener.
 type Admin struct {
 	ln  net.Listener
@@ -93,7 +148,8 @@ type Admin struct {
 }
 
 // StartAdmin listens on addr (":0" and "127.0.0.1:0" pick a free port) and
-// serves h until Close. The socket has SO_REUSEPORT so that during a
+// serves h until Close, with read, write and idle timeouts and at most
+// AdminMaxConns connections at once. The socket has SO_REUSEPORT so that during a
 // rolling update a new process can bind the same admin address while the
 // old one drains (the kernel spreads connections over both until the old
 // one closes). A port-0 address gets a port of its own without
@@ -108,7 +164,9 @@ func StartAdmin(addr string, h http.Handler) (*Admin, error) {
 	if err != nil {
 		return nil, fmt.Errorf("admin listener %s: %w", addr, err)
 	}
-	a := &Admin{ln: ln, srv: &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}, err: make(chan error, 1)}
+	ln = &limitListener{Listener: ln, sem: make(chan struct{}, AdminMaxConns), done: make(chan struct{})}
+	a := &Admin{ln: ln, srv: &http.Server{Handler: h, ReadHeaderTimeout: adminReadHeaderTimeout, ReadTimeout: adminReadTimeout,
+		WriteTimeout: adminWriteTimeout, IdleTimeout: adminIdleTimeout, MaxHeaderBytes: adminMaxHeaderBytes}, err: make(chan error, 1)}
 	go func() {
 		err := a.srv.Serve(ln)
 		if errors.Is(err, http.ErrServerClosed) {
