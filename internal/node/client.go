@@ -91,10 +91,14 @@ func (n *Node) setClient(pol *admission.Policy) error {
 		// Swap only to a client that can decide: wait (bounded) for its
 		// first discovery, else keep the old one.
 		if err := waitReady(n.ctx, c, discoveryWait(rl.ResolverTimeout)); err != nil {
-			_ = c.Close()
-			if newEmb {
-				_ = emb.Close()
-			}
+			// Closing waits for a DNS query in flight (up to the resolver
+			// timeout): do it aside, the reload (and a drain) need not wait.
+			go func() {
+				_ = c.Close()
+				if newEmb {
+					_ = emb.Close()
+				}
+			}()
 			return fmt.Errorf("new RateLimitly client (srv %s): %w; keeping the current one", srvName, err)
 		}
 	}

@@ -40,6 +40,8 @@ type Options struct {
 	Version, Commit string
 	// ServerHooks are test hooks for an embedded server (demo only).
 	ServerHooks *rlserver.TestHooks
+	// load replaces admission.Load for reloads (tests).
+	load func(path string) (*admission.Policy, error)
 }
 
 // Node is the running product: policy, gate, RateLimitly client
@@ -135,7 +137,7 @@ func Start(parent context.Context, pol *admission.Policy, opts Options) (_ *Node
 		n.log.Info("admin listener", "addr", n.admin.Addr().String(), "paths", "/metrics /healthz /readyz",
 			"max_conns", metrics.AdminMaxConns)
 	}
-	n.reloader = &admission.Reloader{Path: opts.Policy, Apply: n.apply, Logger: opts.Log, Observe: n.m.Reload}
+	n.reloader = &admission.Reloader{Path: opts.Policy, Load: opts.load, Apply: n.apply, Logger: opts.Log, Observe: n.m.Reload}
 	n.reloader.Mark(pol)
 	n.goWatch(func() { n.reloadWorker(ctx) })
 	if opts.Watch {
