@@ -174,4 +174,3 @@ func (r *Reloader) reload(trigger string, unsettled func(error)) error {
 	observe(ReloadSuccess, 0)
 	return nil
 }
-
