@@ -195,6 +195,7 @@ func TestAllNodesDown(t *testing.T) {
 	for _, nd := range c.nodes {
 		nd.p.kill()
 	}
+	killedAt := time.Now()
 	const horizon = 300.0 // ms: standard policy, unit 100ms
 	const n = 100
 	for _, s := range sides {
@@ -217,7 +218,16 @@ func TestAllNodesDown(t *testing.T) {
 		if got := s.p.metric(`rl_tproxy_requests_total{location="adm",outcome="fail_` + s.fail + `",service="web"}`); got != n {
 			t.Fatalf("fail %s: requests_total fail_%s = %v, want %d", s.fail, s.fail, got, n)
 		}
-		t.Logf("all nodes down, fail %s: %d × %d, %s", s.fail, n, s.status, admissionStats(lines))
+		// The failing checks are announced by a WARN, at most one per 10 s.
+		warns := failureWarnings(s.p.proc)
+		allowed := 1 + int(time.Since(killedAt)/(10*time.Second))
+		if len(warns) == 0 || len(warns) > allowed {
+			t.Fatalf("fail %s: %d failure warnings, want 1..%d (one per 10 s)", s.fail, len(warns), allowed)
+		}
+		if w := warns[0]; w.Cause != "timeout" || w.FailedChecks < 1 {
+			t.Fatalf("fail %s: warning %+v, want cause timeout and a count", s.fail, w)
+		}
+		t.Logf("all nodes down, fail %s: %d × %d, %s; %d warning(s)", s.fail, n, s.status, admissionStats(lines), len(warns))
 	}
 	// The nodes come back on the same addresses: decisions resume.
 	for i := range c.nodes {
@@ -326,4 +336,24 @@ func firstMatching(lines []string, words ...string) string {
 		}
 	}
 	return "(none)"
+}
+
+// failureWarning is the client's rate-limited WARN about checks that end
+// without a RateLimitly decision.
+type failureWarning struct {
+	Level        string `json:"level"`
+	Msg          string `json:"msg"`
+	Cause        string `json:"cause"`
+	FailedChecks int    `json:"failed_checks"`
+}
+
+func failureWarnings(p *proc) []failureWarning {
+	var out []failureWarning
+	for _, l := range p.lines() {
+		var w failureWarning
+		if json.Unmarshal([]byte(l), &w) == nil && w.Level == "WARN" && strings.HasPrefix(w.Msg, "rlclient: checks end without a RateLimitly decision") {
+			out = append(out, w)
+		}
+	}
+	return out
 }
