@@ -127,17 +127,6 @@ func nsUpstream(t *testing.T, ns *netnstest.NS) {
 	t.Cleanup(func() { srv.Close() })
 }
 
-// pollNS polls cond (bounded by 40s) until it holds.
-func pollNS(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(40 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 40s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // `run` with a bind address the node does not have (yet) stays up: the
 // protected location answers per `fail: close` (429), /readyz says why,
 // and once the address is added to a dummy interface the client is
@@ -154,7 +143,7 @@ func TestUnbindableBindRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := startInNS(t, ns, binPath, "run", "--policy", policy, "--admin", "127.0.0.1:9901", "--log-format", "json")
-	pollNS(t, "/readyz answers", func() bool { s, _ := nsGet(t, ns, "127.0.0.1:9901", "/readyz"); return s != 0 })
+	testkit.WaitWithin(t, 40*time.Second, "/readyz answers", func() bool { s, _ := nsGet(t, ns, "127.0.0.1:9901", "/readyz"); return s != 0 })
 	if s, b := nsGet(t, ns, "127.0.0.1:9901", "/readyz"); s != 503 || !strings.Contains(b, "fail ratelimitly: RateLimitly client not created (retrying)") {
 		t.Fatalf("/readyz %d %q; want 503 naming the client", s, b)
 	}
@@ -175,7 +164,7 @@ func TestUnbindableBindRecovers(t *testing.T) {
 	}
 	ns.MustIP(t, "addr", "add", "10.77.0.1/32", "dev", dev)
 	ns.MustIP(t, "link", "set", dev, "up")
-	pollNS(t, "/readyz 200 after the address appeared", func() bool {
+	testkit.WaitWithin(t, 40*time.Second, "/readyz 200 after the address appeared", func() bool {
 		s, _ := nsGet(t, ns, "127.0.0.1:9901", "/readyz")
 		return s == 200
 	})
@@ -208,7 +197,7 @@ func TestAdminFloodLeavesDataPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	startInNS(t, ns, prlimit, "--nofile=256:256", binPath, "run", "--policy", policy, "--admin", "127.0.0.1:9901", "--log-format", "json")
-	pollNS(t, "/readyz 200", func() bool { s, _ := nsGet(t, ns, "127.0.0.1:9901", "/readyz"); return s == 200 })
+	testkit.WaitWithin(t, 40*time.Second, "/readyz 200", func() bool { s, _ := nsGet(t, ns, "127.0.0.1:9901", "/readyz"); return s == 200 })
 
 	const flood = 5000
 	var conns []net.Conn
@@ -233,5 +222,45 @@ func TestAdminFloodLeavesDataPath(t *testing.T) {
 		if s, b := nsGet(t, ns, "127.0.0.1:8080", "/x"); s != 200 || b != "ok\n" {
 			t.Fatalf("data path request %d with %d idle admin connections: %d %q", i, len(conns), s, b)
 		}
+	}
+}
+
+// A running proxy whose credentials file is replaced by a FIFO: the
+// reload is rejected at once with an error naming the path (nothing
+// blocks on the FIFO), the old policy keeps serving, and SIGTERM ends the
+// process with exit 0.
+func TestRunCredentialsBecomeFIFOThenTerm(t *testing.T) {
+	c := startCluster(t)
+	e := newEnv(t, c, policyOpts{})
+	cred := filepath.Join(e.dir, "credentials.yaml")
+	if _, err := os.Stat(cred); err != nil {
+		t.Fatalf("the e2e policy's credentials file: %v", err)
+	}
+	if err := os.Remove(cred); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(cred, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.p.signal(syscall.SIGHUP)
+	testkit.WaitFor(t, "the reload rejected with the FIFO named", func() bool {
+		for _, m := range e.p.snapshot() {
+			if m["msg"] == "policy reload rejected" && strings.Contains(fmt.Sprint(m["error"]), cred+" is a named pipe (FIFO)") {
+				return true
+			}
+		}
+		return false
+	})
+	if r := e.get(t, "/probe"); r.status != 200 {
+		t.Fatalf("after the rejected reload: %d", r.status)
+	}
+	e.p.signal(syscall.SIGTERM)
+	select {
+	case <-e.p.exited:
+	case <-time.After(15 * time.Second):
+		t.Fatal("SIGTERM did not end the process")
+	}
+	if e.p.exitCode != 0 {
+		t.Fatalf("exit %d", e.p.exitCode)
 	}
 }
