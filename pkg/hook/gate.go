@@ -52,7 +52,11 @@ type Gate struct {
 	genSeq atomic.Uint64
 	// lastLocalWarn is when the fail: local warning was last logged (unix ns).
 	lastLocalWarn atomic.Int64
-	mu            sync.Mutex // serialises Swap/SetChecker
+	// lastRejectLog is when a rejection was last logged (unix ns);
+	// rejectsUnlogged counts the rejections since.
+	lastRejectLog   atomic.Int64
+	rejectsUnlogged atomic.Int64
+	mu              sync.Mutex // serialises Swap/SetChecker
 }
 
 type counter interface{ Inc() }

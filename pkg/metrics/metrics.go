@@ -45,6 +45,8 @@ type Metrics struct {
 	denyAnswers    *prometheus.CounterVec // service, status
 	denials        *prometheus.CounterVec // service, location, kind, name
 	connections    *prometheus.CounterVec // service, protocol, action (conns.go)
+	rejections     *prometheus.CounterVec // status, reason (rejections.go)
+	rejectCounters sync.Map               // rejectKey -> prometheus.Counter
 
 	reloads        *prometheus.CounterVec // result, trigger
 	reloadErrors   prometheus.Counter
@@ -127,6 +129,7 @@ func New(version, commit string) *Metrics {
 		m.clientRebuilds, m.inflight)
 	m.registerDenials()
 	m.registerConnections()
+	m.registerRejections()
 	m.localAllow = m.localFallback.WithLabelValues("allow")
 	m.localDeny = m.localFallback.WithLabelValues("deny")
 	for _, r := range []string{"success", "error", "unchanged"} {

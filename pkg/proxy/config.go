@@ -38,6 +38,18 @@ type Hook interface {
 	Done(r *Request, d *Decision, res *Result)
 }
 
+// Rejecter is an optional interface of a Hook. The proxy calls Reject for
+// every request it answers itself under a rule: a strictness rule (rule
+// names from httpparse, 400/414/417/431/501/505), "header-timeout" (408)
+// and "body-too-large" (413). Most of these never reach Admit; a chunked
+// body found too large or malformed after admission also gets Done. Reject
+// runs on the connection's goroutine before the answer is written, so it
+// must not block; it also runs for requests whose Service is the only
+// thing known (no Request is built).
+type Rejecter interface {
+	Reject(svc *Service, remote netip.AddrPort, rule string, status int)
+}
+
 // Request is what the Hook sees of one request.
 type Request struct {
 	Remote, Local netip.AddrPort // Local is the original destination (getsockname)
@@ -207,9 +219,8 @@ type Config struct {
 	// Now is the clock for timing points; nil = time.Now.
 	Now func() time.Time
 	// OnReject, if set, is called when the proxy itself answers a request
-	// that never reached the Hook: a strictness rule (rule names from
-	// httpparse), "header-timeout" (408), "body-too-large" (413). For
-	// metrics; it must not block.
+	// under a rule (see Rejecter, which a Hook may implement instead; both
+	// are called). For metrics; it must not block.
 	OnReject func(svc *Service, remote netip.AddrPort, rule string, status int)
 
 	testOnPark    func()        // called after a connection parked

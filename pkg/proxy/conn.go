@@ -493,6 +493,9 @@ func (c *conn) rejectRule(cfg *Config, svc *Service, rule string, status int) bo
 	if cfg.OnReject != nil {
 		cfg.OnReject(svc, c.remote, rule, status)
 	}
+	if r, ok := cfg.Hook.(Rejecter); ok {
+		r.Reject(svc, c.remote, rule, status)
+	}
 	c.answer(status, "Connection: close\r\n")
 	c.linger = true
 	return false

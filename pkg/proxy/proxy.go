@@ -6,8 +6,8 @@
 //
 // Behaviour worth knowing:
 //   - A head the parser rejects is answered with the rule's status
-//     (400/414/417/431/501/505) and the connection closes; the Hook never
-//     sees it (Config.OnReject does). 408 after Service.HeaderTimeout from
+//     (400/414/417/431/501/505) and the connection closes; Admit never
+//     sees it (Config.OnReject and a Hook's Rejecter method do). 408 after Service.HeaderTimeout from
 //     the first byte; 413 above Service.MaxBodyBytes.
 //   - The upstream always gets a re-serialised HTTP/1.1 head: hop-by-hop
 //     fields and fields named in Connection are dropped (but Connection
