@@ -93,6 +93,13 @@ func TestDeadOldestLeavesUsableSetAndRejoins(t *testing.T) {
 	if got := nodes[0].count(wire.KindRateRequest); got != sentDead {
 		t.Errorf("the unusable node got %d requests", got-sentDead)
 	}
+	// The live nodes' answers to those checks may still be on their way
+	// (the checks were decided on the oldest usable answer): let them
+	// arrive before the clock moves, or they would count as misses.
+	testkit.WaitFor(t, "late answers of the live nodes", func() bool {
+		eps := c.disc.current().eps
+		return eps[1].health.pending.Load() == 0 && eps[2].health.pending.Load() == 0
+	})
 	// Probed while dead: still unusable.
 	clk.Advance(ProbeInterval)
 	testkit.WaitFor(t, "first probe", func() bool { return probes(nodes[0]) == 1 })
