@@ -198,17 +198,25 @@ func TestHPACKBomb(t *testing.T) {
 	if err := rc.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: rc.hb.Bytes(), EndHeaders: true, EndStream: true}); err != nil {
 		t.Fatal(err)
 	}
-	// The answer is a 431 on the stream or the end of the connection;
-	// either way the request never reaches admission.
+	// The answer is the codec's 431: the block was not materialised.
+	status := ""
+	dec := hpack.NewDecoder(4096, func(f hpack.HeaderField) {
+		if f.Name == ":status" {
+			status = f.Value
+		}
+	})
 	_ = rc.c.SetReadDeadline(time.Now().Add(30 * time.Second))
-	for {
+	for status == "" {
 		f, err := rc.fr.ReadFrame()
-		if err != nil || f.Header().Type == http2.FrameGoAway || f.Header().Type == http2.FrameRSTStream {
-			break
+		if err != nil {
+			t.Fatalf("no answer: %v", err)
 		}
 		if hf, ok := f.(*http2.HeadersFrame); ok && hf.StreamID == 1 {
-			break
+			_, _ = dec.Write(hf.HeaderBlockFragment())
 		}
+	}
+	if status != "431" {
+		t.Errorf("status %s, want 431", status)
 	}
 	checkServing(t, addr)
 	if h.admittedPath("/x") {
@@ -236,6 +244,31 @@ func TestLimits(t *testing.T) {
 	}
 	if h.admits != 0 {
 		t.Errorf("rejected requests reached admission")
+	}
+	// A streamed body (no content-length) that grows past the limit.
+	up := startHTTP(t, true)
+	h2 := &rec{}
+	_, addr2 := startProxy(t, &proxy.Service{Name: "g2", Upstream: up, MaxBodyBytes: 1000}, h2)
+	pr, pw := io.Pipe()
+	go func() {
+		for range 100 {
+			if _, err := pw.Write(make([]byte, 100)); err != nil {
+				return
+			}
+		}
+		_ = pw.Close()
+	}()
+	res, err = cl.Post("http://"+addr2+"/", "application/octet-stream", pr)
+	if err == nil {
+		_ = res.Body.Close()
+		if res.StatusCode != 413 {
+			t.Fatalf("streamed body over the limit: %d", res.StatusCode)
+		}
+	}
+	_ = pr.Close()
+	waitFor(t, "Done", func() bool { return h2.doneCount() == 1 })
+	if d := h2.dones[0]; d.BytesIn > 1000+32<<10 || (err == nil && d.Status != 413) {
+		t.Errorf("result %+v (client err %v)", d, err)
 	}
 }
 
