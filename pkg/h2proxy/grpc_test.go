@@ -50,9 +50,7 @@ func TestGRPCCallKinds(t *testing.T) {
 			if got := trailer.Get("x-trailer"); len(got) != 1 || got[0] != "t1" {
 				t.Errorf("trailer x-trailer = %v", got)
 			}
-			up.mu.Lock()
-			md := up.lastMD
-			up.mu.Unlock()
+			md := up.LastMD()
 			if got := md.Get("x-client"); len(got) != 1 || got[0] != "c1" {
 				t.Errorf("upstream metadata x-client = %v", got)
 			}
@@ -172,10 +170,7 @@ func TestGRPCDeny(t *testing.T) {
 	if _, err := bs.Recv(); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("bidi deny: %v", err)
 	}
-	up.mu.Lock()
-	calls := up.calls
-	up.mu.Unlock()
-	if calls != 0 {
+	if calls := up.Calls(); calls != 0 {
 		t.Errorf("upstream saw %d denied calls", calls)
 	}
 	waitFor(t, "2 Done", func() bool { return h.doneCount() == 2 })
@@ -236,16 +231,16 @@ func TestHTTPDeny(t *testing.T) {
 // result says the client aborted.
 func TestClientCancelResetsUpstream(t *testing.T) {
 	up, upAddr := startGRPC(t)
-	up.blocked = make(chan struct{})
+	up.Block = make(chan struct{})
 	h := &rec{}
 	_, addr := startProxy(t, &proxy.Service{Name: "g", Upstream: upAddr}, h)
 	cl := dialGRPC(t, addr)
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { _, err := cl.UnaryCall(ctx, &testgrpc.SimpleRequest{}); errc <- err }()
-	waitFor(t, "the upstream call", func() bool { up.mu.Lock(); defer up.mu.Unlock(); return up.calls == 1 })
+	waitFor(t, "the upstream call", func() bool { return up.Calls() == 1 })
 	cancel()
-	<-up.blocked // the upstream saw the reset
+	<-up.Block // the upstream saw the reset
 	if err := <-errc; status.Code(err) != codes.Canceled {
 		t.Fatalf("client err %v", err)
 	}
@@ -269,7 +264,7 @@ func TestAbortDuringAdmission(t *testing.T) {
 	cancel()
 	<-errc
 	waitFor(t, "Done", func() bool { return h.doneCount() == 1 })
-	if !h.dones[0].ClientAborted || up.calls != 0 {
-		t.Errorf("result %+v, upstream calls %d", h.dones[0], up.calls)
+	if !h.dones[0].ClientAborted || up.Calls() != 0 {
+		t.Errorf("result %+v, upstream calls %d", h.dones[0], up.Calls())
 	}
 }

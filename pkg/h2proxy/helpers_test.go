@@ -2,8 +2,6 @@ package h2proxy_test
 
 import (
 	"context"
-	"errors"
-	"io"
 	"net"
 	"net/http"
 	"sync"
@@ -11,96 +9,24 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/grpctest"
 	"github.com/rl-tproxy/rl-tproxy/pkg/h2proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
-// echoService is the gRPC upstream: unary echo, server streaming (one
-// message per requested size), client streaming (sums payload sizes), bidi
-// (one answer per message).
-type echoService struct {
-	testgrpc.UnimplementedTestServiceServer
-	mu      sync.Mutex
-	lastMD  metadata.MD
-	calls   int
-	blocked chan struct{} // when set, UnaryCall waits for ctx end and closes it
-}
-
-func (s *echoService) UnaryCall(ctx context.Context, in *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	s.mu.Lock()
-	s.lastMD, s.calls = md, s.calls+1
-	blocked := s.blocked
-	s.mu.Unlock()
-	if blocked != nil {
-		<-ctx.Done()
-		close(blocked)
-		return nil, ctx.Err()
-	}
-	_ = grpc.SetTrailer(ctx, metadata.Pairs("x-trailer", "t1"))
-	return &testgrpc.SimpleResponse{Payload: &testgrpc.Payload{Body: in.GetPayload().GetBody()}}, nil
-}
-
-func (s *echoService) StreamingOutputCall(in *testgrpc.StreamingOutputCallRequest, out grpc.ServerStreamingServer[testgrpc.StreamingOutputCallResponse]) error {
-	for _, p := range in.GetResponseParameters() {
-		if err := out.Send(&testgrpc.StreamingOutputCallResponse{Payload: &testgrpc.Payload{Body: make([]byte, p.GetSize())}}); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (s *echoService) StreamingInputCall(in grpc.ClientStreamingServer[testgrpc.StreamingInputCallRequest, testgrpc.StreamingInputCallResponse]) error {
-	var sum int32
-	for {
-		m, err := in.Recv()
-		if errors.Is(err, io.EOF) {
-			return in.SendAndClose(&testgrpc.StreamingInputCallResponse{AggregatedPayloadSize: sum})
-		}
-		if err != nil {
-			return err
-		}
-		sum += int32(len(m.GetPayload().GetBody()))
-	}
-}
-
-func (s *echoService) FullDuplexCall(st grpc.BidiStreamingServer[testgrpc.StreamingOutputCallRequest, testgrpc.StreamingOutputCallResponse]) error {
-	for {
-		m, err := st.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if s := m.GetResponseStatus(); s != nil {
-			return status.Error(codes.Code(s.GetCode()), s.GetMessage())
-		}
-		if err := st.Send(&testgrpc.StreamingOutputCallResponse{Payload: m.GetPayload()}); err != nil {
-			return err
-		}
-	}
-}
-
 // startGRPC starts the gRPC upstream (h2c prior knowledge) on loopback.
-func startGRPC(t testing.TB) (*echoService, string) {
+func startGRPC(t testing.TB) (*grpctest.Echo, string) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc := &echoService{}
-	s := grpc.NewServer()
-	testgrpc.RegisterTestServiceServer(s, svc)
-	go func() { _ = s.Serve(ln) }()
-	t.Cleanup(s.Stop)
+	svc, stop := grpctest.Serve(ln)
+	t.Cleanup(stop)
 	return svc, ln.Addr().String()
 }
 
