@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/grpctest"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 const grpcPort = 50051
@@ -121,7 +122,7 @@ services:
 			}
 		}
 	})
-	waitFor(t, "7 h2 access lines", func() bool {
+	testkit.WaitFor(t, "7 h2 access lines", func() bool {
 		admitted, reported = 0, 0
 		n := 0
 		for _, m := range px.access() {
@@ -143,7 +144,7 @@ services:
 	}
 	re := regexp.MustCompile(`(?m)^rl_tproxy_latency_reports_total\{service="grpc"\} (\d+)`)
 	var got string
-	waitFor(t, "the reports metric", func() bool {
+	testkit.WaitFor(t, "the reports metric", func() bool {
 		r, err := httpGet(e.pair.Node, px.admin, "/metrics", true)
 		if err != nil {
 			return false
