@@ -124,8 +124,8 @@ func TestMetricNames(t *testing.T) {
 
 // runForScrape runs the binary (embedded RateLimitly, one listener-mode
 // service with a zone, a guard and a report), sends allowed and denied
-// requests so that labelled families have series, and returns a scrape
-// of its /metrics.
+// requests and one the proxy rejects, so that labelled families have
+// series, and returns a scrape of its /metrics.
 func runForScrape(t *testing.T) string {
 	t.Helper()
 	bin := builtBinary(t)
@@ -171,6 +171,19 @@ services:
 	}
 	if statuses[200] == 0 || statuses[429] == 0 {
 		t.Fatalf("want allowed and denied requests, got %v", statuses)
+	}
+	// And one request the proxy rejects itself (HTTP/1.1 without Host).
+	c, err := net.Dial("tcp", listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, "GET /x HTTP/1.1\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := io.ReadAll(c); !strings.HasPrefix(string(b), "HTTP/1.1 400 ") {
+		t.Fatalf("request without Host: %q", b)
 	}
 	resp, err := http.Get("http://" + rec.Addr + "/metrics")
 	if err != nil {
