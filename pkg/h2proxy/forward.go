@@ -25,7 +25,7 @@ var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b 
 func (st *stream) forward(w http.ResponseWriter, r *http.Request, d *proxy.Decision) {
 	h := st.h
 	svc := h.svc
-	up, err := h.srv.ups.get(svc, h.cfg)
+	up, err := h.upstream()
 	if err != nil {
 		st.res.UpstreamErr = err
 		st.fail(w, http.StatusBadGateway)

@@ -89,6 +89,7 @@ type h2conn struct {
 	cfg    *proxy.Config
 	closed chan struct{}
 	once   sync.Once
+	ppUp   connUpstream // upstream connections with this client's PROXY header (proxyheader.go)
 }
 
 func (c *h2conn) Read(p []byte) (int, error) {
@@ -101,7 +102,7 @@ func (c *h2conn) Read(p []byte) (int, error) {
 }
 
 func (c *h2conn) Close() error {
-	c.once.Do(func() { close(c.closed) })
+	c.once.Do(func() { c.ppUp.close(); close(c.closed) })
 	return c.Conn.Close()
 }
 

@@ -28,6 +28,7 @@ type conn struct {
 	svc           *proxy.Service
 	cfg           *proxy.Config
 	remote, local netip.AddrPort
+	hc            *h2conn
 }
 
 // stream is one request stream: what the Hook sees and what it is told.
@@ -72,7 +73,7 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusInternalServerError)
 		return
 	}
-	h := &conn{srv: hd.srv, svc: hc.svc, cfg: hc.cfg, remote: addrPort(hc.RemoteAddr()), local: addrPort(hc.LocalAddr())}
+	h := &conn{srv: hd.srv, svc: hc.svc, cfg: hc.cfg, remote: addrPort(hc.RemoteAddr()), local: addrPort(hc.LocalAddr()), hc: hc}
 	st := &stream{h: h}
 	st.build(r)
 	if status, rule := st.check(r); status != 0 {

@@ -42,8 +42,8 @@ const (
 // unchanged nginx serving TLS is reached through TLS passthrough (curl
 // with --resolve), the 4th connection of a per-SNI burst of 3 is refused,
 // and kill -9 of the proxy falls back to nginx directly; nginx with
-// proxy_protocol logs the client namespace's address for HTTP/1.1 and
-// TLS; a real ssh client's banner and random bytes reach an opaque service
+// proxy_protocol logs the client namespace's address for HTTP/1.1,
+// HTTP/2 (h2c prior knowledge, forwarded as HTTP/1.1) and TLS; a real ssh client's banner and random bytes reach an opaque service
 // unchanged, and on a reject port they are closed and counted.
 func TestSteerProtocols(t *testing.T) {
 	testkit.NeedTool(t, "ssh", "openssh-client")
@@ -76,10 +76,17 @@ func TestSteerProtocols(t *testing.T) {
 	if out, err := e.curlHTTP(ppHTTPPort, "/pp/http"); err != nil || out != "pp="+client+"\n" {
 		t.Fatalf("HTTP/1.1 with PROXY v1: %q %v, want pp=%s", out, err, client)
 	}
+	if out, err := e.curlHTTP(ppHTTPPort, "/pp/h2", "--http2-prior-knowledge"); err != nil || out != "pp="+client+"\n" {
+		t.Fatalf("HTTP/2 (h2c, HTTP/1.1 upstream) with PROXY v1: %q %v, want pp=%s", out, err, client)
+	}
 	if out, err := e.curlTLS(certPEM, ppTLSPort, "/pp/tls"); err != nil || out != "pp="+client+"\n" {
 		t.Fatalf("TLS passthrough with PROXY v2: %q %v, want pp=%s", out, err, client)
 	}
-	for _, uri := range []string{"/pp/http", "/pp/tls"} {
+	h2 := waitAccess(t, px, func(m map[string]any) bool { return m["path"] == "/pp/h2" })
+	if h2["proto"] != "h2" {
+		t.Fatalf("/pp/h2 access line %v, want proto h2", h2)
+	}
+	for _, uri := range []string{"/pp/http", "/pp/h2", "/pp/tls"} {
 		if n := countLines(e.nginxTLSLines(), "uri="+uri, "peer="+client+" "); n != 1 {
 			t.Fatalf("nginx log: %d lines for %s with peer=%s:\n%s", n, uri, client, strings.Join(e.nginxTLSLines(), "\n"))
 		}
@@ -289,6 +296,7 @@ services:
   - name: pp-http
     port: %[6]d
     upstream: 127.0.0.1:%[6]d
+    upstream_protocol: http1
     proxy_protocol: v1
     locations:
       - name: open
@@ -327,9 +335,10 @@ func (e *env) curlTLS(certPEM string, port int, path string) (string, error) {
 }
 
 // curlHTTP fetches http://node:port/path from the client namespace.
-func (e *env) curlHTTP(port int, path string) (string, error) {
+func (e *env) curlHTTP(port int, path string, opts ...string) (string, error) {
 	url := fmt.Sprintf("http://%s%s", netip.AddrPortFrom(e.nodeIP, uint16(port)), path)
-	out, err := runBounded(e.t, waitBound, "ip", "netns", "exec", e.pair.Client.Name, "curl", "-sS", "--max-time", "20", url)
+	args := append([]string{"netns", "exec", e.pair.Client.Name, "curl", "-sS", "--max-time", "20"}, opts...)
+	out, err := runBounded(e.t, waitBound, "ip", append(args, url)...)
 	return string(out), err
 }
 
