@@ -37,3 +37,22 @@ func FuzzRequestID(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkRequestID: choosing the id of a request that has none (a
+// generated one) and of one that sent a valid id.
+func BenchmarkRequestID(b *testing.B) {
+	for _, c := range []struct{ name, fields string }{{"generated", ""}, {"client", "X-Request-ID: 0af7651916cd43dd8448eb211c80319c\r\n"}} {
+		b.Run(c.name, func(b *testing.B) {
+			var h httpparse.Request
+			if err := h.Parse([]byte("GET / HTTP/1.1\r\nHost: h\r\nUser-Agent: x\r\nAccept: */*\r\n"+c.fields+"\r\n"), httpparse.Limits{}); err != nil {
+				b.Fatal(err)
+			}
+			st := &state{gen: &generation{ridName: []byte("X-Request-ID"), ridGenerate: true},
+				rid: make([]byte, 0, MaxRequestIDLen), fwd: make([]httpparse.Header, 0, 1)}
+			b.ReportAllocs()
+			for b.Loop() {
+				st.requestID(&h)
+			}
+		})
+	}
+}
