@@ -120,6 +120,38 @@ func TestCommittedCharts(t *testing.T) {
 	}
 }
 
+// The committed .tsv holds the rows of the committed report: each setup
+// with the same req/s as in docs/bench/sidebyside.md's table (run.sh
+// writes both; a report regenerated without its .tsv is caught here).
+func TestCommittedResultsMatchReport(t *testing.T) {
+	dir := filepath.Join("..", "..", "docs", "bench")
+	md, err := os.ReadFile(filepath.Join(dir, "sidebyside.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tsv, err := os.ReadFile(filepath.Join(dir, "sidebyside.tsv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := 0
+	for i, l := range strings.Split(strings.TrimSpace(string(tsv)), "\n") {
+		f := strings.Split(l, "\t")
+		if i == 0 {
+			continue
+		}
+		if len(f) != 6 {
+			t.Fatalf("sidebyside.tsv line %d: %d fields", i+1, len(f))
+		}
+		rows++
+		if !bytes.Contains(md, []byte("| "+f[1]+" | "+f[2]+" |")) {
+			t.Errorf("sidebyside.md has no row %q with %s req/s (sidebyside.tsv is stale: rerun make bench or test/bench/run.sh)", f[1], f[2])
+		}
+	}
+	if rows == 0 {
+		t.Fatal("sidebyside.tsv has no rows")
+	}
+}
+
 // charts.sh draws three SVG charts from a results file: bars with the
 // values for measured columns, a note for a column measured for no
 // setup; a file that is not a results file is refused.
