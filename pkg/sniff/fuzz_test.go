@@ -33,10 +33,11 @@ func helloSeeds(t testing.TB) [][]byte {
 	}
 }
 
-// TestHelloCorpus checks that testdata/fuzz/FuzzParseHello holds the
-// generated seeds (RL_WRITE_CORPUS=1 rewrites it).
+// TestHelloCorpus checks that testdata/fuzz/FuzzParseHello and
+// FuzzDetect hold the generated seeds (RL_WRITE_CORPUS=1 rewrites them).
 func TestHelloCorpus(t *testing.T) {
 	fuzzcorpus.Sync(t, "FuzzParseHello", helloSeeds(t))
+	fuzzcorpus.Sync(t, "FuzzDetect", helloSeeds(t))
 }
 
 // TestCapturedHello: the committed capture is a real, parseable hello.
@@ -93,9 +94,6 @@ func FuzzParseHello(f *testing.F) {
 
 // FuzzDetect: a decided kind never changes when more bytes arrive.
 func FuzzDetect(f *testing.F) {
-	for _, s := range helloSeeds(f) {
-		f.Add(s)
-	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		k := Detect(data)
 		for _, n := range []int{len(data) / 2, len(data) - 1} {
