@@ -10,7 +10,36 @@
 #
 # Usage: test/bench/charts.sh [RESULTS.tsv] [DIR]
 #        (defaults: docs/bench/sidebyside.tsv docs/bench)
+#        test/bench/charts.sh --from-md REPORT.md [DIR]
+#        first rebuilds REPORT.tsv from the report's main table (columns
+#        found by their headings; a run without "CPU µs/req" gets NA), for
+#        a report written without its .tsv.
 set -euo pipefail
+if [ "${1:-}" = --from-md ]; then
+  md=${2:?--from-md needs the report}
+  RESULTS=${md%.md}.tsv
+  awk -F' [|] ' -v OFS='\t' '
+    /^[|] setup [|]/ && !hdr {
+      hdr = 1; sub(/^[|] /, ""); sub(/ [|]$/, "")
+      n = split($0, h, / [|] /)
+      for (i = 1; i <= n; i++) {
+        if (h[i] == "setup") cs = i
+        else if (h[i] ~ /^req\/s/ && !cr) cr = i
+        else if (h[i] == "p50 ms") c5 = i
+        else if (h[i] == "p99 ms") c9 = i
+        else if (h[i] == "CPU µs/req") cc = i
+      }
+      print "row", "setup", "req_s", "p50_ms", "p99_ms", "cpu_us_per_req"; next
+    }
+    hdr == 1 && /^[|]---/ { next }
+    hdr == 1 && /^[|] / {
+      line = $0; sub(/^[|] /, "", line); sub(/ [|]$/, "", line); split(line, f, / [|] /)
+      print "row" ++r, f[cs], f[cr], f[c5], f[c9], (cc ? f[cc] : "NA"); next
+    }
+    hdr == 1 { hdr = 2 }' "$md" >"$RESULTS"
+  shift 2
+  set -- "$RESULTS" "${1:-$(dirname "$md")}"
+fi
 RESULTS=${1:-docs/bench/sidebyside.tsv}
 DIR=${2:-docs/bench}
 command -v gnuplot >/dev/null || { echo "charts.sh: needs gnuplot (Debian package gnuplot-nox; make deps installs it)" >&2; exit 1; }

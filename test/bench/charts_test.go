@@ -144,7 +144,7 @@ func TestCommittedResultsMatchReport(t *testing.T) {
 		}
 		rows++
 		if !bytes.Contains(md, []byte("| "+f[1]+" | "+f[2]+" |")) {
-			t.Errorf("sidebyside.md has no row %q with %s req/s (sidebyside.tsv is stale: rerun make bench or test/bench/run.sh)", f[1], f[2])
+			t.Errorf("sidebyside.md has no row %q with %s req/s (sidebyside.tsv is stale: test/bench/charts.sh --from-md docs/bench/sidebyside.md rebuilds it and the charts)", f[1], f[2])
 		}
 	}
 	if rows == 0 {
@@ -199,6 +199,28 @@ func TestChartsScript(t *testing.T) {
 	}
 	if _, texts := svgTexts(t, filepath.Join(dir, "out", "sidebyside-cpu.svg")); !has(texts, "not measured in this run") {
 		t.Errorf("CPU chart without CPU data: %q", texts)
+	}
+
+	// A report without its .tsv: --from-md rebuilds it from the table.
+	md := filepath.Join(dir, "report.md")
+	report := "# x\n\n| setup | req/s (median of 3) | p50 ms | p99 ms | req/s vs nginx proxy_pass | CPU µs/req | errors |\n" +
+		"|---|---:|---:|---:|---:|---:|---:|\n| setup one | 100.5 | 1.000 | 2.000 | 1.00 | 12.5 | 0 |\n| setup two | 50.25 | 3.000 | 4.000 | 0.50 | 30.1 | 0 |\n\n" +
+		"| setup (wrk -c1) | req/s |\n|---|---:|\n| other table | 1 |\n"
+	if err := os.WriteFile(md, []byte(report), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("./charts.sh", "--from-md", md, filepath.Join(dir, "md")).CombinedOutput(); err != nil {
+		t.Fatalf("charts.sh --from-md: %v\n%s", err, out)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, "report.tsv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := head + "row1\tsetup one\t100.5\t1.000\t2.000\t12.5\nrow2\tsetup two\t50.25\t3.000\t4.000\t30.1\n"; string(got) != want {
+		t.Errorf("--from-md wrote\n%q\nwant\n%q", got, want)
+	}
+	if _, texts := svgTexts(t, filepath.Join(dir, "md", "sidebyside-cpu.svg")); !has(texts, "30.1") || !has(texts, "setup two") {
+		t.Errorf("CPU chart from the report: %q", texts)
 	}
 
 	for _, bad := range []string{"", "row\tsetup\treq_s\n", head} {
