@@ -224,45 +224,15 @@ func (r *Redirect) reuse(spec *ebpf.CollectionSpec, upgrade bool) error {
 		}
 	}
 
-	// Open every pinned map that is still compatible.
-	compatible := map[string]*ebpf.Map{}
+	compatible, mapProblems := r.pinnedMaps(spec)
+	problems = append(problems, mapProblems...)
 	closeMaps := func() {
 		for _, m := range compatible {
 			m.Close()
 		}
 	}
-	for name, ms := range spec.Maps {
-		m, err := ebpf.LoadPinnedMap(filepath.Join(r.dir, pinMapPfx+name), nil)
-		if err != nil {
-			problems = append(problems, fmt.Sprintf("map %s: %v", name, err))
-			continue
-		}
-		if err := ms.Compatible(m); err != nil {
-			m.Close()
-			problems = append(problems, fmt.Sprintf("map %s: %v", name, err))
-			continue
-		}
-		compatible[name] = m
-	}
-
 	if len(problems) == 0 {
-		// The pins must be the maps the attached program really uses.
-		if ids, ok := pinfo.MapIDs(); ok {
-			used := map[ebpf.MapID]bool{}
-			for _, id := range ids {
-				used[id] = true
-			}
-			for name, m := range compatible {
-				info, err := m.Info()
-				if err != nil {
-					problems = append(problems, fmt.Sprintf("map %s: %v", name, err))
-					continue
-				}
-				if id, ok := info.ID(); ok && !used[id] {
-					problems = append(problems, fmt.Sprintf("pinned map %s is not the one the attached program uses", name))
-				}
-			}
-		}
+		problems = mapsNotUsed(pinfo, compatible)
 	}
 	slices.Sort(problems)
 	if len(problems) == 0 {
@@ -280,11 +250,63 @@ func (r *Redirect) reuse(spec *ebpf.CollectionSpec, upgrade bool) error {
 			ErrIncompatible, r.dir, problems)
 	}
 
-	// Upgrade: load the embedded program with every compatible pinned map,
-	// swap it into the pinned link, then re-pin what changed.
+	err = r.upgrade(spec, l, compatible)
+	closeMaps() // the upgraded collection holds its own references
+	return err
+}
+
+// pinnedMaps opens every pinned map that is still compatible with spec and
+// describes the others.
+func (r *Redirect) pinnedMaps(spec *ebpf.CollectionSpec) (map[string]*ebpf.Map, []string) {
+	compatible := map[string]*ebpf.Map{}
+	var problems []string
+	for name, ms := range spec.Maps {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(r.dir, pinMapPfx+name), nil)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("map %s: %v", name, err))
+			continue
+		}
+		if err := ms.Compatible(m); err != nil {
+			m.Close()
+			problems = append(problems, fmt.Sprintf("map %s: %v", name, err))
+			continue
+		}
+		compatible[name] = m
+	}
+	return compatible, problems
+}
+
+// mapsNotUsed describes the pinned maps that are not the ones the attached
+// program really uses.
+func mapsNotUsed(pinfo *ebpf.ProgramInfo, pinned map[string]*ebpf.Map) []string {
+	ids, ok := pinfo.MapIDs()
+	if !ok {
+		return nil
+	}
+	used := map[ebpf.MapID]bool{}
+	for _, id := range ids {
+		used[id] = true
+	}
+	var problems []string
+	for name, m := range pinned {
+		info, err := m.Info()
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("map %s: %v", name, err))
+			continue
+		}
+		if id, ok := info.ID(); ok && !used[id] {
+			problems = append(problems, fmt.Sprintf("pinned map %s is not the one the attached program uses", name))
+		}
+	}
+	return problems
+}
+
+// upgrade loads the embedded program with every compatible pinned map,
+// swaps it into the pinned link l, then re-pins what changed. The caller
+// keeps (and closes) its references to compatible.
+func (r *Redirect) upgrade(spec *ebpf.CollectionSpec, l link.Link, compatible map[string]*ebpf.Map) error {
 	var objs bpf.SkLookupObjects
-	err = spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: compatible})
-	closeMaps() // LoadAndAssign holds its own references
+	err := spec.LoadAndAssign(&objs, &ebpf.CollectionOptions{MapReplacements: compatible})
 	if err != nil {
 		return fmt.Errorf("load upgraded sk_lookup program: %w", err)
 	}

@@ -78,57 +78,67 @@ func Status(pinRoot string) (*State, error) {
 	}
 	st.LinkID = uint32(info.ID)
 	st.ProgramID = uint32(info.Program)
-	// The pinned program (opening a pin needs no CAP_SYS_ADMIN, unlike
-	// getting a program by id); it counts only if the link runs it.
-	if prog, err := ebpf.LoadPinnedProgram(filepath.Join(dir, pinProgram), nil); err == nil {
-		if pinfo, err := prog.Info(); err == nil && samePinned(pinfo, info.Program) {
-			st.ProgramTag = pinfo.Tag
-			if spec, err := bpf.LoadSkLookup(); err == nil {
-				st.MatchesBinary = spec.Programs[bpf.SkLookupProgSteer].Compatible(pinfo) == nil
-			}
-		}
-		prog.Close()
+	st.readProgram(dir, info.Program)
+	if err := st.readMaps(dir); err != nil {
+		return st, fmt.Errorf("read pinned redirect state in %s: %w", dir, err)
 	}
+	return st, nil
+}
 
-	ro := &ebpf.LoadPinOptions{ReadOnly: true}
-	open := func(name string) (*ebpf.Map, error) {
-		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, pinMapPfx+name), ro)
-		if err != nil {
-			return nil, fmt.Errorf("load pinned map %s: %w", name, err)
+// readProgram sets the tag of the pinned program and whether it is this
+// binary's, if the link runs it. (Opening the pin needs no CAP_SYS_ADMIN,
+// unlike getting a program by id.)
+func (st *State) readProgram(dir string, attached ebpf.ProgramID) {
+	prog, err := ebpf.LoadPinnedProgram(filepath.Join(dir, pinProgram), nil)
+	if err != nil {
+		return
+	}
+	defer prog.Close()
+	if pinfo, err := prog.Info(); err == nil && samePinned(pinfo, attached) {
+		st.ProgramTag = pinfo.Tag
+		if spec, err := bpf.LoadSkLookup(); err == nil {
+			st.MatchesBinary = spec.Programs[bpf.SkLookupProgSteer].Compatible(pinfo) == nil
 		}
-		return m, nil
+	}
+}
+
+// readMaps fills st from the pinned maps, opened read-only. It reads every
+// map it can and returns the errors of the others, joined.
+func (st *State) readMaps(dir string) error {
+	readers := []struct {
+		name string
+		read func(m *ebpf.Map) error
+	}{
+		{bpf.SkLookupMapSteerPorts, func(m *ebpf.Map) (err error) { st.Ports, err = listPorts(m); return err }},
+		{bpf.SkLookupMapDstPrefixes4, func(m *ebpf.Map) error {
+			return eachKey(m, func(k *bpf.SkLookupLpmKey4) { st.Prefixes = append(st.Prefixes, prefixFromLPM4(*k)) })
+		}},
+		{bpf.SkLookupMapDstPrefixes6, func(m *ebpf.Map) error {
+			return eachKey(m, func(k *bpf.SkLookupLpmKey6) { st.Prefixes = append(st.Prefixes, prefixFromLPM6(*k)) })
+		}},
+		{bpf.SkLookupMapSettings, func(m *ebpf.Map) error {
+			var c bpf.SkLookupConfig
+			if err := m.Lookup(uint32(0), &c); err != nil {
+				return err
+			}
+			st.SteerLoopback = c.Flags&flagSteerLoopback != 0
+			return nil
+		}},
+		{bpf.SkLookupMapSockets, st.readSockets},
+		{bpf.SkLookupMapBypass, func(m *ebpf.Map) error {
+			return eachKey(m, func(*bpf.SkLookupBypassKey) { st.BypassEntries++ })
+		}},
+		{bpf.SkLookupMapCounters, func(m *ebpf.Map) (err error) { st.Counters, err = readCounters(m); return err }},
 	}
 	var errs []error
-	if m, err := open(bpf.SkLookupMapSteerPorts); err == nil {
-		st.Ports, err = listPorts(m)
-		errs = append(errs, err)
-		m.Close()
-	} else {
-		errs = append(errs, err)
-	}
-	if m, err := open(bpf.SkLookupMapDstPrefixes4); err == nil {
-		var k bpf.SkLookupLpmKey4
-		var v uint8
-		it := m.Iterate()
-		for it.Next(&k, &v) {
-			st.Prefixes = append(st.Prefixes, prefixFromLPM4(k))
+	for _, r := range readers {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, pinMapPfx+r.name), &ebpf.LoadPinOptions{ReadOnly: true})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("load pinned map %s: %w", r.name, err))
+			continue
 		}
-		errs = append(errs, it.Err())
+		errs = append(errs, r.read(m))
 		m.Close()
-	} else {
-		errs = append(errs, err)
-	}
-	if m, err := open(bpf.SkLookupMapDstPrefixes6); err == nil {
-		var k bpf.SkLookupLpmKey6
-		var v uint8
-		it := m.Iterate()
-		for it.Next(&k, &v) {
-			st.Prefixes = append(st.Prefixes, prefixFromLPM6(k))
-		}
-		errs = append(errs, it.Err())
-		m.Close()
-	} else {
-		errs = append(errs, err)
 	}
 	slices.SortFunc(st.Prefixes, func(a, b netip.Prefix) int {
 		if c := a.Addr().Compare(b.Addr()); c != 0 {
@@ -136,55 +146,34 @@ func Status(pinRoot string) (*State, error) {
 		}
 		return a.Bits() - b.Bits()
 	})
-	if m, err := open(bpf.SkLookupMapSettings); err == nil {
-		var c bpf.SkLookupConfig
-		if err := m.Lookup(uint32(0), &c); err == nil {
-			st.SteerLoopback = c.Flags&flagSteerLoopback != 0
-		} else {
-			errs = append(errs, err)
+	return errors.Join(errs...)
+}
+
+// readSockets reports which sockmap slots hold a listener.
+func (st *State) readSockets(m *ebpf.Map) error {
+	var errs []error
+	for _, s := range []uint32{SlotIPv4, SlotIPv6} {
+		sock := Socket{Slot: s, Family: map[uint32]string{SlotIPv4: "ipv4", SlotIPv6: "ipv6"}[s]}
+		var cookie uint64
+		if err := m.Lookup(s, &cookie); err == nil {
+			sock.Present, sock.Cookie = true, cookie
+		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("sockmap slot %d: %w", s, err))
 		}
-		m.Close()
-	} else {
-		errs = append(errs, err)
+		st.Sockets = append(st.Sockets, sock)
 	}
-	if m, err := open(bpf.SkLookupMapSockets); err == nil {
-		for _, s := range []uint32{SlotIPv4, SlotIPv6} {
-			sock := Socket{Slot: s, Family: map[uint32]string{SlotIPv4: "ipv4", SlotIPv6: "ipv6"}[s]}
-			var cookie uint64
-			if err := m.Lookup(s, &cookie); err == nil {
-				sock.Present, sock.Cookie = true, cookie
-			} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
-				errs = append(errs, fmt.Errorf("sockmap slot %d: %w", s, err))
-			}
-			st.Sockets = append(st.Sockets, sock)
-		}
-		m.Close()
-	} else {
-		errs = append(errs, err)
+	return errors.Join(errs...)
+}
+
+// eachKey calls fn with every key of m, whose values are one byte.
+func eachKey[K any](m *ebpf.Map, fn func(*K)) error {
+	var k K
+	var v uint8
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		fn(&k)
 	}
-	if m, err := open(bpf.SkLookupMapBypass); err == nil {
-		var k bpf.SkLookupBypassKey
-		var v uint8
-		it := m.Iterate()
-		for it.Next(&k, &v) {
-			st.BypassEntries++
-		}
-		errs = append(errs, it.Err())
-		m.Close()
-	} else {
-		errs = append(errs, err)
-	}
-	if m, err := open(bpf.SkLookupMapCounters); err == nil {
-		st.Counters, err = readCounters(m)
-		errs = append(errs, err)
-		m.Close()
-	} else {
-		errs = append(errs, err)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return st, fmt.Errorf("read pinned redirect state in %s: %w", dir, err)
-	}
-	return st, nil
+	return it.Err()
 }
 
 // Detach removes the redirect of the calling thread's network namespace:
