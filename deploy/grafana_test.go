@@ -340,3 +340,62 @@ func promMatchersHold(expr, name string) bool {
 	s = promRange.ReplaceAllString(s, " ")
 	return !strings.Contains(s, name)
 }
+
+// The dashboard imports cleanly: unique panel ids, panels that do not
+// overlap on Grafana's 24-column grid, every query on the data source
+// variable with a refId.
+func TestGrafanaDashboardLayout(t *testing.T) {
+	raw, err := os.ReadFile(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		UID    string `json:"uid"`
+		Panels []struct {
+			ID      int    `json:"id"`
+			Type    string `json:"type"`
+			Title   string `json:"title"`
+			GridPos struct{ H, W, X, Y int } `json:"gridPos"`
+			Targets []struct {
+				RefID      string `json:"refId"`
+				Datasource struct {
+					UID string `json:"uid"`
+				} `json:"datasource"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.UID == "" || len(d.Panels) == 0 {
+		t.Fatalf("uid %q, %d panels", d.UID, len(d.Panels))
+	}
+	ids := map[int]bool{}
+	cells := map[[2]int]string{}
+	for _, p := range d.Panels {
+		if ids[p.ID] {
+			t.Errorf("panel id %d repeated (%s)", p.ID, p.Title)
+		}
+		ids[p.ID] = true
+		g := p.GridPos
+		if g.W <= 0 || g.H <= 0 || g.X < 0 || g.X+g.W > 24 {
+			t.Errorf("panel %q: gridPos %+v", p.Title, g)
+		}
+		for x := g.X; x < g.X+g.W; x++ {
+			for y := g.Y; y < g.Y+g.H; y++ {
+				if other, ok := cells[[2]int{x, y}]; ok {
+					t.Fatalf("panels %q and %q overlap at %d,%d", other, p.Title, x, y)
+				}
+				cells[[2]int{x, y}] = p.Title
+			}
+		}
+		if p.Type != "row" && len(p.Targets) == 0 {
+			t.Errorf("panel %q has no query", p.Title)
+		}
+		for _, q := range p.Targets {
+			if q.RefID == "" || q.Datasource.UID != "${datasource}" {
+				t.Errorf("panel %q: query refId %q on data source %q", p.Title, q.RefID, q.Datasource.UID)
+			}
+		}
+	}
+}
