@@ -352,9 +352,9 @@ func TestGrafanaDashboardLayout(t *testing.T) {
 	var d struct {
 		UID    string `json:"uid"`
 		Panels []struct {
-			ID      int    `json:"id"`
-			Type    string `json:"type"`
-			Title   string `json:"title"`
+			ID      int                      `json:"id"`
+			Type    string                   `json:"type"`
+			Title   string                   `json:"title"`
 			GridPos struct{ H, W, X, Y int } `json:"gridPos"`
 			Targets []struct {
 				RefID      string `json:"refId"`
