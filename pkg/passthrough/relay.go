@@ -225,7 +225,11 @@ func (c *conn) relay(data []byte) {
 	}
 	c.ev.BytesIn = int64(len(data))
 	hc.Conn.SetReadDeadline(time.Time{})
-	in, out := pipe(hc.Conn, up)
+	grace := svc.IdleTimeout
+	if grace <= 0 {
+		grace = proxy.DefaultIdleTimeout
+	}
+	in, out := pipe(hc.Conn, up, grace)
 	c.ev.BytesIn += in
 	c.ev.BytesOut = out
 	c.ev.Action = Relayed
@@ -234,9 +238,10 @@ func (c *conn) relay(data []byte) {
 
 // pipe copies client->up in a goroutine and up->client here (splice(2)
 // between TCP sockets: io.Copy uses TCPConn.ReadFrom). When one direction
-// ends cleanly its write side is shut down; an error on either side
-// closes both.
-func pipe(client, up net.Conn) (in, out int64) {
+// ends cleanly its write side is shut down and the other direction gets
+// grace to end too (a peer that never closes its side cannot hold the
+// connection open forever); an error on either side closes both.
+func pipe(client, up net.Conn, grace time.Duration) (in, out int64) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -248,6 +253,7 @@ func pipe(client, up net.Conn) (in, out int64) {
 			return
 		}
 		closeWrite(up)
+		up.SetReadDeadline(time.Now().Add(grace))
 	}()
 	out, err := io.Copy(client, up)
 	if err != nil {
@@ -255,6 +261,7 @@ func pipe(client, up net.Conn) (in, out int64) {
 		client.Close()
 	} else {
 		closeWrite(client)
+		client.SetReadDeadline(time.Now().Add(grace))
 	}
 	<-done
 	up.Close()

@@ -337,3 +337,60 @@ func TestHelloAbuse(t *testing.T) {
 		t.Fatalf("hook saw %q", hook.seen)
 	}
 }
+
+// TestHalfOpenGrace: when the service has closed and the client keeps
+// its side open (or vanished without a FIN), the relay ends after the
+// idle timeout's grace instead of holding the connection forever; a
+// client that resets mid-relay ends it at once.
+func TestHalfOpenGrace(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			io.ReadFull(c, make([]byte, len("\x00opaque")))
+			io.WriteString(c, "bye\n")
+			c.Close() // the service is done; the client never closes
+		}
+	}()
+	addr, ev := start(t, nil, &proxy.Service{Upstream: ln.Addr().String(), IdleTimeout: 200 * time.Millisecond})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "\x00opaque")
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "bye\n" {
+		t.Fatalf("%q %v", buf, err)
+	}
+	// The client neither sends nor closes: the relay ends by the grace.
+	if e := ev.wait(t); e.Action != Relayed || e.BytesOut != 4 {
+		t.Fatalf("event %+v", e)
+	}
+	if _, err := c.Read(buf); err == nil {
+		t.Fatal("client connection still open after the relay ended")
+	}
+
+	// A client that resets while the relay runs.
+	up, got := rawUpstream(t)
+	addr, ev = start(t, nil, &proxy.Service{Upstream: up})
+	c2, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(c2, "\x00x")
+	io.ReadFull(c2, make([]byte, 6))
+	c2.(*net.TCPConn).SetLinger(0)
+	c2.Close()
+	if e := ev.wait(t); e.Action != Relayed {
+		t.Fatalf("event %+v", e)
+	}
+	<-got
+}
