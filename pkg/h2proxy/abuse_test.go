@@ -14,6 +14,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
@@ -128,7 +129,7 @@ func TestRapidReset(t *testing.T) {
 	_ = rc.c.Close()
 	checkServing(t, addr)
 	// Every admission that started ends with Done: no leaked state.
-	waitFor(t, "admissions to end", func() bool {
+	testkit.WaitFor(t, "admissions to end", func() bool {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		return len(h.dones) == h.admits
@@ -136,7 +137,7 @@ func TestRapidReset(t *testing.T) {
 	if grown := int64(heapInUse()) - int64(before); grown > 32<<20 {
 		t.Errorf("heap grew by %d MiB", grown>>20)
 	}
-	waitFor(t, "handler goroutines to end", func() bool { return runtime.NumGoroutine() <= goroutines+8 })
+	testkit.WaitFor(t, "handler goroutines to end", func() bool { return runtime.NumGoroutine() <= goroutines+8 })
 }
 
 // TestContinuationFlood (CVE-2024-27316): a header block that never ends,
@@ -266,7 +267,7 @@ func TestLimits(t *testing.T) {
 		}
 	}
 	_ = pr.Close()
-	waitFor(t, "Done", func() bool { return h2.doneCount() == 1 })
+	testkit.WaitFor(t, "Done", func() bool { return h2.doneCount() == 1 })
 	if d := h2.dones[0]; d.BytesIn > 1000+32<<10 || (err == nil && d.Status != 413) {
 		t.Errorf("result %+v (client err %v)", d, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/h2proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/hook"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
@@ -83,7 +84,7 @@ func TestUpstreamProtocols(t *testing.T) {
 			if got := res.Trailer.Get("X-Res-Trailer"); got != "done" {
 				t.Errorf("response trailer %q", got)
 			}
-			waitFor(t, "Done", func() bool { h.mu.Lock(); defer h.mu.Unlock(); return h.res.End != (time.Time{}) })
+			testkit.WaitFor(t, "Done", func() bool { h.mu.Lock(); defer h.mu.Unlock(); return h.res.End != (time.Time{}) })
 			h.mu.Lock()
 			defer h.mu.Unlock()
 			if h.res.Upstream != up || h.res.UpstreamStatus != 200 || h.res.BytesIn != 100000 || h.res.BytesOut != 100000 || h.proto != proxy.ProtoH2 {
@@ -126,7 +127,7 @@ func TestUpstreamDown(t *testing.T) {
 	if err != nil || res.StatusCode != 502 {
 		t.Fatalf("%v %v", res, err)
 	}
-	waitFor(t, "Done", func() bool { return h.doneCount() == 1 })
+	testkit.WaitFor(t, "Done", func() bool { return h.doneCount() == 1 })
 	if h.dones[0].UpstreamErr == nil || h.dones[0].Status != 502 {
 		t.Errorf("result %+v", h.dones[0])
 	}
@@ -174,7 +175,7 @@ func TestDrain(t *testing.T) {
 	}()
 	// The GOAWAY reaches the client: a new request on the same client
 	// needs a new connection, which the draining server closes.
-	waitFor(t, "new streams refused", func() bool {
+	testkit.WaitFor(t, "new streams refused", func() bool {
 		res, err := cl.Get("http://" + addr + "/new")
 		if err == nil {
 			_ = res.Body.Close()

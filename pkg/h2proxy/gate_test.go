@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 	"github.com/rl-tproxy/rl-tproxy/pkg/embedded"
 	"github.com/rl-tproxy/rl-tproxy/pkg/hook"
@@ -71,7 +72,7 @@ func gateFor(t *testing.T, policy string) (*hook.Gate, *countingChecker, *syncBu
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cl.Close() })
-	waitFor(t, "discovery", cl.Ready)
+	testkit.WaitFor(t, "discovery", cl.Ready)
 	path := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(path, []byte(policy), 0o600); err != nil {
 		t.Fatal(err)
@@ -159,8 +160,8 @@ services:
 	if _, err := bs.Recv(); err == nil {
 		t.Fatal("bidi: a message from nowhere")
 	}
-	waitFor(t, "3 reports (2 allowed unary + 1 stream; none for the deny)", func() bool { return cc.count() == 3 })
-	waitFor(t, "4 access lines", func() bool { return strings.Count(access.String(), "msg=access") == 4 })
+	testkit.WaitFor(t, "3 reports (2 allowed unary + 1 stream; none for the deny)", func() bool { return cc.count() == 3 })
+	testkit.WaitFor(t, "4 access lines", func() bool { return strings.Count(access.String(), "msg=access") == 4 })
 	log := access.String()
 	for _, want := range []string{"location=unary", "outcome=deny", "location=streams", "proto=h2"} {
 		if !strings.Contains(log, want) {

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/h2proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
@@ -120,7 +121,7 @@ func TestGRPCCallKinds(t *testing.T) {
 			if s, _ := status.FromError(err); s.Code() != codes.FailedPrecondition || s.Message() != "nope" {
 				t.Fatalf("upstream status: %v", err)
 			}
-			waitFor(t, "5 Done calls", func() bool { return h.doneCount() == 5 })
+			testkit.WaitFor(t, "5 Done calls", func() bool { return h.doneCount() == 5 })
 			h.mu.Lock()
 			defer h.mu.Unlock()
 			for i, res := range h.dones {
@@ -173,7 +174,7 @@ func TestGRPCDeny(t *testing.T) {
 	if calls := up.Calls(); calls != 0 {
 		t.Errorf("upstream saw %d denied calls", calls)
 	}
-	waitFor(t, "2 Done", func() bool { return h.doneCount() == 2 })
+	testkit.WaitFor(t, "2 Done", func() bool { return h.doneCount() == 2 })
 }
 
 // TestGRPCPushbackHonoured: a client with a retry policy for
@@ -238,13 +239,13 @@ func TestClientCancelResetsUpstream(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { _, err := cl.UnaryCall(ctx, &testgrpc.SimpleRequest{}); errc <- err }()
-	waitFor(t, "the upstream call", func() bool { return up.Calls() == 1 })
+	testkit.WaitFor(t, "the upstream call", func() bool { return up.Calls() == 1 })
 	cancel()
 	<-up.Block // the upstream saw the reset
 	if err := <-errc; status.Code(err) != codes.Canceled {
 		t.Fatalf("client err %v", err)
 	}
-	waitFor(t, "Done", func() bool { return h.doneCount() == 1 })
+	testkit.WaitFor(t, "Done", func() bool { return h.doneCount() == 1 })
 	if res := h.dones[0]; !res.ClientAborted {
 		t.Errorf("result %+v, want ClientAborted", res)
 	}
@@ -260,10 +261,10 @@ func TestAbortDuringAdmission(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { _, err := cl.UnaryCall(ctx, &testgrpc.SimpleRequest{}); errc <- err }()
-	waitFor(t, "admission", func() bool { h.mu.Lock(); defer h.mu.Unlock(); return h.admits == 1 })
+	testkit.WaitFor(t, "admission", func() bool { h.mu.Lock(); defer h.mu.Unlock(); return h.admits == 1 })
 	cancel()
 	<-errc
-	waitFor(t, "Done", func() bool { return h.doneCount() == 1 })
+	testkit.WaitFor(t, "Done", func() bool { return h.doneCount() == 1 })
 	if !h.dones[0].ClientAborted || up.Calls() != 0 {
 		t.Errorf("result %+v, upstream calls %d", h.dones[0], up.Calls())
 	}

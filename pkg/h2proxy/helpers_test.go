@@ -126,17 +126,6 @@ func h2cClient() *http.Client {
 	return &http.Client{Transport: h2cTransport()}
 }
 
-// waitFor polls cond until it holds or 10 s pass.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func limits(maxHeaders int) httpparse.Limits { return httpparse.Limits{MaxHeaders: maxHeaders} }
 
 // admittedPath reports whether a request for path reached Admit.
