@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -48,7 +49,8 @@ func (r *Reloader) Watch(ctx context.Context, credentialsFile string, ready chan
 	}
 	f := os.NewFile(uintptr(fd), "inotify")
 	defer f.Close()
-	w := &watchState{r: r, names: map[int32]map[string]bool{}, dirs: map[int32]string{}, dirty: map[string]time.Time{}}
+	w := &watchState{r: r, names: map[int32]map[string]bool{}, dirs: map[int32]string{}, dirty: map[string]time.Time{},
+		warned: map[string]bool{}}
 	for _, file := range []string{r.Path, credentialsFile} {
 		if file == "" {
 			continue
@@ -139,6 +141,7 @@ type watchState struct {
 	// dirty holds the watched files a writer has open (created or
 	// modified, not yet closed), with when that was first seen.
 	dirty   map[string]time.Time
+	warned  map[string]bool // dirty files already warned about
 	pending bool
 	// The last failed attempt: the files' state then, how many attempts
 	// in a row saw that same state, and since when.
@@ -182,7 +185,33 @@ func (w *watchState) note(b []byte, now time.Time) bool {
 func (w *watchState) markDirty(key string, now time.Time) {
 	if _, ok := w.dirty[key]; !ok {
 		w.dirty[key] = now
+		delete(w.warned, key)
 	}
+}
+
+// openForWriting asks the kernel whether any process has path open for
+// writing: a read lease (F_SETLEASE F_RDLCK) is refused with EAGAIN
+// exactly then, and is released at once otherwise. It needs the file's
+// owner or CAP_LEASE and a filesystem with leases; any other error means
+// "cannot tell".
+func openForWriting(path string) (bool, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return false, fmt.Errorf("%s: not a regular file", path)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETLEASE, unix.F_RDLCK); err != nil {
+		if errors.Is(err, unix.EAGAIN) {
+			return true, nil
+		}
+		return false, err
+	}
+	_, err = unix.FcntlInt(uintptr(fd), unix.F_SETLEASE, unix.F_UNLCK)
+	return false, err
 }
 
 // fire runs when no event arrived for a quiet period. It reloads unless a
@@ -193,11 +222,25 @@ func (w *watchState) fire(now time.Time) (again bool) {
 		return false
 	}
 	for key, since := range w.dirty {
-		if now.Sub(since) < r.maxWait() {
+		switch writing, err := openForWriting(key); {
+		case err == nil && !writing:
+			delete(w.dirty, key) // written without a close event (truncate(2), a hard link)
+			continue
+		case err == nil && writing:
+			// The kernel says a writer has it open: never read it now.
+			if now.Sub(since) >= r.maxWait() && !w.warned[key] {
+				r.logger().Warn("policy watch: a file is still open for writing; waiting for its writer (SIGHUP reloads now)", "file", key)
+				w.warned[key] = true
+			}
+			w.defer_("writing " + key)
+			return true
+		case now.Sub(since) < r.maxWait():
+			// No lease here (not root, or a filesystem without leases):
+			// wait for the close event, bounded.
 			w.defer_("writing " + key)
 			return true
 		}
-		r.logger().Warn("policy watch: a file stayed open for writing; reloading anyway", "file", key, "waited", r.maxWait().String())
+		r.logger().Warn("policy watch: no close event for a modified file; reloading anyway", "file", key, "waited", r.maxWait().String())
 		delete(w.dirty, key)
 	}
 	r.mu.Lock()

@@ -301,3 +301,64 @@ func TestWatchMissingThenBrokenFile(t *testing.T) {
 		t.Fatalf("applied %v", got)
 	}
 }
+
+func TestOpenForWriting(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(path, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if w, err := openForWriting(path); err != nil || w {
+		t.Fatalf("no writer: %v %v", w, err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w, err := openForWriting(path); err != nil || !w {
+		f.Close()
+		t.Fatalf("with a writer: %v %v (leases unsupported here?)", w, err)
+	}
+	f.Close()
+	if w, err := openForWriting(path); err != nil || w {
+		t.Fatalf("after the writer closed: %v %v", w, err)
+	}
+	if _, err := openForWriting(t.TempDir()); err == nil {
+		t.Fatal("a directory")
+	}
+}
+
+// The case: unlink, create, write a valid prefix, pause far past
+// MaxWait, write the rest. While the kernel reports the writer (a lease
+// cannot be taken) the prefix is never applied, however long it waits.
+func TestWatchUnlinkCreateSlowWriterPastMaxWait(t *testing.T) {
+	g := newSettleRig(t)
+	g.r.MaxWait = time.Millisecond // the fallback bound is long gone
+	if err := os.Remove(g.path); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(g.path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	full, prefix := settlePolicy("40/s", 2), settlePolicy("40/s", 1)
+	if _, err := f.WriteString(prefix); err != nil {
+		t.Fatal(err)
+	}
+	g.waitDeferred("writing", 5)
+	if _, err := f.WriteString(full[len(prefix):]); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	g.waitApplied("40/2")
+	if got := g.snapshot(); !slices.Equal(got, []string{"40/2"}) {
+		t.Fatalf("applied %v", got)
+	}
+	for _, r := range g.resultsSnapshot() {
+		if strings.HasPrefix(r, ReloadError) {
+			t.Fatalf("results %v", g.resultsSnapshot())
+		}
+	}
+}
