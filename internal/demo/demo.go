@@ -484,7 +484,7 @@ func (d *demo) interactive() {
 	for {
 		select {
 		case <-hup:
-			_ = d.rt.Reload(admission.TriggerSignal)
+			d.rt.RequestReload() // on the node's reload worker: Ctrl-C stays prompt
 		case <-term:
 			d.printf("\nstopping\n")
 			return
