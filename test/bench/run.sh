@@ -12,6 +12,7 @@
 #               embedded RateLimitly server on loopback (zone never denies)
 #   evproto     test/bench/evproto, the event-loop measurement prototype
 #               (no strictness, no admission; a floor, not a product row)
+#   evuring     the same prototype on io_uring (-mode uring)
 #   steered     rl-tproxy with admission, steered by sk_lookup: nginx on :80
 #               and the proxy (`port: 80`) in a "node" netns, wrk in a
 #               "client" netns over a veth (root only; with a reference row
@@ -61,7 +62,7 @@ IDLE_CONNS=${IDLE_CONNS:-10000}
 IDLE_SETTLE=${IDLE_SETTLE:-3}
 FLAME=${FLAME:-1}
 FLAME_DIR=${FLAME_DIR:-docs/bench}
-FLAME_ROWS=${FLAME_ROWS:-proxy_pass unprotected admission evproto}
+FLAME_ROWS=${FLAME_ROWS:-proxy_pass unprotected admission evproto evuring}
 if [ "$(nproc)" -lt 2 ]; then SERVER_CPU=0 CLIENT_CPU=0; fi
 WRK="wrk -t$THREADS -c$CONNS -d$DURATION --latency --timeout 10s"
 
@@ -143,7 +144,7 @@ proxy_loc='proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header C
         proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;'
 
 BACKEND=$(free_port); NGXPROXY=$(free_port); NGXLIMIT=$(free_port); HAPROXY=$(free_port)
-RLOPEN=$(free_port); RLADM=$(free_port); RLADMIN=$(free_port); CADDY=$(free_port); EVP=$(free_port)
+RLOPEN=$(free_port); RLADM=$(free_port); RLADMIN=$(free_port); CADDY=$(free_port); EVP=$(free_port); EVU=$(free_port)
 
 nginx_conf "$work/backend" "server { listen 127.0.0.1:$BACKEND; root $work/www; open_file_cache max=16; location / { index index.html; } }"
 nginx_conf "$work/nproxy" "upstream backend { server 127.0.0.1:$BACKEND; keepalive 64; }
@@ -239,7 +240,8 @@ ports=("$BACKEND" "$NGXPROXY" "$NGXLIMIT" "$HAPROXY" "$CADDY" "$RLOPEN")
 if [ "$EVPROTO" = 1 ]; then
   go build -trimpath -o "$work/evproto" ./test/bench/evproto
   start env GOMAXPROCS=1 "$work/evproto" -listen "127.0.0.1:$EVP" -upstream "127.0.0.1:$BACKEND"; PID[evproto]=$last
-  ports+=("$EVP")
+  start env GOMAXPROCS=1 "$work/evproto" -mode uring -listen "127.0.0.1:$EVU" -upstream "127.0.0.1:$BACKEND"; PID[evuring]=$last
+  ports+=("$EVP" "$EVU")
 fi
 for port in "${ports[@]}"; do wait_http "http://127.0.0.1:$port/"; done
 wait_http "http://127.0.0.1:$RLADMIN/readyz"
@@ -255,7 +257,8 @@ URL[unprotected]="http://127.0.0.1:$RLOPEN/";  DESC[unprotected]="rl-tproxy, unp
 URL[admission]="http://127.0.0.1:$RLADM/";     DESC[admission]="rl-tproxy + admission (embedded RateLimitly)"
 if [ "$EVPROTO" = 1 ]; then
   URL[evproto]="http://127.0.0.1:$EVP/"; DESC[evproto]="prototype: test/bench/evproto (epoll loop, no strictness/admission)"
-  rows+=(evproto)
+  URL[evuring]="http://127.0.0.1:$EVU/"; DESC[evuring]="prototype on io_uring: test/bench/evproto -mode uring"
+  rows+=(evproto evuring)
 fi
 
 steer_note=""
@@ -366,6 +369,7 @@ echo "machine: $(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc
 echo "$WRK, $ROUNDS alternating rounds; servers on CPU $SERVER_CPU, wrk on CPU $CLIENT_CPU"
 measure "${rows[@]}"
 serial_rows=(direct proxy_pass unprotected admission)
+[ "$EVPROTO" = 1 ] && serial_rows+=(evproto)
 [ "$SERIAL" = 1 ] && measure_serial "${serial_rows[@]}"
 if [ -n "${URL[steered]:-}" ]; then
   steered_outcomes=$(nsenter --net="/run/netns/$NS_NODE" curl -fsS http://127.0.0.1:9901/metrics | outcomes)
@@ -532,6 +536,11 @@ Rows:
   It parses nothing strictly and has no admission, body, chunked or timeout
   handling: its row is the floor the system-call pattern allows, not a
   product result.
+- *prototype on io_uring*: the same relay with `-mode uring`: multishot
+  accept, one recv in flight per socket, writev/send submissions, one
+  `io_uring_enter` per loop turn (`SINGLE_ISSUER|DEFER_TASKRUN`). It keeps
+  a read buffer per connection (no provided-buffer ring), so it has no
+  idle-memory row.
 - *rl-tproxy unprotected*: a location without `limit`/`guard`: parse, match,
   forward, no RateLimitly request.
 - *rl-tproxy + admission*: every request renders the bucket

@@ -71,6 +71,7 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:8080", "listen address")
 	upstream := flag.String("upstream", "127.0.0.1:8081", "upstream address (IPv4)")
 	loops := flag.Int("loops", runtime.GOMAXPROCS(0), "event loops (one OS thread each)")
+	mode := flag.String("mode", "epoll", "syscall layer: epoll or uring (see uring.go)")
 	flag.Parse()
 	la, err := netip.ParseAddrPort(*listen)
 	if err != nil {
@@ -81,6 +82,15 @@ func main() {
 		fail(fmt.Errorf("upstream %q: %w", *upstream, err))
 	}
 	errc := make(chan error, *loops)
+	if *mode == "uring" {
+		for i := 0; i < *loops; i++ {
+			go func() { errc <- runUring(la, ua) }()
+		}
+		fail(<-errc)
+	}
+	if *mode != "epoll" {
+		fail(fmt.Errorf("mode %q: want epoll or uring", *mode))
+	}
 	for i := 0; i < *loops; i++ {
 		l, err := newLoop(i, la, ua)
 		if err != nil {
