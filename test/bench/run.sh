@@ -431,8 +431,9 @@ pick() { # row [assoc] -> the round with the median req/s
   local -n src=${2:-RES}
   tr ';' '\n' <<<"${src[$1]}" | sed '/^$/d' | sort -g -k1,1 | awk '{a[NR]=$0} END {print a[int((NR+1)/2)]}'
 }
-median_col() { # row col -> median of that column over the rounds
-  tr ';' '\n' <<<"${RES[$1]}" | sed '/^$/d' | awk -v c="$2" '{print $c}' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
+median_col() { # row col [assoc] -> median of that column over the rounds
+  local -n srcm=${3:-RES}
+  tr ';' '\n' <<<"${srcm[$1]}" | sed '/^$/d' | awk -v c="$2" '{print $c}' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
 }
 base=$(pick proxy_pass | cut -d' ' -f1)
 basecpu=$(median_col proxy_pass 5)
@@ -448,19 +449,22 @@ for row in "${rows[@]}"; do
 done
 serial=""
 if [ "$SERIAL" = 1 ]; then
-  read -r _ d50 d99 _ <<<"$(pick direct SRES)"
-  serial="| setup (wrk -c1, one request at a time) | req/s | p50 ms | p99 ms | p50 added over backend direct ms | CPU µs/req | syscalls/req |
+  # Every column is its median over the rounds: a single request's latency
+  # suffers most from the other jobs on a shared machine.
+  d50=$(median_col direct 2 SRES)
+  serial="| setup (wrk -c1, one request at a time; medians of $ROUNDS rounds) | req/s | p50 ms | p99 ms | p50 added over backend direct ms | CPU µs/req | syscalls/req |
 |---|---:|---:|---:|---:|---:|---:|"
   for row in "${serial_rows[@]}"; do
-    read -r rps p50 p99 _ cpu sys _ <<<"$(pick "$row" SRES)"
+    rps=$(median_col "$row" 1 SRES); p50=$(median_col "$row" 2 SRES); p99=$(median_col "$row" 3 SRES)
+    cpu=$(median_col "$row" 5 SRES); sys=$(median_col "$row" 6 SRES)
     serial+="
 | ${DESC[$row]} | $rps | $p50 | $p99 | $(awk -v a="$p50" -v b="$d50" 'BEGIN {printf "%+.3f", a-b}') | $cpu | $sys |"
   done
-  read -r _ u50 u99 _ <<<"$(pick unprotected SRES)"
-  read -r _ a50 a99 _ <<<"$(pick admission SRES)"
+  u50=$(median_col unprotected 2 SRES); u99=$(median_col unprotected 3 SRES)
+  a50=$(median_col admission 2 SRES); a99=$(median_col admission 3 SRES)
   serial+="
 
-admission over unprotected, one request at a time: p50 $(awk -v a="$a50" -v b="$u50" 'BEGIN {printf "%+.0f µs", (a-b)*1000}'), p99 $(awk -v a="$a99" -v b="$u99" 'BEGIN {printf "%+.0f µs", (a-b)*1000}') (each the median-req/s round of its row)"
+admission over unprotected, one request at a time: p50 $(awk -v a="$a50" -v b="$u50" 'BEGIN {printf "%+.0f µs", (a-b)*1000}'), p99 $(awk -v a="$a99" -v b="$u99" 'BEGIN {printf "%+.0f µs", (a-b)*1000}') (medians over the rounds)"
 fi
 idle=""
 if [ "$IDLE_CONNS" -gt 0 ]; then
@@ -499,7 +503,7 @@ dirty=$(git status --porcelain -- cmd pkg internal 2>/dev/null | grep -q . && ec
   [ -n "$serial" ] && { echo "$serial"; echo; }
   [ -n "$idle" ] && { echo "$idle"; echo; echo "(\`test/bench/proxy/idleconns\` opens the connections, one GET each, then holds them idle; RSS read ${IDLE_SETTLE}s later.)"; echo; }
   if [ "$FLAME" = 1 ]; then
-    echo "Flame graphs (\`perf record -F 997 -g -p PIDS\` during one more wrk run per row, rendered by \`test/bench/flame\`), with each row's functions by self time:"
+    echo "Flame graphs (\`perf record -F 997 -g -p PIDS\` during one more wrk run per row, rendered by \`test/bench/flame\`), with each row's functions by self and by inclusive time:"
     echo
     for row in $FLAME_ROWS; do
       [ -n "${FLAMETOP[$row]:-}" ] || continue
@@ -568,11 +572,20 @@ RESULTS=${RESULTS:-${OUT%.md}.tsv}
 } >"$RESULTS"
 test/bench/charts.sh "$RESULTS" "$(dirname "$OUT")"
 
-# docs/performance.md carries the same table between two markers.
+# docs/performance.md carries the same tables between two markers (not the
+# flame graph listings; links point into docs/bench).
 perf=${PERF_DOC:-docs/performance.md}
 if [ -f "$perf" ] && grep -q '<!-- sidebyside:begin -->' "$perf"; then
   awk -v src="$OUT" '
-    /<!-- sidebyside:begin -->/ { print; while ((getline line < src) > 0) { if (line ~ /^#/) line = "##" line; print line }; skip = 1; next }
+    /<!-- sidebyside:begin -->/ { print
+      while ((getline line < src) > 0) {
+        if (line ~ /^Flame graphs/) flame = 1
+        if (line ~ /^rl-tproxy admission outcomes/) { if (flame) print "Flame graphs: see [bench/sidebyside.md](bench/sidebyside.md).\n"; flame = 0 }
+        if (flame) continue
+        if (line ~ /^#/) line = "##" line
+        print line
+      }
+      skip = 1; next }
     /<!-- sidebyside:end -->/ { skip = 0 }
     !skip { print }' "$perf" >"$perf.tmp" && mv "$perf.tmp" "$perf"
   echo "updated $perf"

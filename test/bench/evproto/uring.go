@@ -80,17 +80,17 @@ type cqe struct {
 }
 
 type ring struct {
-	fd                 int
-	sqHead, sqTail     *uint32
-	sqMask             uint32
-	sqArray            unsafe.Pointer
-	sqes               unsafe.Pointer
-	cqHead, cqTail     *uint32
-	cqMask             uint32
-	cqes               unsafe.Pointer
-	pending            uint32 // SQEs queued since the last enter
-	mem, sqeMem        []byte
-	sqEntries, entries uint32
+	fd             int
+	sqHead, sqTail *uint32
+	sqMask         uint32
+	sqArray        unsafe.Pointer
+	sqes           unsafe.Pointer
+	cqHead, cqTail *uint32
+	cqMask         uint32
+	cqes           unsafe.Pointer
+	pending        uint32 // SQEs queued since the last enter
+	mem, sqeMem    []byte
+	sqEntries      uint32
 }
 
 func newRing(entries uint32) (*ring, error) {

@@ -13,6 +13,7 @@ import (
 	"html"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -43,7 +44,7 @@ func main() {
 	out := flag.String("o", "flame.svg", "SVG output file")
 	top := flag.Int("top", 15, "functions to list by self samples")
 	flag.Parse()
-	root, self, err := parse(os.Stdin)
+	root, self, incl, err := parse(os.Stdin)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "flame:", err)
 		os.Exit(1)
@@ -67,26 +68,33 @@ func main() {
 		fmt.Fprintf(os.Stderr, "flame: close %s: %v\n", *out, err)
 		os.Exit(1)
 	}
+	fmt.Printf("%d samples; self time:\n", root.n)
+	printTop(self, root.n, *top)
+	fmt.Printf("inclusive time (the function and its callees):\n")
+	printTop(incl, root.n, *top)
+}
+
+func printTop(m map[string]int, total, top int) {
 	type kv struct {
 		k string
 		v int
 	}
 	var list []kv
-	for k, v := range self {
+	for k, v := range m {
 		list = append(list, kv{k, v})
 	}
 	sort.Slice(list, func(i, j int) bool { return list[i].v > list[j].v || list[i].v == list[j].v && list[i].k < list[j].k })
-	fmt.Printf("%d samples; self time:\n", root.n)
-	for i := 0; i < len(list) && i < *top; i++ {
-		fmt.Printf("  %5.1f%%  %s\n", 100*float64(list[i].v)/float64(root.n), list[i].k)
+	for i := 0; i < len(list) && i < top; i++ {
+		fmt.Printf("  %5.1f%%  %s\n", 100*float64(list[i].v)/float64(total), list[i].k)
 	}
 }
 
 // parse reads perf script's text: a header line per sample, then one frame
-// per line (leaf first), then a blank line.
-func parse(r io.Reader) (*node, map[string]int, error) {
-	root := &node{name: "all"}
-	self := map[string]int{}
+// per line (leaf first), then a blank line. It returns the merged tree and
+// samples per function: as the leaf (self) and anywhere on the stack.
+func parse(r io.Reader) (root *node, self, incl map[string]int, err error) {
+	root = &node{name: "all"}
+	self, incl = map[string]int{}, map[string]int{}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	var stack []string
@@ -101,6 +109,11 @@ func parse(r io.Reader) (*node, map[string]int, error) {
 			nd.n++
 		}
 		self[stack[0]]++
+		for i, name := range stack {
+			if !slices.Contains(stack[:i], name) {
+				incl[name]++
+			}
+		}
 		stack = stack[:0]
 	}
 	for sc.Scan() {
@@ -117,9 +130,9 @@ func parse(r io.Reader) (*node, map[string]int, error) {
 	}
 	flush()
 	if err := sc.Err(); err != nil {
-		return nil, nil, fmt.Errorf("read perf script: %w", err)
+		return nil, nil, nil, fmt.Errorf("read perf script: %w", err)
 	}
-	return root, self, nil
+	return root, self, incl, nil
 }
 
 // frameName takes "\t ffffffff81000000 do_syscall_64+0x5d ([kernel.kallsyms])"
