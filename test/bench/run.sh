@@ -42,6 +42,8 @@
 #      IDLE_CONNS=10000 (0 skips the idle-memory pass) IDLE_SETTLE=3 (s)
 #      RESULTS=OUT with .tsv (the rows for test/bench/charts.sh, which draws
 #      sidebyside-*.svg beside OUT with gnuplot)
+#      ONLY="row row..." measures only these rows (proxy_pass is always
+#      kept as the reference; e.g. ONLY="evproto evuring" CONNS=256)
 #      FLAME=1 (0 skips the flame graphs: perf record -g during one more wrk
 #      run per row in FLAME_ROWS, SVGs written to FLAME_DIR=docs/bench)
 set -euo pipefail
@@ -53,6 +55,7 @@ THREADS=${THREADS:-1}
 ROUNDS=${ROUNDS:-3}
 SERVER_CPU=${SERVER_CPU:-1}
 CLIENT_CPU=${CLIENT_CPU:-0}
+OUT_GIVEN=${OUT:-}
 OUT=${OUT:-docs/bench/sidebyside.md}
 BIN=${BIN:-bin/rl-tproxy}
 STEERED=${STEERED:-1}
@@ -261,6 +264,15 @@ if [ "$EVPROTO" = 1 ]; then
   rows+=(evproto evuring)
 fi
 
+if [ -n "${ONLY:-}" ]; then
+  keep=(proxy_pass)
+  for row in "${rows[@]}"; do [[ " $ONLY " == *" $row "* && $row != proxy_pass ]] && keep+=("$row"); done
+  rows=("${keep[@]}")
+  STEERED=0 SERIAL=0 IDLE_CONNS=0 FLAME=0
+  # A partial run does not replace the committed write-ups unless OUT says so.
+  [ -z "$OUT_GIVEN" ] && OUT=$work/partial.md
+  PERF_DOC=/nonexistent
+fi
 steer_note=""
 if [ "$STEERED" != 1 ]; then
   steer_note="steered row skipped: STEERED=$STEERED"
