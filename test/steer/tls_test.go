@@ -45,9 +45,15 @@ const (
 // proxy_protocol logs the client namespace's address for HTTP/1.1,
 // HTTP/2 (h2c prior knowledge, forwarded as HTTP/1.1) and TLS; a real ssh client's banner and random bytes reach an opaque service
 // unchanged, and on a reject port they are closed and counted.
-func TestSteerProtocols(t *testing.T) {
+func TestSteerProtocols(t *testing.T) { testSteerProtocols(t, false) }
+
+// TestSteerProtocolsIPv6 is the same over IPv6 (the PROXY headers carry
+// the client's IPv6 address: TCP6 in v1, AF_INET6 in v2).
+func TestSteerProtocolsIPv6(t *testing.T) { testSteerProtocols(t, true) }
+
+func testSteerProtocols(t *testing.T, v6 bool) {
 	testkit.NeedTool(t, "ssh", "openssh-client")
-	e := newEnv(t, false)
+	e := newEnv(t, v6)
 	certPEM := e.startTLSNginx()
 	opaque := e.startRecorder(opaquePort)
 	rejected := e.startRecorder(rejectPort)
@@ -57,7 +63,7 @@ func TestSteerProtocols(t *testing.T) {
 
 	// TLS passthrough: the handshake is nginx's own, through the proxy.
 	for i := 1; i <= tlsBurst; i++ {
-		if out, err := e.curlTLS(certPEM, tlsPort, fmt.Sprintf("/burst/%d", i)); err != nil || out != "tls peer="+loopback(e)+"\n" {
+		if out, err := e.curlTLS(certPEM, tlsPort, fmt.Sprintf("/burst/%d", i)); err != nil || out != "tls peer=127.0.0.1\n" {
 			t.Fatalf("TLS connection %d of the burst: %q %v", i, out, err)
 		}
 	}
@@ -96,6 +102,7 @@ func TestSteerProtocols(t *testing.T) {
 	ssh := exec.Command("ip", "netns", "exec", e.pair.Client.Name, "ssh", "-o", "BatchMode=yes",
 		"-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=20",
 		"-p", fmt.Sprint(opaquePort), "probe@"+e.nodeIP.String(), "true")
+	ssh.Stdin = strings.NewReader("")
 	_ = ssh.Run() // the recorder answers a banner and closes: ssh fails after its banner went out
 	if got := opaque.next(t); !bytes.HasPrefix(got, []byte("SSH-2.0-OpenSSH")) || !bytes.HasSuffix(got, []byte("\r\n")) {
 		t.Fatalf("opaque service got %q from ssh, want its SSH-2.0 banner", got[:min(len(got), 80)])
@@ -131,13 +138,6 @@ func TestSteerProtocols(t *testing.T) {
 	if out, err := e.curlTLS(certPEM, tlsPort, "/after/kill"); err != nil || out != "tls peer="+client+"\n" {
 		t.Fatalf("TLS after kill -9 of the proxy: %q %v, want nginx directly (peer %s)", out, err, client)
 	}
-}
-
-func loopback(e *env) string {
-	if e.v6 {
-		return "::1"
-	}
-	return "127.0.0.1"
 }
 
 // waitAccess waits for an access line of the proxy that match accepts.
@@ -207,6 +207,7 @@ http {
     ssl_certificate_key %[3]s;
     server {
         listen 0.0.0.0:%[4]d ssl;
+        listen [::]:%[4]d ssl ipv6only=on;
         server_name %[7]s;
         location / { return 200 "tls peer=$remote_addr\n"; }
     }
@@ -330,8 +331,16 @@ services:
 func (e *env) curlTLS(certPEM string, port int, path string) (string, error) {
 	url := fmt.Sprintf("https://%s:%d%s", tlsName, port, path)
 	out, err := runBounded(e.t, waitBound, "ip", "netns", "exec", e.pair.Client.Name, "curl", "-sS", "--http1.1",
-		"--max-time", "20", "--cacert", certPEM, "--resolve", fmt.Sprintf("%s:%d:%s", tlsName, port, e.nodeIP), url)
+		"--max-time", "20", "--cacert", certPEM, "--resolve", fmt.Sprintf("%s:%d:%s", tlsName, port, curlAddr(e.nodeIP)), url)
 	return string(out), err
+}
+
+// curlAddr is an address as curl's --resolve takes it ([v6] in brackets).
+func curlAddr(a netip.Addr) string {
+	if a.Is6() {
+		return "[" + a.String() + "]"
+	}
+	return a.String()
 }
 
 // curlHTTP fetches http://node:port/path from the client namespace.
