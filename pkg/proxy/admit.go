@@ -60,8 +60,10 @@ func (a *admitCtx) reset() {
 }
 
 // watchers is a pool of goroutines that watch a client socket for a
-// connection (starting a goroutine per request would allocate). Idle
-// watchers park on their channel until Shutdown.
+// connection (starting a goroutine per request would allocate). An idle
+// watcher parks on its channel; one idle for longer than idleTimeout
+// exits (a sweep from a timer, armed only while watchers are idle), so
+// the pool shrinks back after a burst. Shutdown ends them all.
 //
 // Bound: a watcher rejoins the idle list before it signals its connection
 // that it is done, so a connection never starts its next watch while its
@@ -70,22 +72,41 @@ func (a *admitCtx) reset() {
 // at once (each connection has at most one watcher running), which is at
 // most the peak number of open connections.
 type watchers struct {
-	mu      sync.Mutex
-	idle    []chan *conn
-	closed  bool
-	started int // watcher goroutines started (tests)
+	mu sync.Mutex
+	// idle is a stack: watchers are taken from the top, so the bottom
+	// ones have been idle longest and the sweep removes from the bottom.
+	idle        []idleWatcher
+	closed      bool
+	started     int // watcher goroutines started (tests)
+	exited      int // watcher goroutines ended by the idle sweep (tests)
+	timer       *time.Timer
+	idleTimeout time.Duration
+	onShrink    func() // called (without mu) after a sweep ended watchers
 }
+
+type idleWatcher struct {
+	ch    chan *conn
+	since time.Time
+}
+
+// DefaultWatcherIdleTimeout is how long an idle client-abort watcher
+// goroutine waits for work before it exits.
+const DefaultWatcherIdleTimeout = 10 * time.Second
 
 func (w *watchers) start(c *conn) {
 	w.mu.Lock()
 	if n := len(w.idle); n > 0 {
-		ch := w.idle[n-1]
+		ch := w.idle[n-1].ch
+		w.idle[n-1] = idleWatcher{}
 		w.idle = w.idle[:n-1]
 		w.mu.Unlock()
 		ch <- c
 		return
 	}
 	w.started++
+	if w.idleTimeout == 0 {
+		w.idleTimeout = durOr(c.p.cfg.Load().watcherIdle, DefaultWatcherIdleTimeout)
+	}
 	w.mu.Unlock()
 	ch := make(chan *conn, 1)
 	go w.loop(ch)
@@ -98,7 +119,10 @@ func (w *watchers) loop(ch chan *conn) {
 		w.mu.Lock()
 		closed := w.closed
 		if !closed {
-			w.idle = append(w.idle, ch) // before the signal: see watchers
+			w.idle = append(w.idle, idleWatcher{ch, time.Now()}) // before the signal: see watchers
+			if w.timer == nil {
+				w.timer = time.AfterFunc(w.idleTimeout, w.sweep)
+			}
 		}
 		w.mu.Unlock()
 		c.watchDone <- struct{}{} // c is not touched after this
@@ -108,12 +132,53 @@ func (w *watchers) loop(ch chan *conn) {
 	}
 }
 
+// sweep ends the watchers idle for idleTimeout or longer and re-arms the
+// timer for the oldest remaining one.
+func (w *watchers) sweep() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.timer = nil
+	if w.closed {
+		return
+	}
+	now := time.Now()
+	k := 0
+	for k < len(w.idle) && now.Sub(w.idle[k].since) >= w.idleTimeout {
+		close(w.idle[k].ch) // its loop ends
+		k++
+	}
+	w.exited += k
+	if k > 0 && w.onShrink != nil {
+		defer w.onShrink() // runs after the unlock (deferred earlier)
+	}
+	n := copy(w.idle, w.idle[k:])
+	clear(w.idle[n:])
+	w.idle = w.idle[:n]
+	if n > 0 {
+		w.timer = time.AfterFunc(w.idleTimeout-now.Sub(w.idle[0].since), w.sweep)
+	}
+	if cap(w.idle) > 64 && n < cap(w.idle)/4 {
+		w.idle = append([]idleWatcher(nil), w.idle...) // give the burst's array back
+	}
+}
+
 func (w *watchers) close() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.closed = true
-	for _, ch := range w.idle {
-		close(ch)
+	if w.timer != nil {
+		w.timer.Stop()
+		w.timer = nil
+	}
+	for _, iw := range w.idle {
+		close(iw.ch)
 	}
 	w.idle = nil
+}
+
+// count returns the watcher goroutines alive (running or idle).
+func (w *watchers) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.started - w.exited
 }

@@ -223,6 +223,7 @@ type Config struct {
 	// are called). For metrics; it must not block.
 	OnReject func(svc *Service, remote netip.AddrPort, rule string, status int)
 
+	watcherIdle   time.Duration // idle watcher lifetime (default DefaultWatcherIdleTimeout; tests)
 	testOnPark    func()        // called after a connection parked
 	testParkSweep time.Duration // parked idle-timeout sweep interval (default 1s)
 }

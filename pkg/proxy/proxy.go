@@ -46,6 +46,11 @@
 //     watch.go.
 //   - Idle keep-alive connections hold no buffers; after
 //     Config.ParkIdleAfter they also give up their goroutine (see park.go).
+//   - Pools shrink after a burst: idle watcher goroutines exit after
+//     DefaultWatcherIdleTimeout, idle upstream connections after
+//     UpstreamIdleTimeout, and when the connections and watchers of a
+//     burst are gone the proxy empties its sync.Pools and returns free
+//     memory to the OS (see trim.go).
 //   - Shutdown (graceful drain) closes idle keep-alive connections at
 //     once, but waits for the first request of a just-accepted connection
 //     for up to Service.HeaderTimeout after its accept; that request is
@@ -77,6 +82,7 @@ type Proxy struct {
 	listeners map[net.Listener]struct{}
 	conns     map[*conn]struct{}
 	shutdown  atomic.Bool
+	trim      trimState
 	drain     chan struct{}  // closed when Shutdown begins (HandoffConn.Drain)
 	wg        sync.WaitGroup // accept loops and connection goroutines
 }
@@ -93,6 +99,7 @@ func New(cfg Config) (*Proxy, error) {
 		drain:     make(chan struct{}),
 	}
 	p.pools.init()
+	p.watchers.onShrink = p.checkTrim
 	c := cfg
 	p.cfg.Store(&c)
 	return p, nil
@@ -283,6 +290,7 @@ func (p *Proxy) track(c *conn) bool {
 		return false
 	}
 	p.conns[c] = struct{}{}
+	p.noteTrimLocked(len(p.conns))
 	p.wg.Add(1)
 	return true
 }
@@ -290,8 +298,12 @@ func (p *Proxy) track(c *conn) bool {
 func (p *Proxy) untrack(c *conn) {
 	p.mu.Lock()
 	delete(p.conns, c)
+	due := p.trimDueLocked()
 	p.mu.Unlock()
 	p.wg.Done()
+	if due {
+		go p.trimMemory()
+	}
 }
 
 // Shutdown stops accepting, closes idle client connections, lets in-flight
@@ -363,6 +375,9 @@ type Stats struct {
 	Conns        int // open client connections
 	Parked       int // idle client connections parked without a goroutine
 	UpstreamIdle int // idle pooled upstream connections
+	// Watchers is the number of client-abort watcher goroutines alive
+	// (running or idle; idle ones exit after DefaultWatcherIdleTimeout).
+	Watchers int
 	// UpstreamDiscarded counts upstream connections closed instead of
 	// pooled or reused because they had unread bytes or were closed.
 	UpstreamDiscarded uint64
@@ -374,5 +389,5 @@ func (p *Proxy) Stats() Stats {
 	n := len(p.conns)
 	p.mu.Unlock()
 	return Stats{Conns: n, Parked: p.parker.parkedCount(), UpstreamIdle: p.pools.idleCount(),
-		UpstreamDiscarded: p.pools.discarded.Load()}
+		UpstreamDiscarded: p.pools.discarded.Load(), Watchers: p.watchers.count()}
 }
