@@ -120,10 +120,14 @@ func New(cfg Config) *Gate {
 func (g *Gate) Metrics() *metrics.Metrics { return g.m }
 
 // Swap installs a new policy for requests that start from now on and
-// returns its generation number (1 for the first).
+// returns its generation number (1 for the first). The policy's warnings
+// are logged.
 func (g *Gate) Swap(p *admission.Policy) uint64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	for _, w := range p.Warnings { // what rl-tproxy check prints, for a running proxy
+		g.log.Warn("policy warning", "file", w.File, "line", w.Line, "warning", w.Msg)
+	}
 	gen := &generation{pol: p, gen: g.genSeq.Add(1), locs: map[*admission.Location]*locInfo{},
 		unmatched: map[string]*locInfo{}, byName: map[string]*admission.Service{},
 		ridName: []byte(p.RequestID.Header), ridGenerate: p.RequestID.Generate}

@@ -99,3 +99,22 @@ func TestInvalidDenyThroughProxy(t *testing.T) {
 		}
 	}
 }
+
+// A running proxy logs the policy's warnings (what check prints) when the
+// policy is installed, at start and on every reload.
+func TestSwapLogsPolicyWarnings(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, []byte(fmt.Sprintf(invalidPolicyYAML, "", "127.0.0.1:9")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pol, err := admission.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &lockedBuf{}
+	g := New(Config{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	g.Swap(pol)
+	if n := strings.Count(logs.String(), "policy warning"); n != 2 || !strings.Contains(logs.String(), "zones.tk.bucket renders {header.x-key}") {
+		t.Fatalf("%d warnings logged, want 2 (one per zone):\n%s", n, logs.String())
+	}
+}
