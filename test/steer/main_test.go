@@ -101,13 +101,15 @@ func startProc(t testing.TB, name string, cmd *exec.Cmd) *proc {
 		p.mu.Lock()
 		p.err = err
 		p.mu.Unlock()
-		close(p.done)
-		// Children (nginx workers) may hold the pipe; the reader ends
-		// when they do. Close our end after a bound so it cannot leak.
+		// done means "exited and its output read": a test that sees it
+		// looks for the process's last lines, so the reader must have
+		// finished first. Children (nginx workers) may hold the pipe; the
+		// reader ends when they do, so wait for it only up to a bound.
 		select {
 		case <-scanned:
 		case <-time.After(waitBound):
 		}
+		close(p.done)
 		pr.Close()
 	}()
 	t.Cleanup(func() {
