@@ -134,6 +134,7 @@ func TestFailureTable(t *testing.T) {
 	// An endpoint the kernel refuses to send to: the limited broadcast
 	// address without SO_BROADCAST (sendto fails with EACCES).
 	c.DNS.SetSRV("_bcast._udp.e2e.test.", dnstest.Target{Name: "bcast.e2e.test.", Port: 9, Addrs: []netip.Addr{netip.MustParseAddr("255.255.255.255")}})
+	baseReports := c.Reports()
 	for _, mode := range modes {
 		good[mode] = newEnv(t, c, policyOpts{fail: mode})
 		bad := newCredential(t, c.cred.KeyID) // same key id, another secret
@@ -147,6 +148,11 @@ func TestFailureTable(t *testing.T) {
 			}
 		}
 	}
+	// Each warm-up allow reports to the 3 servers: let those reports land
+	// before the rows count reports of their own.
+	testkit.WaitFor(t, "the warm-up reports at the servers", func() bool {
+		return c.Reports() >= baseReports+uint64(3*3*len(modes))
+	})
 	failStatus := map[string]int{"open": 200, "close": 429, "local": 200}
 	all := func(s int) map[string]int { return map[string]int{"open": s, "close": s, "local": s} }
 	rows := []struct {
