@@ -153,9 +153,14 @@ func (st *stream) relay(w http.ResponseWriter, r *http.Request, res *http.Respon
 	w.WriteHeader(res.StatusCode)
 	st.res.Status = res.StatusCode
 	rc := http.NewResponseController(w)
-	if res.ContentLength != 0 {
+	// Flush the head at once only when the body's end is unknown (a
+	// stream: the client must see the head before the first message).
+	// A known-length body follows promptly; its last bytes are not
+	// flushed either, so head, body and END_STREAM leave in one write.
+	if res.ContentLength < 0 {
 		_ = rc.Flush()
 	}
+	left := res.ContentLength
 	bp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bp)
 	buf := *bp
@@ -164,7 +169,8 @@ func (st *stream) relay(w http.ResponseWriter, r *http.Request, res *http.Respon
 		if n > 0 {
 			m, werr := w.Write(buf[:n])
 			st.res.BytesOut += int64(m)
-			if werr == nil {
+			left -= int64(n)
+			if werr == nil && left != 0 { // left < 0: unknown length
 				werr = rc.Flush()
 			}
 			if werr != nil {

@@ -22,7 +22,7 @@ var _ h2proxy.GRPCDenier = (*hook.Gate)(nil)
 // startHTTP starts an HTTP upstream speaking HTTP/1.1 and, with h2c,
 // HTTP/2 prior knowledge too. It echoes the request body and the
 // request's protocol, headers and trailers back.
-func startHTTP(t *testing.T, h2c bool) string {
+func startHTTP(t testing.TB, h2c bool) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
