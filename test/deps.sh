@@ -10,6 +10,7 @@ declare -A need=(
   [llvm-strip-14]=llvm-14
   [nginx]=nginx
   [wrk]=wrk
+  [h2load]=nghttp2-client # HTTP/2 side by side (test/bench/h2.sh)
   [dnsmasq]=dnsmasq-base
   [haproxy]=haproxy
   [caddy]=caddy
