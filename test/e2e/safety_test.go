@@ -75,7 +75,7 @@ func TestSafeInFrontOfAnyUpstream(t *testing.T) {
 		}
 	})
 	t.Run("rejections counted and logged", func(t *testing.T) {
-		rawExchange(t, listen, "GET / HTTP/1.1\r\n\r\n")      // 400 host-missing
+		rawExchange(t, listen, "GET / HTTP/1.1\r\n\r\n")        // 400 host-missing
 		rawExchange(t, listen, "GET / HTTP/1.1\r\nHost: x\r\n") // 408 after 300ms
 		if v := p.metric(`rl_tproxy_rejections_total{reason="host-missing",status="400"}`); v != 1 {
 			t.Fatalf("400 rejections %v", v)
