@@ -56,6 +56,11 @@ func FuzzLoad(f *testing.F) {
 			t.Fatalf("accepted horizon %v", p.RateLimitly.Horizon)
 		}
 		_ = p.Summary()
+		for _, w := range p.Warnings {
+			if !ptFuzzLine.MatchString(w.Error()) {
+				t.Fatalf("unlocated warning %q", w.Error())
+			}
+		}
 		buf := make([]byte, 0, 2048)
 		for _, s := range p.Services {
 			for _, ap := range s.Listen {
