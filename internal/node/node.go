@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -154,6 +155,9 @@ func (n *Node) startProxy(ctx context.Context, pol *admission.Policy) error {
 	// relay (per service: relayed or closed).
 	relay := &passthrough.Relay{Observe: n.gate.ObserveConn}
 	n.h2 = h2proxy.New()
+	n.h2.CountError = func(kind string) { // codec protocol errors: rejections_total{status="0",reason="h2-..."}
+		n.gate.Reject(nil, netip.AddrPort{}, "h2-"+kind, 0)
+	}
 	pcfg := proxy.Config{Services: hook.ProxyServices(pol), Hook: n.gate, Logger: n.log,
 		Handoff: &proxy.HandoffMux{HTTP2: n.h2, TLS: relay, Other: relay}}
 	if steeredPorts(pol) != nil {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -102,7 +103,9 @@ func checkServing(t *testing.T, addr string) {
 func TestRapidReset(t *testing.T) {
 	h := &rec{deny: map[string]bool{"/ok": true}, block: false}
 	h.blockPath = "/slow"
-	_, addr := startProxy(t, &proxy.Service{Name: "g", Upstream: "127.0.0.1:9", H2: proxy.H2Limits{MaxConcurrentStreams: 16}}, h)
+	srv, addr := startProxy(t, &proxy.Service{Name: "g", Upstream: "127.0.0.1:9", H2: proxy.H2Limits{MaxConcurrentStreams: 16}}, h)
+	var counted sync.Map
+	srv.CountError = func(kind string) { counted.Store(kind, true) }
 	before := heapInUse()
 	goroutines := runtime.NumGoroutine()
 	rc := dialRaw(t, addr)
@@ -125,6 +128,11 @@ func TestRapidReset(t *testing.T) {
 	t.Logf("streams written %d, goaway %v code %v", written.Load(), gotGoaway, code)
 	if gotGoaway && code != http2.ErrCodeEnhanceYourCalm && code != http2.ErrCodeNo {
 		t.Errorf("goaway code %v", code)
+	}
+	if _, ok := counted.Load("conn_ENHANCE_YOUR_CALM_too_many_early_resets"); gotGoaway && code == http2.ErrCodeEnhanceYourCalm && !ok {
+		var kinds []string
+		counted.Range(func(k, _ any) bool { kinds = append(kinds, k.(string)); return true })
+		t.Errorf("CountError did not see too_many_early_resets: %v", kinds)
 	}
 	_ = rc.c.Close()
 	checkServing(t, addr)

@@ -50,7 +50,7 @@ type Server struct {
 	draining bool
 
 	// CountError, if set, is called with the codec's error kind
-	// ("too_many_early_resets", "headers_too_large"...) of every protocol
+	// ("conn_ENHANCE_YOUR_CALM_too_many_early_resets", ...) of every protocol
 	// error it detects. It must not block.
 	CountError func(kind string)
 }

@@ -80,6 +80,9 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if h.cfg.OnReject != nil {
 			h.cfg.OnReject(h.svc, h.remote, rule, status)
 		}
+		if rj, ok := h.cfg.Hook.(proxy.Rejecter); ok {
+			rj.Reject(h.svc, h.remote, rule, status)
+		}
 		logger(h.cfg).Debug("http2 request rejected", "service", h.svc.Name, "remote", h.remote, "rule", rule)
 		st.answer(w, status, nil, []byte(http.StatusText(status)+"\n"), "text/plain; charset=utf-8")
 		return
