@@ -12,6 +12,8 @@
 #               embedded RateLimitly server on loopback (zone never denies)
 #   pkgproxy    test/bench/proxy/proxy: pkg/proxy alone, no hook (what the
 #               rl-tproxy rows add on top: policy match, hook, abort watcher)
+#   pkghook     the same with an allow-all Hook (-hook): the hook plumbing and
+#               the client-abort watcher without any policy work
 #   evproto     test/bench/evproto, the event-loop measurement prototype
 #               (no strictness, no admission; a floor, not a product row)
 #   evuring     the same prototype on io_uring (-mode uring)
@@ -149,7 +151,7 @@ proxy_loc='proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header C
         proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;'
 
 BACKEND=$(free_port); NGXPROXY=$(free_port); NGXLIMIT=$(free_port); HAPROXY=$(free_port)
-RLOPEN=$(free_port); RLADM=$(free_port); RLADMIN=$(free_port); CADDY=$(free_port); EVP=$(free_port); EVU=$(free_port); PKGP=$(free_port)
+RLOPEN=$(free_port); RLADM=$(free_port); RLADMIN=$(free_port); CADDY=$(free_port); EVP=$(free_port); EVU=$(free_port); PKGP=$(free_port); PKGH=$(free_port)
 
 nginx_conf "$work/backend" "server { listen 127.0.0.1:$BACKEND; root $work/www; open_file_cache max=16; location / { index index.html; } }"
 nginx_conf "$work/nproxy" "upstream backend { server 127.0.0.1:$BACKEND; keepalive 64; }
@@ -243,7 +245,8 @@ start env GOMAXPROCS=1 "$BIN" run --policy "$work/policy.yaml" --admin "127.0.0.
 PID[unprotected]=$last; PID[admission]=$last
 go build -trimpath -o "$work/pkgproxy" ./test/bench/proxy/proxy
 start env GOMAXPROCS=1 "$work/pkgproxy" -listen "127.0.0.1:$PKGP" -upstream "127.0.0.1:$BACKEND"; PID[pkgproxy]=$last
-ports=("$BACKEND" "$NGXPROXY" "$NGXLIMIT" "$HAPROXY" "$CADDY" "$RLOPEN" "$PKGP")
+start env GOMAXPROCS=1 "$work/pkgproxy" -hook -listen "127.0.0.1:$PKGH" -upstream "127.0.0.1:$BACKEND"; PID[pkghook]=$last
+ports=("$BACKEND" "$NGXPROXY" "$NGXLIMIT" "$HAPROXY" "$CADDY" "$RLOPEN" "$PKGP" "$PKGH")
 if [ "$EVPROTO" = 1 ]; then
   go build -trimpath -o "$work/evproto" ./test/bench/evproto
   start env GOMAXPROCS=1 "$work/evproto" -listen "127.0.0.1:$EVP" -upstream "127.0.0.1:$BACKEND"; PID[evproto]=$last
@@ -254,7 +257,7 @@ for port in "${ports[@]}"; do wait_http "http://127.0.0.1:$port/"; done
 wait_http "http://127.0.0.1:$RLADMIN/readyz"
 wait_http "http://127.0.0.1:$RLADM/"
 
-rows=(direct proxy_pass limit_req haproxy caddy unprotected admission pkgproxy)
+rows=(direct proxy_pass limit_req haproxy caddy unprotected admission pkgproxy pkghook)
 URL[direct]="http://127.0.0.1:$BACKEND/";      DESC[direct]="nginx static backend, direct"
 URL[proxy_pass]="http://127.0.0.1:$NGXPROXY/"; DESC[proxy_pass]="nginx proxy_pass, upstream keepalive"
 URL[limit_req]="http://127.0.0.1:$NGXLIMIT/";  DESC[limit_req]="nginx proxy_pass + limit_req (never denies)"
@@ -263,6 +266,7 @@ URL[caddy]="http://127.0.0.1:$CADDY/";         DESC[caddy]="Caddy $(caddy versio
 URL[unprotected]="http://127.0.0.1:$RLOPEN/";  DESC[unprotected]="rl-tproxy, unprotected location"
 URL[admission]="http://127.0.0.1:$RLADM/";     DESC[admission]="rl-tproxy + admission (embedded RateLimitly)"
 URL[pkgproxy]="http://127.0.0.1:$PKGP/"; DESC[pkgproxy]="pkg/proxy alone (test/bench/proxy/proxy: no hook, no policy)"
+URL[pkghook]="http://127.0.0.1:$PKGH/"; DESC[pkghook]="pkg/proxy with an allow-all hook (test/bench/proxy/proxy -hook)"
 if [ "$EVPROTO" = 1 ]; then
   URL[evproto]="http://127.0.0.1:$EVP/"; DESC[evproto]="prototype: test/bench/evproto (epoll loop, no strictness/admission)"
   URL[evuring]="http://127.0.0.1:$EVU/"; DESC[evuring]="prototype on io_uring: test/bench/evproto -mode uring"
@@ -554,7 +558,8 @@ Rows:
 - *pkg/proxy alone*: `test/bench/proxy/proxy`, the data path with no
   hook and no policy (X-Forwarded-For on): the difference to *rl-tproxy
   unprotected* is what the product adds per request (location match, the
-  hook's Admit/Done with metrics, the client-abort watcher).
+  hook's Admit/Done with metrics, the client-abort watcher). *with an
+  allow-all hook* (`-hook`) adds only the hook plumbing and the watcher.
 - *prototype*: `test/bench/evproto`, the measurement prototype of the
   event-loop design (one edge-triggered epoll loop per CPU, `writev` of the
   head with X-Forwarded-For, no EAGAIN round, no per-request `epoll_ctl`).

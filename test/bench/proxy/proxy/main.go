@@ -19,6 +19,7 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:8080", "listen address")
 	upstream := flag.String("upstream", "127.0.0.1:8081", "upstream address")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile to this file until SIGTERM/SIGINT")
+	allowHook := flag.Bool("hook", false, "set an allow-all Hook (the hook plumbing and client-abort watcher without any policy)")
 	flag.Parse()
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -34,7 +35,11 @@ func main() {
 	}
 	svc := &proxy.Service{Name: "bench", Upstream: *upstream, XForwardedFor: true,
 		IdleTimeout: 5 * time.Minute}
-	p, err := proxy.New(proxy.Config{Services: []*proxy.Service{svc}})
+	cfg := proxy.Config{Services: []*proxy.Service{svc}}
+	if *allowHook {
+		cfg.Hook = allowAll{}
+	}
+	p, err := proxy.New(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -57,3 +62,11 @@ func main() {
 		os.Exit(2)
 	}
 }
+
+// allowAll admits every request at once.
+type allowAll struct{}
+
+func (allowAll) Admit(context.Context, *proxy.Request) proxy.Decision {
+	return proxy.Decision{Allow: true}
+}
+func (allowAll) Done(*proxy.Request, *proxy.Decision, *proxy.Result) {}
