@@ -190,3 +190,40 @@ func TestDrain(t *testing.T) {
 		t.Fatalf("drain: %v", err)
 	}
 }
+
+// TestUpstreamResetReachesClient: an upstream that resets its stream after
+// part of the body makes the proxy reset the client's stream (the client
+// sees an error, not a short body that looks complete), and the result
+// carries the upstream error.
+func TestUpstreamResetReachesClient(t *testing.T) {
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	us := &http.Server{Protocols: &p, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "partial")
+		http.NewResponseController(w).Flush()
+		panic(http.ErrAbortHandler) // RST_STREAM to the proxy
+	})}
+	go func() { _ = us.Serve(upLn) }()
+	defer us.Close()
+	h := &rec{}
+	_, addr := startProxy(t, &proxy.Service{Name: "s", Upstream: upLn.Addr().String()}, h)
+	cl := h2cClient()
+	defer cl.CloseIdleConnections()
+	res, err := cl.Get("http://" + addr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(res.Body)
+	_ = res.Body.Close()
+	if err == nil {
+		t.Fatalf("body %q read to a clean end; want a stream reset", body)
+	}
+	testkit.WaitFor(t, "Done", func() bool { return h.doneCount() == 1 })
+	if h.dones[0].UpstreamErr == nil {
+		t.Errorf("result %+v: no upstream error", h.dones[0])
+	}
+}
