@@ -388,6 +388,9 @@ func (c *conn) serveOne() bool {
 			return false
 		}
 	}
+	if h.Upgrade && upgradeIsH2C(h) {
+		h.Upgrade = false // forwarded as a plain request (h2c.go)
+	}
 	headStart := c.buf.r
 	c.buf.r += h.HeadLen
 	c.nreq++

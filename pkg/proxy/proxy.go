@@ -25,7 +25,8 @@
 //     fully read (or absent); otherwise it closes gracefully.
 //   - HTTP/1.0 clients get Connection: close; a close-delimited upstream
 //     response closes the client connection too.
-//   - Upgrade requests are admitted once; on 101 bytes are relayed both
+//   - Upgrade requests are admitted once (Upgrade: h2c excepted: it is
+//     forwarded as a plain request, h2c.go); on 101 bytes are relayed both
 //     ways until both directions end (after one side ends, the other gets
 //     a bounded grace period).
 //   - An upstream connection is pooled, and later reused, only when it has

@@ -1,0 +1,55 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"strings"
+	"testing"
+)
+
+// TestH2CUpgradeRefused: an HTTP/1.1 request with Upgrade: h2c is forwarded
+// as a plain request (no Upgrade, no HTTP2-Settings), so an upstream that
+// would switch to HTTP/2 answers in HTTP/1.1 and every later request is
+// admitted on its own; a WebSocket upgrade still goes through as one.
+func TestH2CUpgradeRefused(t *testing.T) {
+	heads := make(chan string, 4)
+	up := newRawUpstream(t, func(_ int, c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			head, err := readRequestHead(br)
+			if err != nil {
+				return
+			}
+			heads <- head
+			if headerOf(head, "Upgrade") != "" { // what an h2c-capable server would do
+				io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n")
+				return
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	hook := newTestHook(func(context.Context, *Request) Decision { return Decision{Allow: true} })
+	_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+	c := dialClient(t, addr)
+	for i := range 2 {
+		c.send("GET /h2c HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n")
+		r, body := c.resp("GET")
+		if r.StatusCode != 200 || body != "ok" {
+			t.Fatalf("request %d: %d %q, want the upstream's plain 200", i, r.StatusCode, body)
+		}
+		head := <-heads
+		for _, gone := range []string{"Upgrade", "HTTP2-Settings"} {
+			if v := headerOf(head, gone); v != "" {
+				t.Errorf("request %d: %s forwarded: %q", i, gone, v)
+			}
+		}
+		if strings.Contains(strings.ToLower(headerOf(head, "Connection")), "upgrade") {
+			t.Errorf("request %d: Connection: upgrade forwarded", i)
+		}
+	}
+	if got := hook.admitted(); len(got) != 2 {
+		t.Fatalf("admitted %v, want each request admitted", got)
+	}
+}
