@@ -441,7 +441,7 @@ fi
 
 declare -A IDLE
 idle_rows=(proxy_pass unprotected)
-[ "$EVPROTO" = 1 ] && idle_rows+=(evproto)
+[ "$EVPROTO" = 1 ] && idle_rows+=(evproto evuring)
 if [ "$IDLE_CONNS" -gt 0 ]; then
   go build -trimpath -o "$work/idleconns" ./test/bench/proxy/idleconns
   for row in "${idle_rows[@]}"; do IDLE[$row]=$(idle_mem "$row"); echo "idle $row: ${IDLE[$row]}"; done
@@ -567,10 +567,11 @@ Rows:
   handling: its row is the floor the system-call pattern allows, not a
   product result.
 - *prototype on io_uring*: the same relay with `-mode uring`: multishot
-  accept, one recv in flight per socket, writev/send submissions, one
-  `io_uring_enter` per loop turn (`SINGLE_ISSUER|DEFER_TASKRUN`). It keeps
-  a read buffer per connection (no provided-buffer ring), so it has no
-  idle-memory row.
+  accept, one multishot recv per socket drawing from a registered
+  provided-buffer ring (no buffer per idle connection; a pooled upstream
+  connection stays armed, so readiness while idle discards it without a
+  peek), writev/send submissions, one `io_uring_enter` per loop turn
+  (`SINGLE_ISSUER|DEFER_TASKRUN`).
 - *rl-tproxy unprotected*: a location without `limit`/`guard`: parse, match,
   forward, no RateLimitly request.
 - *rl-tproxy + admission*: every request renders the bucket

@@ -14,12 +14,12 @@ import (
 
 // The io_uring variant (-mode uring) of the same relay, to measure the
 // other syscall layer issue 12 names: one multishot accept per loop, one
-// recv in flight per socket, writev and send as submissions, and one
-// io_uring_enter per loop turn that submits everything the turn queued and
-// waits for the next completion. Simplifications beside the epoll variant's:
-// each connection keeps its own read buffer while it waits (provided buffer
-// rings would avoid that; the idle-memory figure of this mode is therefore
-// not the design's), and a short send is resubmitted.
+// multishot recv per socket drawing from a registered provided-buffer ring
+// (an idle connection holds no buffer; a pooled upstream connection stays
+// armed, so bytes or a close while it idles discard it without a peek),
+// writev and send as submissions, and one io_uring_enter per loop turn
+// that submits everything the turn queued and waits for the next
+// completion.
 
 const (
 	sysIOUringSetup = 425
@@ -159,28 +159,107 @@ func (r *ring) enter(min uint32) error {
 	}
 }
 
-// user_data: kind in the top byte, fd below.
+// Provided buffers: one ring of pbufEntries buffers per loop, registered
+// with the kernel; a multishot recv picks a buffer only when data arrives,
+// so an idle connection holds none.
+const (
+	sysIOUringRegister = 427
+	regPbufRing        = 22
+	recvMultishot      = 1 << 1
+	sqeBufferSelect    = 1 << 5
+	cqeFBuffer         = 1 << 0
+	pbufEntries        = 256
+	errNoBufs          = -int32(unix.ENOBUFS)
+)
+
+type pbufRing struct {
+	mem  []byte // the ring the kernel reads (page aligned, mmap)
+	bufs []byte // pbufEntries buffers of bufSize
+	tail uint16
+}
+
+func (r *ring) registerPbuf() (*pbufRing, error) {
+	mem, err := unix.Mmap(-1, 0, pbufEntries*16, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return nil, fmt.Errorf("mmap buffer ring: %w", err)
+	}
+	p := &pbufRing{mem: mem, bufs: make([]byte, pbufEntries*bufSize)}
+	reg := struct {
+		ringAddr    uint64
+		ringEntries uint32
+		bgid, flags uint16
+		resv        [3]uint64
+	}{ringAddr: uint64(uintptr(unsafe.Pointer(&mem[0]))), ringEntries: pbufEntries}
+	if _, _, e := unix.Syscall6(sysIOUringRegister, uintptr(r.fd), regPbufRing, uintptr(unsafe.Pointer(&reg)), 1, 0, 0); e != 0 {
+		return nil, fmt.Errorf("io_uring_register(PBUF_RING): %w", e)
+	}
+	for i := 0; i < pbufEntries; i++ {
+		p.add(uint16(i))
+	}
+	p.publish()
+	return p, nil
+}
+
+func (p *pbufRing) buf(bid uint16) []byte {
+	return p.bufs[int(bid)*bufSize : (int(bid)+1)*bufSize]
+}
+
+// add queues buffer bid for the kernel; publish makes queued ones visible.
+func (p *pbufRing) add(bid uint16) {
+	e := unsafe.Pointer(&p.mem[int(p.tail&(pbufEntries-1))*16])
+	*(*uint64)(e) = uint64(uintptr(unsafe.Pointer(&p.bufs[int(bid)*bufSize])))
+	*(*uint32)(unsafe.Add(e, 8)) = bufSize
+	*(*uint16)(unsafe.Add(e, 12)) = bid
+	p.tail++
+}
+
+// publish stores the tail (the u16 at offset 14 of the ring) with release
+// order, as one 32-bit store together with entry 0's bid.
+func (p *pbufRing) publish() {
+	w := (*uint32)(unsafe.Pointer(&p.mem[12]))
+	atomic.StoreUint32(w, uint32(*(*uint16)(unsafe.Pointer(&p.mem[12])))|uint32(p.tail)<<16)
+}
+
+// user_data: kind in the top byte, the connection's generation in bits
+// 32-55, its fd below (a late completion for a closed fd whose number was
+// reused is recognised and dropped).
 const (
 	udAccept = 1 << 56
 	udRecv   = 2 << 56
 	udSend   = 3 << 56
 	udWritev = 4 << 56
+	udKind   = 0xff << 56
 )
 
+type chunk struct {
+	bid int // provided buffer to return after the send, -1: none
+	b   []byte
+}
+
 type uconn struct {
-	conn
-	peer    *uconn // shadows conn.peer
+	fd, gen int
+	kind    kind
+	peer    *uconn
+	armed   bool // a multishot recv is in flight
+	left    int  // upstream: response bytes still expected, -1: head not parsed
+	pend    []byte
+	outq    []chunk // client: data to send, outq[0] in flight
+	sending bool
+	wbid    int    // upstream: buffer holding the head a writev sends
+	wb      []byte // upstream: head copy when it did not arrive in one buffer
 	iov     [2]unix.Iovec
-	recving bool
 }
 
 type uloop struct {
 	r        *ring
+	pb       *pbufRing
 	lfd      int
 	upstream unix.Sockaddr
 	conns    []*uconn
 	idleUp   []*uconn
-	free     [][]byte
+	starved  []*uconn // recv ended with ENOBUFS: rearm when a buffer returns
+	gen      int
+	xff      []byte
 }
 
 func runUring(la, ua netip.AddrPort) error {
@@ -189,14 +268,16 @@ func runUring(la, ua netip.AddrPort) error {
 	if err != nil {
 		return err
 	}
+	pb, err := r.registerPbuf()
+	if err != nil {
+		return err
+	}
 	lfd, err := listenReuse(la)
 	if err != nil {
 		return err
 	}
-	l := &uloop{r: r, lfd: lfd, upstream: sockaddr(ua)}
-	s := r.get()
-	s.opcode, s.fd, s.ioprio, s.userData = opAccept, int32(lfd), acceptMultishot, udAccept
-	s.opFlags = unix.SOCK_CLOEXEC
+	l := &uloop{r: r, pb: pb, lfd: lfd, upstream: sockaddr(ua), xff: []byte("X-Forwarded-For: 127.0.0.1\r\n\r\n")}
+	l.armAccept()
 	for {
 		if err := r.enter(1); err != nil {
 			return err
@@ -208,7 +289,14 @@ func runUring(la, ua netip.AddrPort) error {
 			atomic.StoreUint32(r.cqHead, head+1)
 			l.complete(c)
 		}
+		l.pb.publish()
 	}
+}
+
+func (l *uloop) armAccept() {
+	s := l.r.get()
+	s.opcode, s.fd, s.ioprio, s.userData = opAccept, int32(l.lfd), acceptMultishot, udAccept
+	s.opFlags = unix.SOCK_CLOEXEC
 }
 
 func listenReuse(la netip.AddrPort) (int, error) {
@@ -227,47 +315,37 @@ func listenReuse(la netip.AddrPort) (int, error) {
 	return lfd, nil
 }
 
-func (l *uloop) at(fd int) *uconn {
-	if fd < 0 || fd >= len(l.conns) {
-		return nil
-	}
-	return l.conns[fd]
-}
-
-func (l *uloop) track(c *uconn) {
-	for c.fd >= len(l.conns) {
+func (l *uloop) newConn(fd int, k kind) *uconn {
+	l.gen = (l.gen + 1) & 0xffffff
+	c := &uconn{fd: fd, gen: l.gen, kind: k, left: -1, wbid: -1}
+	for fd >= len(l.conns) {
 		l.conns = append(l.conns, make([]*uconn, len(l.conns)+64)...)
 	}
-	l.conns[c.fd] = c
+	l.conns[fd] = c
+	return c
 }
 
-func (l *uloop) recv(c *uconn) {
-	if c.recving {
+func (c *uconn) ud(kind uint64) uint64 { return kind | uint64(c.gen)<<32 | uint64(uint32(c.fd)) }
+
+func (l *uloop) arm(c *uconn) {
+	if c.armed || c.fd < 0 {
 		return
 	}
-	if c.buf == nil {
-		if n := len(l.free); n > 0 {
-			c.buf = l.free[n-1]
-			l.free = l.free[:n-1]
-		} else {
-			c.buf = make([]byte, bufSize)
-		}
-	}
-	if c.r == c.w {
-		c.r, c.w = 0, 0
-	}
 	s := l.r.get()
-	s.opcode, s.fd, s.userData = opRecv, int32(c.fd), udRecv|uint64(c.fd)
-	s.addr, s.len = uint64(uintptr(unsafe.Pointer(&c.buf[c.w]))), uint32(len(c.buf)-c.w)
-	c.recving = true
+	s.opcode, s.fd, s.ioprio, s.flags, s.userData = opRecv, int32(c.fd), recvMultishot, sqeBufferSelect, c.ud(udRecv)
+	c.armed = true
 }
 
-func (l *uloop) send(c *uconn) {
-	s := l.r.get()
-	s.opcode, s.fd, s.userData = opSend, int32(c.fd), udSend|uint64(c.fd)
-	b := c.out[c.outN:]
-	s.addr, s.len = uint64(uintptr(unsafe.Pointer(&b[0]))), uint32(len(b))
-	s.opFlags = unix.MSG_NOSIGNAL
+func (l *uloop) recycle(bid int) {
+	if bid < 0 {
+		return
+	}
+	l.pb.add(uint16(bid))
+	if n := len(l.starved); n > 0 {
+		c := l.starved[n-1]
+		l.starved = l.starved[:n-1]
+		l.arm(c)
+	}
 }
 
 func (l *uloop) closeConn(c *uconn) {
@@ -275,8 +353,15 @@ func (l *uloop) closeConn(c *uconn) {
 		return
 	}
 	l.conns[c.fd] = nil
-	unix.Close(c.fd) // an in-flight recv completes with an error
+	unix.Shutdown(c.fd, unix.SHUT_RDWR) // ends the multishot recv
+	unix.Close(c.fd)
 	c.fd = -1
+	for _, ch := range c.outq {
+		l.recycle(ch.bid)
+	}
+	c.outq = nil
+	l.recycle(c.wbid)
+	c.wbid = -1
 	if p := c.peer; p != nil {
 		c.peer, p.peer = nil, nil
 		l.closeConn(p)
@@ -284,83 +369,128 @@ func (l *uloop) closeConn(c *uconn) {
 }
 
 func (l *uloop) complete(e cqe) {
-	fd := int(e.userData & (1<<56 - 1))
-	switch e.userData &^ (1<<56 - 1) {
-	case udAccept:
+	if e.userData == udAccept {
 		if e.res >= 0 {
-			nfd := int(e.res)
-			unix.SetsockoptInt(nfd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
-			c := &uconn{conn: conn{fd: nfd, kind: kClient}}
-			c.xff = []byte("X-Forwarded-For: 127.0.0.1\r\n\r\n")
-			l.track(c)
-			l.recv(c)
+			unix.SetsockoptInt(int(e.res), unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+			l.arm(l.newConn(int(e.res), kClient))
 		}
-		if e.flags&cqeFMore == 0 { // multishot ended: arm again
-			s := l.r.get()
-			s.opcode, s.fd, s.ioprio, s.userData = opAccept, int32(l.lfd), acceptMultishot, udAccept
-			s.opFlags = unix.SOCK_CLOEXEC
+		if e.flags&cqeFMore == 0 {
+			l.armAccept()
 		}
+		return
+	}
+	bid := -1
+	if e.flags&cqeFBuffer != 0 {
+		bid = int(e.flags >> 16)
+	}
+	fd, gen := int(uint32(e.userData)), int(e.userData>>32&0xffffff)
+	var c *uconn
+	if fd < len(l.conns) {
+		c = l.conns[fd]
+	}
+	if c == nil || c.gen != gen {
+		l.recycle(bid) // late completion of a closed connection
+		return
+	}
+	switch e.userData & udKind {
 	case udRecv:
-		c := l.at(fd)
-		if c == nil {
-			return
-		}
-		c.recving = false
-		if e.res <= 0 {
-			l.closeConn(c)
-			return
-		}
-		c.w += int(e.res)
-		if c.kind == kClient {
-			l.startRequest(c)
-		} else {
-			l.upstreamData(c)
-		}
+		l.received(c, e, bid)
 	case udSend:
-		c := l.at(fd)
-		if c == nil {
-			return
-		}
-		if e.res < 0 {
-			l.closeConn(c)
-			return
-		}
-		c.outN += int(e.res)
-		if c.outN < len(c.out) {
-			l.send(c)
-			return
-		}
-		c.out, c.outN = nil, 0
-		l.sent(c)
+		l.sendDone(c, e)
 	case udWritev:
-		if c := l.at(fd); c != nil && e.res < 0 {
+		l.recycle(c.wbid)
+		c.wbid = -1
+		if e.res < 0 {
 			l.closeConn(c)
 		}
 	}
 }
 
-func (l *uloop) startRequest(c *uconn) {
-	end := bytes.Index(c.buf[c.r:c.w], crlf2)
-	if end < 0 {
-		l.recv(c)
+func (l *uloop) received(c *uconn, e cqe, bid int) {
+	if e.flags&cqeFMore == 0 {
+		c.armed = false
+	}
+	if e.res == errNoBufs {
+		l.starved = append(l.starved, c)
 		return
 	}
-	head := c.buf[c.r : c.r+end+2]
-	c.r += end + 4
-	u, err := l.getUpstream()
-	if err != nil {
+	if e.res <= 0 {
+		l.recycle(bid)
 		l.closeConn(c)
 		return
 	}
+	data := l.pb.buf(uint16(bid))[:e.res]
+	if c.kind == kClient {
+		l.clientData(c, data, bid)
+	} else {
+		l.upstreamData(c, data, bid)
+	}
+	if !c.armed && c.fd >= 0 {
+		l.arm(c)
+	}
+}
+
+func (l *uloop) clientData(c *uconn, data []byte, bid int) {
+	if c.peer == nil && len(c.pend) == 0 {
+		if end := bytes.Index(data, crlf2); end >= 0 {
+			if rest := data[end+4:]; len(rest) > 0 {
+				c.pend = append(c.pend, rest...) // pipelined
+			}
+			l.forward(c, data[:end+2], bid)
+			return
+		}
+	}
+	c.pend = append(c.pend, data...)
+	l.recycle(bid)
+	l.tryPend(c)
+}
+
+// tryPend starts the request buffered in c.pend, if it is complete.
+func (l *uloop) tryPend(c *uconn) {
+	if c.peer != nil || c.fd < 0 {
+		return
+	}
+	end := bytes.Index(c.pend, crlf2)
+	if end < 0 {
+		if len(c.pend) == 0 {
+			c.pend = nil // idle: no buffer
+		}
+		return
+	}
+	head := c.pend[:end+2]
+	u := l.forward(c, head, -1)
+	if u != nil {
+		c.pend = append(c.pend[:0], c.pend[end+4:]...)
+	}
+}
+
+// forward sends head (in provided buffer bid, or copied when bid < 0) and
+// X-Forwarded-For to a pooled upstream connection.
+func (l *uloop) forward(c *uconn, head []byte, bid int) *uconn {
+	u, err := l.getUpstream()
+	if err != nil {
+		l.recycle(bid)
+		l.closeConn(c)
+		return nil
+	}
 	u.peer, c.peer = c, u
-	u.iov[0] = unix.Iovec{Base: &head[0]}
-	u.iov[0].SetLen(len(head))
-	u.iov[1] = unix.Iovec{Base: &c.xff[0]}
-	u.iov[1].SetLen(len(c.xff))
+	u.left = -1
 	s := l.r.get()
-	s.opcode, s.fd, s.userData = opWritev, int32(u.fd), udWritev|uint64(u.fd)
-	s.addr, s.len = uint64(uintptr(unsafe.Pointer(&u.iov[0]))), 2
-	l.recv(u)
+	if bid >= 0 {
+		u.wbid = bid
+		u.iov[0] = unix.Iovec{Base: &head[0]}
+		u.iov[0].SetLen(len(head))
+		u.iov[1] = unix.Iovec{Base: &l.xff[0]}
+		u.iov[1].SetLen(len(l.xff))
+		s.opcode, s.fd, s.userData = opWritev, int32(u.fd), u.ud(udWritev)
+		s.addr, s.len = uint64(uintptr(unsafe.Pointer(&u.iov[0]))), 2
+	} else {
+		u.wb = append(append(u.wb[:0], head...), l.xff...)
+		s.opcode, s.fd, s.userData = opSend, int32(u.fd), u.ud(udSend)
+		s.addr, s.len = uint64(uintptr(unsafe.Pointer(&u.wb[0]))), uint32(len(u.wb))
+		s.opFlags = unix.MSG_NOSIGNAL
+	}
+	return u
 }
 
 func (l *uloop) getUpstream() (*uconn, error) {
@@ -378,26 +508,34 @@ func (l *uloop) getUpstream() (*uconn, error) {
 		return nil, err
 	}
 	unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
-	u := &uconn{conn: conn{fd: fd, kind: kUpstream, left: -1}}
-	l.track(u)
+	u := l.newConn(fd, kUpstream)
+	l.arm(u) // stays armed in the pool: bytes or EOF while idle discard it
 	return u, nil
 }
 
-func (l *uloop) upstreamData(u *uconn) {
-	cp := u.peer
-	if cp == nil {
-		l.closeConn(u)
+func (l *uloop) upstreamData(u *uconn, data []byte, bid int) {
+	c := u.peer
+	if c == nil || u.left == 0 {
+		l.recycle(bid)
+		l.closeConn(u) // readable while idle: stray bytes or a close
 		return
 	}
 	if u.left < 0 {
-		end := bytes.Index(u.buf[u.r:u.w], crlf2)
-		if end < 0 {
-			l.recv(u)
-			return
+		if len(u.pend) > 0 || bytes.Index(data, crlf2) < 0 {
+			// Head split across reads: gather a copy (rare).
+			u.pend = append(u.pend, data...)
+			l.recycle(bid)
+			if bytes.Index(u.pend, crlf2) < 0 {
+				return
+			}
+			data, bid = u.pend, -1
+			u.pend = nil
 		}
-		head := u.buf[u.r : u.r+end+4]
+		end := bytes.Index(data, crlf2)
+		head := data[:end+4]
 		i := indexFold(head, clKey)
 		if i < 0 {
+			l.recycle(bid)
 			l.closeConn(u)
 			return
 		}
@@ -405,43 +543,63 @@ func (l *uloop) upstreamData(u *uconn) {
 		v = v[:bytes.IndexByte(v, '\r')]
 		n, err := strconv.Atoi(string(bytes.TrimSpace(v)))
 		if err != nil {
+			l.recycle(bid)
 			l.closeConn(u)
 			return
 		}
 		u.left = len(head) + n
 	}
-	k := min(u.w-u.r, u.left)
-	cp.out, cp.outN = u.buf[u.r:u.r+k], 0
-	u.r += k
+	k := min(len(data), u.left)
+	stray := len(data) > k
 	u.left -= k
-	l.send(cp)
+	l.queue(c, chunk{bid, data[:k]})
+	if u.left == 0 {
+		u.peer, c.peer = nil, nil
+		if stray {
+			l.closeConn(u)
+		} else {
+			l.idleUp = append(l.idleUp, u)
+		}
+		l.tryPend(c)
+	}
 }
 
-// sent: the client got everything relayed so far.
-func (l *uloop) sent(c *uconn) {
-	u := c.peer
-	if u == nil {
+func (l *uloop) queue(c *uconn, ch chunk) {
+	c.outq = append(c.outq, ch)
+	if !c.sending {
+		l.sendHead(c)
+	}
+}
+
+func (l *uloop) sendHead(c *uconn) {
+	b := c.outq[0].b
+	s := l.r.get()
+	s.opcode, s.fd, s.userData = opSend, int32(c.fd), c.ud(udSend)
+	s.addr, s.len = uint64(uintptr(unsafe.Pointer(&b[0]))), uint32(len(b))
+	s.opFlags = unix.MSG_NOSIGNAL
+	c.sending = true
+}
+
+func (l *uloop) sendDone(c *uconn, e cqe) {
+	if e.res < 0 {
+		l.closeConn(c)
 		return
 	}
-	if u.left > 0 {
-		if u.r < u.w {
-			l.upstreamData(u)
-		} else {
-			l.recv(u)
-		}
+	if c.kind == kUpstream {
+		return // the copied head went out
+	}
+	c.sending = false
+	ch := &c.outq[0]
+	if int(e.res) < len(ch.b) {
+		ch.b = ch.b[e.res:]
+		l.sendHead(c)
 		return
 	}
-	u.left = -1
-	c.peer, u.peer = nil, nil
-	if u.r != u.w {
-		l.closeConn(u)
+	l.recycle(ch.bid)
+	c.outq = c.outq[1:]
+	if len(c.outq) > 0 {
+		l.sendHead(c)
 	} else {
-		u.r, u.w = 0, 0
-		l.idleUp = append(l.idleUp, u)
-	}
-	if c.r < c.w {
-		l.startRequest(c)
-	} else {
-		l.recv(c)
+		c.outq = nil
 	}
 }
