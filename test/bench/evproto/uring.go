@@ -521,11 +521,11 @@ func (l *uloop) upstreamData(u *uconn, data []byte, bid int) {
 		return
 	}
 	if u.left < 0 {
-		if len(u.pend) > 0 || bytes.Index(data, crlf2) < 0 {
+		if len(u.pend) > 0 || !bytes.Contains(data, crlf2) {
 			// Head split across reads: gather a copy (rare).
 			u.pend = append(u.pend, data...)
 			l.recycle(bid)
-			if bytes.Index(u.pend, crlf2) < 0 {
+			if !bytes.Contains(u.pend, crlf2) {
 				return
 			}
 			data, bid = u.pend, -1
