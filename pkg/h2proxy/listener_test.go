@@ -42,6 +42,7 @@ func startListenerProxy(t testing.TB, svc *proxy.Service, hook proxy.Hook) (*pro
 		if err := <-served; err != nil && !errors.Is(err, proxy.ErrClosed) && !errors.Is(err, net.ErrClosed) {
 			t.Errorf("serve: %v", err)
 		}
+		_ = h2.Shutdown(ctx) // the proxy drains its own connections, not the handoff's
 	})
 	return p, ln.Addr().String()
 }

@@ -1,6 +1,7 @@
 package h2proxy_test
 
 import (
+	"context"
 	"io"
 	"net"
 	"testing"
@@ -35,7 +36,13 @@ func handoffProxy(t *testing.T, svc *proxy.Service, n int) string {
 			}()
 		}
 	}()
-	t.Cleanup(func() { _ = ln.Close(); <-done })
+	t.Cleanup(func() {
+		_ = ln.Close()
+		<-done
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx) // ends its HTTP/2 servers' accept loops
+	})
 	return ln.Addr().String()
 }
 

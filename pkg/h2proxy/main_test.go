@@ -1,0 +1,10 @@
+package h2proxy_test
+
+import (
+	"testing"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+)
+
+// The tests must leave no goroutine and no descriptor behind.
+func TestMain(m *testing.M) { testkit.VerifyMain(m) }
