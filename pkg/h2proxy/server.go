@@ -176,8 +176,10 @@ func readPreface(c net.Conn, buffered []byte, timeout time.Duration) ([]byte, bo
 				break
 			}
 		}
-		_ = c.SetReadDeadline(time.Time{})
 	}
+	// Clear the deadline (ours, or the dispatcher's header deadline): the
+	// codec's own timeouts take over.
+	_ = c.SetReadDeadline(time.Time{})
 	return buf, len(buf) >= len(clientPreface) && string(buf[:len(clientPreface)]) == clientPreface
 }
 
