@@ -233,3 +233,58 @@ func TestUpstreamResetReachesClient(t *testing.T) {
 		t.Errorf("result %+v: no upstream error", h.dones[0])
 	}
 }
+
+// TestUpstreamGOAWAY: an upstream that ends its connection with a GOAWAY
+// (here its idle timeout) does not fail the next stream: the pool dials a
+// new connection, and the client's connection to the proxy is untouched.
+func TestUpstreamGOAWAY(t *testing.T) {
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	opened, closed := 0, 0
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	us := &http.Server{Protocols: &p, IdleTimeout: 50 * time.Millisecond,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") }),
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			mu.Lock()
+			defer mu.Unlock()
+			switch s {
+			case http.StateNew:
+				opened++
+			case http.StateClosed:
+				closed++
+			}
+		}}
+	go func() { _ = us.Serve(upLn) }()
+	defer us.Close()
+	_, addr := startProxy(t, &proxy.Service{Name: "s", Upstream: upLn.Addr().String()}, &rec{})
+	cl := h2cClient()
+	defer cl.CloseIdleConnections()
+	get := func() {
+		t.Helper()
+		res, err := cl.Get("http://" + addr + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		_ = res.Body.Close()
+		if res.StatusCode != 200 || string(b) != "ok" {
+			t.Fatalf("%d %q", res.StatusCode, b)
+		}
+	}
+	get()
+	testkit.WaitFor(t, "the upstream to close its idle connection (GOAWAY)", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return closed == 1
+	})
+	get()
+	mu.Lock()
+	defer mu.Unlock()
+	if opened != 2 {
+		t.Errorf("upstream connections opened: %d, want 2 (a new one after the GOAWAY)", opened)
+	}
+}
