@@ -47,7 +47,11 @@ func (st *stream) forward(w http.ResponseWriter, r *http.Request, d *proxy.Decis
 	if r.URL.Path == "*" {
 		out.URL = &url.URL{Scheme: "http", Host: svc.Upstream, Opaque: "*"}
 	}
-	if r.Body == nil || r.Body == http.NoBody {
+	// A stream that ended with its header block has ContentLength 0 (the
+	// codec still hands a non-nil, empty Body): sending NoBody lets the
+	// upstream request end with its HEADERS frame instead of an extra
+	// empty DATA frame.
+	if r.Body == nil || r.Body == http.NoBody || (r.ContentLength == 0 && len(r.Trailer) == 0) {
 		out.Body = http.NoBody
 		timer.arm()
 	} else {

@@ -2,13 +2,13 @@ package h2proxy_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,12 +19,7 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
-var (
-	fuzzOnce sync.Once
-	fuzzSrv  *h2proxy.Server
-	fuzzSvc  = &proxy.Service{Name: "fuzz", Upstream: "127.0.0.1:9", Limits: limits(20)}
-	fuzzCfg  *proxy.Config
-)
+var fuzzSvc = &proxy.Service{Name: "fuzz", Upstream: "127.0.0.1:9", Limits: limits(20)}
 
 // FuzzH2Conn feeds arbitrary frames (after a valid preface) to a served
 // connection whose every stream is denied: whatever the bytes, Serve
@@ -34,19 +29,22 @@ func FuzzH2Conn(f *testing.F) {
 	for _, s := range fuzzSeeds() {
 		f.Add(s)
 	}
-	f.Fuzz(runFuzzOne)
+	srv := h2proxy.New()
+	cfg := &proxy.Config{Services: []*proxy.Service{fuzzSvc}, Hook: &rec{deny: map[string]bool{"/": true, "/x": true}}}
+	f.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	})
+	f.Fuzz(func(t *testing.T, frames []byte) { runFuzzOne(t, srv, cfg, frames) })
 }
 
 // runFuzzOne serves one connection carrying frames.
-func runFuzzOne(t *testing.T, frames []byte) {
-	fuzzOnce.Do(func() {
-		fuzzSrv = h2proxy.New()
-		fuzzCfg = &proxy.Config{Services: []*proxy.Service{fuzzSvc}, Hook: &rec{deny: map[string]bool{"/": true, "/x": true}}}
-	})
+func runFuzzOne(t *testing.T, srv *h2proxy.Server, cfg *proxy.Config, frames []byte) {
 	{
 		client, server := net.Pipe()
 		done := make(chan struct{})
-		go func() { fuzzSrv.Serve(server, nil, fuzzSvc, fuzzCfg); close(done) }()
+		go func() { srv.Serve(server, nil, fuzzSvc, cfg); close(done) }()
 		go func() {
 			_, _ = io.WriteString(client, http2.ClientPreface)
 			_, _ = client.Write(frames)
