@@ -81,7 +81,7 @@ type watchers struct {
 	exited      int // watcher goroutines ended by the idle sweep (tests)
 	timer       *time.Timer
 	idleTimeout time.Duration
-	onShrink    func() // called (without mu) after a sweep ended watchers
+	onShrink    func() // called, without mu held, after a sweep ended watchers
 }
 
 type idleWatcher struct {
@@ -135,11 +135,19 @@ func (w *watchers) loop(ch chan *conn) {
 // sweep ends the watchers idle for idleTimeout or longer and re-arms the
 // timer for the oldest remaining one.
 func (w *watchers) sweep() {
+	if w.sweepLocked() > 0 && w.onShrink != nil {
+		w.onShrink() // without w.mu: it takes Proxy.mu, then w.mu
+	}
+}
+
+// sweepLocked does sweep's work under w.mu and returns the number of
+// watchers it ended.
+func (w *watchers) sweepLocked() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.timer = nil
 	if w.closed {
-		return
+		return 0
 	}
 	now := time.Now()
 	k := 0
@@ -148,9 +156,6 @@ func (w *watchers) sweep() {
 		k++
 	}
 	w.exited += k
-	if k > 0 && w.onShrink != nil {
-		defer w.onShrink() // runs after the unlock (deferred earlier)
-	}
 	n := copy(w.idle, w.idle[k:])
 	clear(w.idle[n:])
 	w.idle = w.idle[:n]
@@ -160,6 +165,7 @@ func (w *watchers) sweep() {
 	if cap(w.idle) > 64 && n < cap(w.idle)/4 {
 		w.idle = append([]idleWatcher(nil), w.idle...) // give the burst's array back
 	}
+	return k
 }
 
 func (w *watchers) close() {

@@ -120,3 +120,57 @@ func rssKiB() int {
 	}
 	return 0
 }
+
+// The idle sweep that ends a burst's watchers after its connections are
+// gone reaches the memory trim, which takes the proxy's lock and then the
+// watchers' lock: the sweep must not hold its own lock meanwhile (it did,
+// and the first such sweep hung the proxy).
+func TestWatcherSweepAfterBurstTrims(t *testing.T) {
+	const n = trimAfterBurst + 44
+	hook := &barrierHook{n: n, all: make(chan struct{})}
+	p, addr := startProxy(t, hook, &Service{Upstream: "127.0.0.1:9"}, func(cfg *Config) {
+		cfg.ParkIdleAfter = -1
+		cfg.watcherIdle = time.Hour // the test sweeps by hand
+	})
+	conns := make([]net.Conn, 0, n)
+	for i := 0; i < n; i++ {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(time.Minute))
+		conns = append(conns, c)
+		fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	}
+	for i, c := range conns {
+		if r, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || r.StatusCode != 429 {
+			t.Fatalf("response %d: %v %v", i, r, err)
+		}
+		c.Close()
+	}
+	for i := 0; p.Stats().Conns != 0; i++ {
+		if i == 6000 {
+			t.Fatalf("connections still open: %+v", p.Stats())
+		}
+		time.Sleep(10 * time.Millisecond) // polling an observable count, with a bound
+	}
+	if p.trim.count.Load() != 0 {
+		t.Fatal("trimmed while the watchers were alive")
+	}
+	p.watchers.mu.Lock()
+	p.watchers.idleTimeout = 0 // every idle watcher is due
+	p.watchers.mu.Unlock()
+	done := make(chan struct{})
+	go func() { p.watchers.sweep(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the sweep deadlocked")
+	}
+	for i := 0; p.trim.count.Load() != 1 || p.Stats().Watchers != 0; i++ {
+		if i == 6000 {
+			t.Fatalf("trims %d, watchers %d after the sweep", p.trim.count.Load(), p.Stats().Watchers)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
