@@ -1,6 +1,6 @@
 // Package rlclient is the RateLimitly client: it discovers the servers of a
 // deployment by DNS SRV, sends each rate check to every endpoint through
-// per-CPU UDP rings (pkg/udpshard), follows a request policy (fan-out,
+// per-CPU UDP shards (pkg/udpshard), follows a request policy (fan-out,
 // replay, final receive, completion delivery) and returns exactly one
 // decision or failure cause per check; it also sends latency reports.
 //
@@ -172,7 +172,7 @@ type Client struct {
 	wg      sync.WaitGroup
 }
 
-// New validates cfg, opens the UDP rings and starts discovery in the
+// New validates cfg, opens the UDP shards and starts discovery in the
 // background; it does not wait for the first lookup (see Ready).
 func New(cfg Config) (*Client, error) {
 	if cfg.SRV == "" {
@@ -288,7 +288,7 @@ func (c *Client) Stats() Stats {
 	return st
 }
 
-// Close stops discovery, the timer goroutines and the rings. Checks in
+// Close stops discovery, the timer goroutines and the UDP shards. Checks in
 // flight end with CauseCancelled. Idempotent.
 func (c *Client) Close() error {
 	c.once.Do(func() {
