@@ -390,7 +390,7 @@ echo "machine: $(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc
 echo "$WRK, $ROUNDS alternating rounds; servers on CPU $SERVER_CPU, wrk on CPU $CLIENT_CPU"
 measure "${rows[@]}"
 serial_rows=(direct proxy_pass unprotected admission)
-[ "$EVPROTO" = 1 ] && serial_rows+=(evproto)
+[ "$EVPROTO" = 1 ] && serial_rows+=(evproto evuring)
 [ "$SERIAL" = 1 ] && measure_serial "${serial_rows[@]}"
 if [ -n "${URL[steered]:-}" ]; then
   steered_outcomes=$(nsenter --net="/run/netns/$NS_NODE" curl -fsS http://127.0.0.1:9901/metrics | outcomes)
