@@ -84,7 +84,11 @@ func main() {
 	errc := make(chan error, *loops)
 	if *mode == "uring" {
 		for i := 0; i < *loops; i++ {
-			go func() { errc <- runUring(la, ua) }()
+			ready := make(chan error, 1)
+			go func() { errc <- runUring(la, ua, ready) }()
+			if err := <-ready; err != nil {
+				fail(err)
+			}
 		}
 		fail(<-errc)
 	}

@@ -262,22 +262,39 @@ type uloop struct {
 	xff      []byte
 }
 
-func runUring(la, ua netip.AddrPort) error {
-	runtime.LockOSThread() // SINGLE_ISSUER: the creating thread submits
-	r, err := newRing(1024)
+// runUring serves la on the calling goroutine, locked to its thread (the
+// ring's only submitter under SINGLE_ISSUER); ready gets the setup error,
+// or nil once the loop serves.
+func runUring(la, ua netip.AddrPort, ready chan<- error) error {
+	runtime.LockOSThread()
+	l, err := newUloop(la, ua)
+	ready <- err
 	if err != nil {
 		return err
+	}
+	return l.run()
+}
+
+func newUloop(la, ua netip.AddrPort) (*uloop, error) {
+	r, err := newRing(1024)
+	if err != nil {
+		return nil, err
 	}
 	pb, err := r.registerPbuf()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	lfd, err := listenReuse(la)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	l := &uloop{r: r, pb: pb, lfd: lfd, upstream: sockaddr(ua), xff: []byte("X-Forwarded-For: 127.0.0.1\r\n\r\n")}
 	l.armAccept()
+	return l, nil
+}
+
+func (l *uloop) run() error {
+	r := l.r
 	for {
 		if err := r.enter(1); err != nil {
 			return err

@@ -16,6 +16,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // node is one frame in the merged call tree.
@@ -149,7 +151,18 @@ func frameName(line string) string {
 	if name == "[unknown]" && len(f) > 2 {
 		name += " " + f[len(f)-1]
 	}
-	return name
+	return printable(name)
+}
+
+// printable keeps a symbol safe for XML: invalid UTF-8 and characters
+// that are not printable become '?'.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			return '?'
+		}
+		return r
+	}, s)
 }
 
 const (
@@ -173,7 +186,7 @@ func writeSVG(w io.Writer, root *node, title string) {
 <svg version="1.1" width="%.0f" height="%.0f" xmlns="http://www.w3.org/2000/svg" font-family="monospace" font-size="11">
 <rect x="0" y="0" width="100%%" height="100%%" fill="#f8f8f8"/>
 <text x="%.0f" y="18" text-anchor="middle" font-size="14">%s (%d samples)</text>
-`, width, h, width/2, html.EscapeString(title), root.n)
+`, width, h, width/2, html.EscapeString(printable(title)), root.n)
 	scale := (width - 20) / float64(root.n)
 	// Flame: the root at the bottom, callees above.
 	var draw func(nd *node, x float64, level int)
@@ -187,8 +200,8 @@ func writeSVG(w io.Writer, root *node, title string) {
 			html.EscapeString(nd.name), nd.n, 100*float64(nd.n)/float64(root.n), x, y, wd, rowH-1, color(nd.name))
 		if chars := int(wd / 7); chars >= 3 {
 			label := nd.name
-			if len(label) > chars {
-				label = label[:chars-2] + ".."
+			if r := []rune(label); len(r) > chars {
+				label = string(r[:chars-2]) + ".."
 			}
 			fmt.Fprintf(w, `<text x="%.1f" y="%.1f">%s</text>`, x+3, y+rowH-4, html.EscapeString(label))
 		}
