@@ -169,7 +169,7 @@ const (
 	width   = 1200.0
 	rowH    = 16.0
 	padTop  = 30.0
-	minDraw = 0.1 // px
+	minDraw = 1.0 // px: narrower frames are invisible and only grow the file
 )
 
 func depth(nd *node) int {
