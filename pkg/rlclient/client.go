@@ -298,6 +298,7 @@ func (c *Client) Close() error {
 		close(c.done)
 		c.wg.Wait()
 		c.ring.Close()
+		c.pool.stop()
 	})
 	return nil
 }
