@@ -17,6 +17,8 @@
 #   evproto     test/bench/evproto, the event-loop measurement prototype
 #               (no strictness, no admission; a floor, not a product row)
 #   evuring     the same prototype on io_uring (-mode uring)
+#   evstrict, evustrict  both prototypes with -strict (pkg/httpparse parses
+#               both heads, as the data path does)
 #   steered     rl-tproxy with admission, steered by sk_lookup: nginx on :80
 #               and the proxy (`port: 80`) in a "node" netns, wrk in a
 #               "client" netns over a veth (root only; with a reference row
@@ -151,7 +153,7 @@ proxy_loc='proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header C
         proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;'
 
 BACKEND=$(free_port); NGXPROXY=$(free_port); NGXLIMIT=$(free_port); HAPROXY=$(free_port)
-RLOPEN=$(free_port); RLADM=$(free_port); RLADMIN=$(free_port); CADDY=$(free_port); EVP=$(free_port); EVU=$(free_port); PKGP=$(free_port); PKGH=$(free_port)
+RLOPEN=$(free_port); RLADM=$(free_port); RLADMIN=$(free_port); CADDY=$(free_port); EVP=$(free_port); EVU=$(free_port); EVPS=$(free_port); EVUS=$(free_port); PKGP=$(free_port); PKGH=$(free_port)
 
 nginx_conf "$work/backend" "server { listen 127.0.0.1:$BACKEND; root $work/www; open_file_cache max=16; location / { index index.html; } }"
 nginx_conf "$work/nproxy" "upstream backend { server 127.0.0.1:$BACKEND; keepalive 64; }
@@ -251,7 +253,9 @@ if [ "$EVPROTO" = 1 ]; then
   go build -trimpath -o "$work/evproto" ./test/bench/evproto
   start env GOMAXPROCS=1 "$work/evproto" -listen "127.0.0.1:$EVP" -upstream "127.0.0.1:$BACKEND"; PID[evproto]=$last
   start env GOMAXPROCS=1 "$work/evproto" -mode uring -listen "127.0.0.1:$EVU" -upstream "127.0.0.1:$BACKEND"; PID[evuring]=$last
-  ports+=("$EVP" "$EVU")
+  start env GOMAXPROCS=1 "$work/evproto" -strict -listen "127.0.0.1:$EVPS" -upstream "127.0.0.1:$BACKEND"; PID[evstrict]=$last
+  start env GOMAXPROCS=1 "$work/evproto" -strict -mode uring -listen "127.0.0.1:$EVUS" -upstream "127.0.0.1:$BACKEND"; PID[evustrict]=$last
+  ports+=("$EVP" "$EVU" "$EVPS" "$EVUS")
 fi
 for port in "${ports[@]}"; do wait_http "http://127.0.0.1:$port/"; done
 wait_http "http://127.0.0.1:$RLADMIN/readyz"
@@ -270,7 +274,9 @@ URL[pkghook]="http://127.0.0.1:$PKGH/"; DESC[pkghook]="pkg/proxy with an allow-a
 if [ "$EVPROTO" = 1 ]; then
   URL[evproto]="http://127.0.0.1:$EVP/"; DESC[evproto]="prototype: test/bench/evproto (epoll loop, no strictness/admission)"
   URL[evuring]="http://127.0.0.1:$EVU/"; DESC[evuring]="prototype on io_uring: test/bench/evproto -mode uring"
-  rows+=(evproto evuring)
+  URL[evstrict]="http://127.0.0.1:$EVPS/"; DESC[evstrict]="prototype, epoll, strict (-strict: pkg/httpparse on both heads)"
+  URL[evustrict]="http://127.0.0.1:$EVUS/"; DESC[evustrict]="prototype, io_uring, strict (-mode uring -strict)"
+  rows+=(evproto evuring evstrict evustrict)
 fi
 
 if [ -n "${ONLY:-}" ]; then
@@ -572,6 +578,9 @@ Rows:
   connection stays armed, so readiness while idle discards it without a
   peek), writev/send submissions, one `io_uring_enter` per loop turn
   (`SINGLE_ISSUER|DEFER_TASKRUN`).
+- *strict* prototype rows: `-strict` parses the request and the response
+  head with pkg/httpparse (the data path's parser) instead of scanning for
+  the blank line: the prototype's cost with the strictness rules.
 - *rl-tproxy unprotected*: a location without `limit`/`guard`: parse, match,
   forward, no RateLimitly request.
 - *rl-tproxy + admission*: every request renders the bucket

@@ -19,18 +19,19 @@
 package main
 
 import (
-	"bytes"
 	"flag"
 	"fmt"
 	"net/netip"
 	"os"
 	"runtime"
-	"strconv"
 
 	"golang.org/x/sys/unix"
 )
 
 const bufSize = 16 << 10
+
+// strictParse is -strict: loops created after it is set parse strictly.
+var strictParse bool
 
 type kind uint8
 
@@ -65,6 +66,7 @@ type loop struct {
 	idleUp   []*conn
 	events   [128]unix.EpollEvent
 	iov      [3][]byte
+	p        parser
 }
 
 func main() {
@@ -72,6 +74,7 @@ func main() {
 	upstream := flag.String("upstream", "127.0.0.1:8081", "upstream address (IPv4)")
 	loops := flag.Int("loops", runtime.GOMAXPROCS(0), "event loops (one OS thread each)")
 	mode := flag.String("mode", "epoll", "syscall layer: epoll or uring (see uring.go)")
+	flag.BoolVar(&strictParse, "strict", false, "parse both heads with pkg/httpparse, as the data path does")
 	flag.Parse()
 	la, err := netip.ParseAddrPort(*listen)
 	if err != nil {
@@ -131,7 +134,7 @@ func newLoop(id int, la, ua netip.AddrPort) (*loop, error) {
 	if err != nil {
 		return nil, fmt.Errorf("epoll_create1: %w", err)
 	}
-	l := &loop{id: id, epfd: epfd, lfd: lfd, upstream: sockaddr(ua)}
+	l := &loop{id: id, epfd: epfd, lfd: lfd, upstream: sockaddr(ua), p: parser{strict: strictParse}}
 	l.track(&conn{fd: lfd, kind: kListener})
 	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(lfd)}
 	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, lfd, &ev); err != nil {
@@ -275,19 +278,21 @@ func (l *loop) client(c *conn, events uint32) {
 	l.startRequest(c)
 }
 
-var crlf2 = []byte("\r\n\r\n")
-
 // startRequest forwards the buffered head (GET without body) upstream.
 func (l *loop) startRequest(c *conn) {
 	if c.r == c.w {
 		return
 	}
-	end := bytes.Index(c.buf[c.r:c.w], crlf2)
-	if end < 0 {
+	n := l.p.requestHead(c.buf[c.r:c.w])
+	if n == 0 {
 		return // wait for the rest of the head
 	}
-	head := c.buf[c.r : c.r+end+2] // through the last field's CRLF
-	c.r += end + 4
+	if n < 0 {
+		l.closeConn(c)
+		return
+	}
+	head := c.buf[c.r : c.r+n-2] // through the last field's CRLF
+	c.r += n
 	u, err := l.getUpstream()
 	if err != nil {
 		l.closeConn(c)
@@ -327,8 +332,6 @@ func (l *loop) getUpstream() (*conn, error) {
 	return u, nil
 }
 
-var clKey = []byte("\r\ncontent-length:")
-
 func (l *loop) upstreamEvent(u *conn, events uint32) {
 	if events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) == 0 {
 		return
@@ -345,24 +348,15 @@ func (l *loop) upstreamEvent(u *conn, events uint32) {
 		return
 	}
 	if u.left < 0 {
-		end := bytes.Index(u.buf[u.r:u.w], crlf2)
-		if end < 0 {
+		n := l.p.responseLen(u.buf[u.r:u.w])
+		if n == 0 {
 			return
 		}
-		head := u.buf[u.r : u.r+end+4]
-		i := indexFold(head, clKey)
-		if i < 0 {
+		if n < 0 {
 			l.closeConn(u) // the prototype relays Content-Length bodies only
 			return
 		}
-		v := head[i+len(clKey):]
-		v = v[:bytes.IndexByte(v, '\r')]
-		n, err := strconv.Atoi(string(bytes.TrimSpace(v)))
-		if err != nil {
-			l.closeConn(u)
-			return
-		}
-		u.left = len(head) + n
+		u.left = n
 	}
 	k := min(u.w-u.r, u.left)
 	c.out, c.outN = u.buf[u.r:u.r+k], 0
@@ -423,13 +417,4 @@ func (l *loop) flushClient(c *conn) bool {
 		l.startRequest(c)
 	}
 	return true
-}
-
-func indexFold(s, key []byte) int {
-	for i := 0; i+len(key) <= len(s); i++ {
-		if bytes.EqualFold(s[i:i+len(key)], key) {
-			return i
-		}
-	}
-	return -1
 }

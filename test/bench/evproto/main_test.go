@@ -88,9 +88,18 @@ func get(t *testing.T, r *bufio.Reader) {
 }
 
 func TestRelay(t *testing.T) {
-	for _, mode := range []string{"epoll", "uring"} {
-		t.Run(mode, func(t *testing.T) {
-			addr := start(t, mode)
+	for _, tc := range []struct {
+		mode   string
+		strict bool
+	}{{"epoll", false}, {"epoll", true}, {"uring", false}, {"uring", true}} {
+		name := tc.mode
+		if tc.strict {
+			name += "-strict"
+		}
+		t.Run(name, func(t *testing.T) {
+			strictParse = tc.strict
+			addr := start(t, tc.mode)
+			strictParse = false
 			const req = "GET / HTTP/1.1\r\nHost: bench\r\n\r\n"
 			t.Run("keep-alive", func(t *testing.T) {
 				c, err := net.Dial("tcp", addr.String())
@@ -137,6 +146,21 @@ func TestRelay(t *testing.T) {
 					time.Sleep(10 * time.Millisecond) // separate segments; not synchronisation
 				}
 				get(t, r)
+			})
+			t.Run("smuggling-shape", func(t *testing.T) {
+				if !tc.strict {
+					return // only -strict parses the head
+				}
+				c, err := net.Dial("tcp", addr.String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(30 * time.Second))
+				io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n")
+				if n, err := c.Read(make([]byte, 1)); err == nil {
+					t.Fatalf("strict loop relayed a Content-Length + chunked request (%d bytes back)", n)
+				}
 			})
 			t.Run("concurrent", func(t *testing.T) {
 				var wg sync.WaitGroup

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"net/netip"
 	"runtime"
-	"strconv"
 	"sync/atomic"
 	"unsafe"
 
@@ -260,6 +258,7 @@ type uloop struct {
 	starved  []*uconn // recv ended with ENOBUFS: rearm when a buffer returns
 	gen      int
 	xff      []byte
+	p        parser
 }
 
 // runUring serves la on the calling goroutine, locked to its thread (the
@@ -288,7 +287,8 @@ func newUloop(la, ua netip.AddrPort) (*uloop, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &uloop{r: r, pb: pb, lfd: lfd, upstream: sockaddr(ua), xff: []byte("X-Forwarded-For: 127.0.0.1\r\n\r\n")}
+	l := &uloop{r: r, pb: pb, lfd: lfd, upstream: sockaddr(ua), xff: []byte("X-Forwarded-For: 127.0.0.1\r\n\r\n"),
+		p: parser{strict: strictParse}}
 	l.armAccept()
 	return l, nil
 }
@@ -449,11 +449,17 @@ func (l *uloop) received(c *uconn, e cqe, bid int) {
 
 func (l *uloop) clientData(c *uconn, data []byte, bid int) {
 	if c.peer == nil && len(c.pend) == 0 {
-		if end := bytes.Index(data, crlf2); end >= 0 {
-			if rest := data[end+4:]; len(rest) > 0 {
+		n := l.p.requestHead(data)
+		if n < 0 {
+			l.recycle(bid)
+			l.closeConn(c)
+			return
+		}
+		if n > 0 {
+			if rest := data[n:]; len(rest) > 0 {
 				c.pend = append(c.pend, rest...) // pipelined
 			}
-			l.forward(c, data[:end+2], bid)
+			l.forward(c, data[:n-2], bid)
 			return
 		}
 	}
@@ -467,17 +473,19 @@ func (l *uloop) tryPend(c *uconn) {
 	if c.peer != nil || c.fd < 0 {
 		return
 	}
-	end := bytes.Index(c.pend, crlf2)
-	if end < 0 {
+	n := l.p.requestHead(c.pend)
+	if n < 0 {
+		l.closeConn(c)
+		return
+	}
+	if n == 0 {
 		if len(c.pend) == 0 {
 			c.pend = nil // idle: no buffer
 		}
 		return
 	}
-	head := c.pend[:end+2]
-	u := l.forward(c, head, -1)
-	if u != nil {
-		c.pend = append(c.pend[:0], c.pend[end+4:]...)
+	if u := l.forward(c, c.pend[:n-2], -1); u != nil {
+		c.pend = append(c.pend[:0], c.pend[n:]...)
 	}
 }
 
@@ -538,33 +546,29 @@ func (l *uloop) upstreamData(u *uconn, data []byte, bid int) {
 		return
 	}
 	if u.left < 0 {
-		if len(u.pend) > 0 || !bytes.Contains(data, crlf2) {
-			// Head split across reads: gather a copy (rare).
+		if len(u.pend) > 0 {
+			// Head split across reads: continue on the gathered copy.
 			u.pend = append(u.pend, data...)
 			l.recycle(bid)
-			if !bytes.Contains(u.pend, crlf2) {
-				return
-			}
 			data, bid = u.pend, -1
-			u.pend = nil
 		}
-		end := bytes.Index(data, crlf2)
-		head := data[:end+4]
-		i := indexFold(head, clKey)
-		if i < 0 {
+		n := l.p.responseLen(data)
+		if n == 0 {
+			if bid >= 0 {
+				u.pend = append(u.pend, data...)
+				l.recycle(bid)
+			}
+			return
+		}
+		if n < 0 {
 			l.recycle(bid)
 			l.closeConn(u)
 			return
 		}
-		v := head[i+len(clKey):]
-		v = v[:bytes.IndexByte(v, '\r')]
-		n, err := strconv.Atoi(string(bytes.TrimSpace(v)))
-		if err != nil {
-			l.recycle(bid)
-			l.closeConn(u)
-			return
+		u.left = n
+		if bid < 0 {
+			u.pend = nil // data keeps the copy until it is sent
 		}
-		u.left = len(head) + n
 	}
 	k := min(len(data), u.left)
 	stray := len(data) > k
