@@ -333,6 +333,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		case <-done:
 			p.pools.closeAll()
 			p.watchers.close()
+			p.stopTrim()
 			p.parker.stop()
 			return nil
 		case <-ctx.Done():
@@ -345,6 +346,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 			<-done
 			p.pools.closeAll()
 			p.watchers.close()
+			p.stopTrim()
 			p.parker.stop()
 			return ctx.Err()
 		case <-timer.C:

@@ -13,17 +13,22 @@ import (
 // two minutes) nor return the freed pages at once. So when the open
 // connections and the live watchers have both fallen to 1/32 of a
 // peak of at least trimAfterBurst, the proxy runs the two cycles and
-// returns free memory to the OS itself, at most once per trimEvery.
+// returns free memory to the OS itself, at most once per trimEvery, and
+// once more trimFollowUp later for what other pools (the RateLimitly
+// client's request states, for one) let go of in the meantime.
 const (
 	trimAfterBurst = 256
 	trimEvery      = time.Minute
+	trimFollowUp   = 30 * time.Second
 )
 
 // trimState is guarded by Proxy.mu.
 type trimState struct {
-	count atomic.Uint64 // trims done (tests)
-	high  int           // peak of open connections or live watchers since the last trim
-	last  time.Time     // last trim
+	count    atomic.Uint64 // trims done (tests)
+	high     int           // peak of open connections or live watchers since the last trim
+	last     time.Time     // last trim
+	followUp *time.Timer   // the pending second trim
+	stopped  bool          // Shutdown: no more trims
 }
 
 // noteTrimLocked records n connections or watchers; p.mu is held.
@@ -45,11 +50,26 @@ func (p *Proxy) trimDueLocked() bool {
 		return false
 	}
 	now := time.Now()
-	if now.Sub(p.trim.last) < trimEvery {
+	if p.trim.stopped || now.Sub(p.trim.last) < trimEvery {
 		return false
 	}
 	p.trim.last, p.trim.high = now, max(len(p.conns), w)
+	if p.trim.followUp != nil {
+		p.trim.followUp.Stop()
+	}
+	p.trim.followUp = time.AfterFunc(trimFollowUp, p.trimMemory)
 	return true
+}
+
+// stopTrim cancels a pending follow-up trim (Shutdown).
+func (p *Proxy) stopTrim() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.trim.stopped = true
+	if p.trim.followUp != nil {
+		p.trim.followUp.Stop()
+		p.trim.followUp = nil
+	}
 }
 
 // checkTrim runs after watchers ended.
