@@ -116,20 +116,25 @@ func newDemo(src *admission.Policy, srcPath string, out io.Writer, log *slog.Log
 	if err := yaml.Unmarshal(raw, &d.node); err != nil {
 		return nil, fmt.Errorf("%s: %w", srcPath, err)
 	}
-	// The copy lives in a temp dir: point it at the credentials by
-	// absolute path.
-	if f := src.RateLimitly.CredentialsFile; f != "" {
-		abs, err := filepath.Abs(f)
-		if err != nil {
-			return nil, err
-		}
-		if n := yamlPath(&d.node, "ratelimitly", "credentials"); n != nil {
-			n.Value = abs
-		}
-	}
 	d.dir, err = os.MkdirTemp("", "rl-tproxy-demo-")
 	if err != nil {
 		return nil, err
+	}
+	// The copy lives in a temp dir, and so does a copy of the
+	// credentials, readable by their owner only (a git checkout makes the
+	// example world-readable, which a real key must not be).
+	if f := src.RateLimitly.CredentialsFile; f != "" {
+		cred, err := safefile.Read(f, 1<<20)
+		if err != nil {
+			return nil, err
+		}
+		copyPath := filepath.Join(d.dir, "credentials.yaml")
+		if err := os.WriteFile(copyPath, cred, 0o600); err != nil {
+			return nil, fmt.Errorf("copy credentials %s: %w", f, err)
+		}
+		if n := yamlPath(&d.node, "ratelimitly", "credentials"); n != nil {
+			n.Value = copyPath
+		}
 	}
 	d.path = filepath.Join(d.dir, "policy.yaml")
 	if err := d.writePolicy(); err != nil {
@@ -302,7 +307,8 @@ func (d *demo) script() error {
 	}
 	// Burst against a rate limit.
 	limited := d.findLocation(func(l *admission.Location) bool {
-		return len(l.Limits) > 0 && len(l.Guards) == 0 && len(l.Match.Headers) == 0 && l.Mode == admission.ModeEnforce
+		return len(l.Limits) > 0 && len(l.Guards) == 0 && len(l.Match.Headers) == 0 && l.Mode == admission.ModeEnforce &&
+			staticZone(l.Limits[0])
 	})
 	if limited != nil {
 		if err := d.burst(next, limited, "Burst"); err != nil {
@@ -324,6 +330,14 @@ func (d *demo) script() error {
 		}
 	}
 	return nil
+}
+
+// staticZone reports whether z has one rate and burst for every request
+// (no tier) and a bucket the demo's requests can render (no client
+// header, cookie or query value): the burst and the reload steps count on
+// both.
+func staticZone(z *admission.Zone) bool {
+	return z.RateTier == nil && z.BurstTier == nil && z.CostTier == nil && z.Bucket.ClientValue() == ""
 }
 
 func (d *demo) burst(next func(string), l *admission.Location, what string) error {

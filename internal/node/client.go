@@ -208,7 +208,6 @@ func (n *Node) apply(p *admission.Policy) error {
 	}
 	n.pol = p
 	n.commitListeners(p, opened)
-	n.logWarnings(p)
 	return nil
 }
 

@@ -118,7 +118,6 @@ func Start(parent context.Context, pol *admission.Policy, opts Options) (_ *Node
 		}
 		return nil
 	})
-	n.logWarnings(pol)
 	n.mu.Lock()
 	n.pol = pol
 	if err := n.setClient(pol); err != nil {
@@ -247,13 +246,6 @@ func (n *Node) reloadWorker(ctx context.Context) {
 		case <-n.kick:
 			_ = n.reloader.Reload(admission.TriggerSignal) // logged and counted
 		}
-	}
-}
-
-// logWarnings logs what loading p found worth a warning.
-func (n *Node) logWarnings(p *admission.Policy) {
-	for _, w := range p.Warnings {
-		n.log.Warn("policy warning", "warning", w.Error())
 	}
 }
 

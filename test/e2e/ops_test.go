@@ -354,6 +354,25 @@ func TestDemoNoWait(t *testing.T) {
 			t.Errorf("demo output lacks %q", want)
 		}
 	}
+	// Both bursts (before and after the reload) must reach their limit:
+	// some requests allowed, then denies. A demo that picked a zone it
+	// cannot exercise (a tiered rate, a client header it does not send)
+	// showed "allowed 10, denied 0" and then "allowed 0, denied 13".
+	bursts := regexp.MustCompile(`allowed \(200\): (\d+)\s+denied \(429\): (\d+)`).FindAllSubmatch(out, -1)
+	if len(bursts) != 2 {
+		t.Errorf("demo output has %d burst results, want 2", len(bursts))
+	}
+	for i, m := range bursts {
+		if string(m[1]) == "0" || string(m[2]) == "0" {
+			t.Errorf("burst %d: allowed %s denied %s, want both above 0", i+1, m[1], m[2])
+		}
+	}
+	if bytes.Contains(out, []byte(`RateLimit-Policy: `+"\n")) {
+		t.Error("a deny without a RateLimit-Policy value")
+	}
+	if bytes.Contains(out, []byte("policy warning")) {
+		t.Error("the example policy draws warnings")
+	}
 	if t.Failed() {
 		t.Logf("demo output:\n%s", out)
 	}
