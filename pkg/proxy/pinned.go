@@ -39,10 +39,12 @@ func (c *conn) getPinned(cfg *Config, svc *Service, fresh bool) (*upConn, error)
 	return u, nil
 }
 
-// keepPinned keeps u, clean after its exchange, for the client
-// connection's next request (without a buffer while idle).
+// keepPinned keeps u for the client connection's next request (without a
+// buffer while idle) unless its buffer holds unconsumed bytes. As for the
+// shared pool, the socket is peeked only at reuse (getPinned): whatever
+// is queued now is still queued then.
 func (c *conn) keepPinned(u *upConn) {
-	if !u.clean() {
+	if u.buffered() {
 		u.close()
 		return
 	}

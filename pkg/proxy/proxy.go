@@ -31,7 +31,8 @@
 //     a bounded grace period).
 //   - An upstream connection is pooled, and later reused, only when it has
 //     no unread bytes, buffered or queued on its socket, and was not closed
-//     (a non-blocking peek at release and again at every reuse). Bytes the
+//     (buffered bytes are checked at release, the socket with one
+//     non-blocking peek at every reuse, pinned connections included). Bytes the
 //     response's framing does not account for (after a complete response,
 //     a body after HEAD/204/304, an early second response) poison it: it
 //     is closed, and no later client sees them.

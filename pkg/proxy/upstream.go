@@ -101,11 +101,14 @@ func (u *upConn) check(fd uintptr) {
 	u.healthy = err == unix.EAGAIN
 }
 
+// buffered reports whether u's buffer holds bytes no exchange consumed.
+func (u *upConn) buffered() bool { return u.buf.r != u.buf.w }
+
 // clean reports whether u has no unread bytes, neither buffered nor queued
 // on its socket, and was not closed by the upstream: only such a
 // connection may carry another exchange.
 func (u *upConn) clean() bool {
-	if u.buf.r != u.buf.w {
+	if u.buffered() {
 		return false
 	}
 	if u.raw == nil {
@@ -170,7 +173,7 @@ type upstreams struct {
 	mu        sync.Mutex
 	m         map[string]*upPool
 	closed    atomic.Bool
-	discarded atomic.Uint64 // connections found unclean at release or reuse
+	discarded atomic.Uint64 // connections found unclean at release (buffered bytes) or reuse
 }
 
 func (us *upstreams) init() { us.m = map[string]*upPool{} }
@@ -241,9 +244,14 @@ func (us *upstreams) discard(u *upConn) {
 // put returns u to its pool, or closes it when it cannot be reused. A
 // response whose framing ended before the upstream's bytes did (bytes after
 // a complete response, a body after HEAD, 204 or 304, a second response
-// sent early) poisons the connection: it is closed, never pooled.
+// sent early) poisons the connection: it is closed, never handed out again.
+//
+// Only the buffered bytes are checked here (the buffer goes back to its
+// pool, and what it held would be lost); the socket is peeked once, at
+// reuse (get). Bytes or an EOF already queued at release are still queued
+// then, so a second peek here would find nothing the reuse check misses.
 func (us *upstreams) put(cfg *Config, u *upConn) {
-	if !u.clean() {
+	if u.buffered() {
 		us.discard(u)
 		return
 	}
