@@ -20,6 +20,7 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/metrics"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
 // Config configures a Gate.
@@ -228,7 +229,7 @@ func (g *Gate) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
 		st.info = nil
 		return proxy.Decision{Allow: true, State: st}
 	}
-	eng := admission.Engine{Checker: st.ref.c, Local: g.local, Now: g.now}
+	eng := admission.Engine{Checker: st, Local: g.local, Now: g.now}
 	g.inflight.Inc()
 	eng.Decide(ctx, st.gen.pol, svc, &st.areq, &st.dec)
 	g.inflight.Dec()
@@ -239,7 +240,7 @@ func (g *Gate) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
 	}
 	switch st.dec.Action {
 	case admission.ActionAdmit:
-		return proxy.Decision{Allow: true, Forward: st.fwd, State: st}
+		return proxy.Decision{Allow: true, Forward: st.fwd, State: st, WatchClient: needsWatch(st.dec.Location)}
 	case admission.ActionDeny:
 		a := st.info.answer
 		hs, buf := a.Render(st.hdrs[:0], st.buf[:0], st.dec.Zones)
@@ -254,6 +255,32 @@ func (g *Gate) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
 	}
 	return proxy.Decision{Status: 500, Body: internalBody, ContentType: "text/plain; charset=utf-8", State: st}
 }
+
+// WatchesOnDemand implements proxy.OnDemandWatcher: the proxy watches a
+// client only while its check waits (Check) and, after an allow, only
+// where the outcome or a report depends on it (needsWatch).
+func (g *Gate) WatchesOnDemand() {}
+
+// needsWatch reports whether an allowed request at loc must be watched
+// until its response ends: a protected location's outcome (allow or
+// client_abort, with its admission latency and verdict) and a report
+// (never after a client that went away) depend on noticing an abort. An
+// unprotected location without a report, or no location, is a bypass:
+// an abort there is still seen by a failed write, not polled for.
+func needsWatch(loc *admission.Location) bool {
+	return loc != nil && (loc.Protected() || loc.Report != nil)
+}
+
+// Check implements admission.Checker for the request's Engine: it asks
+// the proxy to watch the client (a client that goes away cancels ctx)
+// and then asks the request's checker.
+func (st *state) Check(ctx context.Context, req *wire.RateRequest, out *admission.CheckResult) {
+	proxy.WatchClient(ctx)
+	st.ref.c.Check(ctx, req, out)
+}
+
+// Report implements admission.Checker (the Engine never reports).
+func (st *state) Report(service []byte, d time.Duration) { st.ref.c.Report(service, d) }
 
 // statusClientClosed is nginx's 499 "client closed request": the status
 // of a request whose client went away during admission (never written).

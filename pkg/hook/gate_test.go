@@ -92,6 +92,8 @@ services:
       - name: health
         match: {path: /healthz}
         report: api
+      - name: open
+        match: {path_prefix: /open}
       - name: shadow
         match: {path_prefix: /shadow}
         limit: [per_key]
@@ -106,6 +108,7 @@ services:
 
 type rig struct {
 	g    *Gate
+	p    *proxy.Proxy
 	ck   *fakeChecker
 	base string
 	logs *lockedBuf
@@ -178,6 +181,7 @@ func newRigUpstream(t *testing.T, fail string, fn func(context.Context, *wire.Ra
 		_ = p.Shutdown(ctx)
 	})
 	r.base = "http://" + ln.Addr().String()
+	r.p = p
 	return r
 }
 

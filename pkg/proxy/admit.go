@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -11,6 +12,7 @@ import (
 // returns); its Done channel is made only when someone asks for it and
 // replaced only after a cancellation.
 type admitCtx struct {
+	c    *conn // whose admission (WatchClient); set once
 	mu   sync.Mutex
 	done chan struct{}
 	err  error
@@ -59,6 +61,18 @@ func (a *admitCtx) reset() {
 	}
 }
 
+// WatchClient starts watching the client of the request that ctx (the
+// context Hook.Admit received from the proxy) is admitting, in the
+// admission mode of watch.go, unless a watcher runs already: ctx is then
+// cancelled when the client goes away. A Hook that implements
+// OnDemandWatcher calls it from Admit's goroutine before it waits; on any
+// other context it does nothing.
+func WatchClient(ctx context.Context) {
+	if a, ok := ctx.(*admitCtx); ok && a.c != nil {
+		a.c.watchAdmitPhase()
+	}
+}
+
 // watchers is a pool of goroutines that watch a client socket for a
 // connection (starting a goroutine per request would allocate). An idle
 // watcher parks on its channel; one idle for longer than idleTimeout
@@ -77,8 +91,9 @@ type watchers struct {
 	// ones have been idle longest and the sweep removes from the bottom.
 	idle        []idleWatcher
 	closed      bool
-	started     int // watcher goroutines started (tests)
-	exited      int // watcher goroutines ended by the idle sweep (tests)
+	starts      atomic.Uint64 // watches started (Stats.WatchStarts)
+	started     int           // watcher goroutines started (tests)
+	exited      int           // watcher goroutines ended by the idle sweep (tests)
 	timer       *time.Timer
 	idleTimeout time.Duration
 	onShrink    func() // called, without mu held, after a sweep ended watchers
@@ -94,6 +109,7 @@ type idleWatcher struct {
 const DefaultWatcherIdleTimeout = 10 * time.Second
 
 func (w *watchers) start(c *conn) {
+	w.starts.Add(1)
 	w.mu.Lock()
 	if n := len(w.idle); n > 0 {
 		ch := w.idle[n-1].ch

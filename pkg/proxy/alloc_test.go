@@ -25,6 +25,8 @@ func TestAllocsPerProxiedRequest(t *testing.T) {
 		// The *net.OpError the runtime returns to the client-abort watcher
 		// when a past deadline wakes it after Admit.
 		{"hook", allowHook{}, 1},
+		// An OnDemandWatcher that asks for no watch: no watcher, no error.
+		{"on-demand-hook-unwatched", onDemandAllowHook{}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			up := fastUpstream(t, fixedResponse)
@@ -47,3 +49,8 @@ func TestAllocsPerProxiedRequest(t *testing.T) {
 		})
 	}
 }
+
+// onDemandAllowHook allows everything and never asks for a watch.
+type onDemandAllowHook struct{ allowHook }
+
+func (onDemandAllowHook) WatchesOnDemand() {}

@@ -38,6 +38,19 @@ type Hook interface {
 	Done(r *Request, d *Decision, res *Result)
 }
 
+// OnDemandWatcher is an optional interface of a Hook that says when a
+// client that goes away matters, so that the proxy watches the client
+// socket (a watcher goroutine, a poll and deadline changes per request,
+// see watch.go) only then. Its Admit calls WatchClient(ctx), on Admit's
+// goroutine, before it waits on anything that a client going away should
+// cancel; its allowing Decisions set WatchClient when the outcome or a
+// report depends on noticing an abort until the response ends. Without a
+// watcher, an abort is noticed only by a failed read or write. A Hook
+// without this interface has every request watched.
+type OnDemandWatcher interface {
+	WatchesOnDemand()
+}
+
 // Rejecter is an optional interface of a Hook. The proxy calls Reject for
 // every request it answers itself under a rule: a strictness rule (rule
 // names from httpparse, 400/414/417/431/501/505), "header-timeout" (408)
@@ -97,6 +110,10 @@ type Decision struct {
 	Forward []httpparse.Header
 	// State is opaque to the proxy and handed back in Done.
 	State any
+	// WatchClient asks, from a Hook that implements OnDemandWatcher, that
+	// the client be watched after an allow until the response ends (other
+	// Hooks get that for every request).
+	WatchClient bool
 }
 
 // Result is the outcome of one request.

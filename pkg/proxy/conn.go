@@ -49,6 +49,8 @@ type conn struct {
 	gone     atomic.Bool  // the client went away (set by the watcher)
 	wmode    atomic.Int32 // watchAdmit or watchResponse
 	watching bool         // a watcher runs for c (the connection goroutine's view)
+	watchRsp bool         // this request's response phase is watched
+	admitDL  time.Time    // the header deadline the admission watch reads under
 	fin      bool         // response phase: the client half-closed (watcher's, read after watchDone)
 	wmu      sync.Mutex
 	wup      net.Conn // upstream connection the watcher closes when the client goes away
@@ -93,6 +95,7 @@ var connPool = sync.Pool{New: func() any {
 	c.rawReadFn = c.rawRead
 	c.w.init()
 	c.peekFn = c.peekReady
+	c.actx.c = c
 	return c
 }}
 
@@ -410,18 +413,21 @@ func (c *conn) serveOne() bool {
 	}
 
 	hook := cfg.Hook
+	c.watchRsp = false
 	if hook != nil {
-		if !armed {
-			// The client-abort watcher reads under the header deadline
-			// (not the idle wait's, which may be only ParkIdleAfter).
-			c.nc.SetReadDeadline(start.Add(svc.headerTimeout()))
+		// The client-abort watcher reads under the header deadline (not
+		// the idle wait's, which may be only ParkIdleAfter).
+		c.admitDL = start.Add(svc.headerTimeout())
+		_, onDemand := hook.(OnDemandWatcher)
+		if !armed && !onDemand {
+			c.nc.SetReadDeadline(c.admitDL)
 		}
 		// A request whose body is already buffered needs no more client
 		// reads before its response: the watcher keeps watching through
 		// the upstream exchange.
 		follow := !h.Upgrade && (mode == httpparse.BodyNone ||
 			mode == httpparse.BodyLength && int64(c.buf.w-c.buf.r) >= h.ContentLength)
-		c.dec = c.admit(hook, follow)
+		c.dec = c.admit(hook, follow, onDemand)
 		if c.gone.Load() {
 			c.watchStop()
 			c.res.ClientAborted = true

@@ -163,7 +163,7 @@ func (c *conn) sendLengthBody(u *upConn, bodyLeft int64, idle time.Duration) xfa
 // client goes away.
 func (c *conn) readResponseHead(cfg *Config, svc *Service, u *upConn, retryable bool) xfail {
 	h := &c.head
-	c.watchResponsePhase(cfg)
+	c.watchResponsePhase()
 	if c.attachUp(u) {
 		return xfail{kind: failClient}
 	}

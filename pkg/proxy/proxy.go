@@ -382,6 +382,9 @@ type Stats struct {
 	// Watchers is the number of client-abort watcher goroutines alive
 	// (running or idle; idle ones exit after DefaultWatcherIdleTimeout).
 	Watchers int
+	// WatchStarts counts client-abort watches started (an admission and
+	// a response phase each count).
+	WatchStarts uint64
 	// UpstreamDiscarded counts upstream connections closed instead of
 	// pooled or reused because they had unread bytes or were closed.
 	UpstreamDiscarded uint64
@@ -393,5 +396,6 @@ func (p *Proxy) Stats() Stats {
 	n := len(p.conns)
 	p.mu.Unlock()
 	return Stats{Conns: n, Parked: p.parker.parkedCount(), UpstreamIdle: p.pools.idleCount(),
-		UpstreamDiscarded: p.pools.discarded.Load(), Watchers: p.watchers.count()}
+		UpstreamDiscarded: p.pools.discarded.Load(), Watchers: p.watchers.count(),
+		WatchStarts: p.watchers.starts.Load()}
 }

@@ -12,7 +12,11 @@ import (
 // request was sent upstream until the response was completely written.
 // Without a Hook nobody observes Result, and nothing is watched (the
 // request path keeps zero allocations; a write error still ends the
-// exchange).
+// exchange). A Hook that is an OnDemandWatcher has the admission watched
+// only from its WatchClient call (when it is about to wait) and the
+// response only when its Decision asks (WatchClient): the watcher costs
+// a goroutine hand-off, a poll and deadline changes per request, which a
+// request whose outcome does not depend on it need not pay.
 //
 // What counts as a client that went away:
 //   - during admission: a reset, an error or a FIN (POLLRDHUP). The check's
@@ -39,16 +43,30 @@ const (
 // admit calls the hook while a watcher notices a client that goes away.
 // With follow (an allowed request needs no more client reads before its
 // response), the watcher keeps running into the response phase; the
-// caller stops it with watchStop.
-func (c *conn) admit(hook Hook, follow bool) Decision {
+// caller stops it with watchStop. With onDemand (the Hook is an
+// OnDemandWatcher) nothing is watched unless Admit calls WatchClient or
+// the Decision sets WatchClient.
+func (c *conn) admit(hook Hook, follow, onDemand bool) Decision {
 	c.gone.Store(false)
 	c.actx.reset()
 	if c.raw == nil {
 		return hook.Admit(&c.actx, &c.req)
 	}
-	c.watchStart(watchAdmit)
+	if !onDemand {
+		c.watchStart(watchAdmit)
+	}
 	d := hook.Admit(&c.actx, &c.req)
-	if d.Allow && follow && !c.gone.Load() {
+	c.watchRsp = !onDemand || d.WatchClient
+	if !c.watching {
+		// Admit did not wait: nothing to cancel; watch from here on
+		// only if the decision needs it.
+		if d.Allow && follow && c.watchRsp {
+			c.nc.SetReadDeadline(time.Time{})
+			c.watchStart(watchResponse)
+		}
+		return d
+	}
+	if d.Allow && follow && c.watchRsp && !c.gone.Load() {
 		// Watch on without the header deadline (the upstream exchange
 		// has its own timeouts). A FIN from here on is no abort.
 		c.wmode.Store(watchResponse)
@@ -59,6 +77,16 @@ func (c *conn) admit(hook Hook, follow bool) Decision {
 	return d
 }
 
+// watchAdmitPhase starts watching during Hook.Admit (WatchClient), under
+// the header deadline, unless a watcher runs already.
+func (c *conn) watchAdmitPhase() {
+	if c.raw == nil || c.watching {
+		return
+	}
+	c.nc.SetReadDeadline(c.admitDL)
+	c.watchStart(watchAdmit)
+}
+
 // watchStart starts a watcher for c in mode.
 func (c *conn) watchStart(mode int32) {
 	c.fin = false
@@ -67,10 +95,11 @@ func (c *conn) watchStart(mode int32) {
 	c.p.watchers.start(c)
 }
 
-// watchResponse starts watching for the response phase (a request whose
-// body was read from the client after admission). Only with a Hook.
-func (c *conn) watchResponsePhase(cfg *Config) {
-	if cfg.Hook == nil || c.raw == nil || c.watching {
+// watchResponsePhase starts watching for the response phase (a request
+// whose body was read from the client after admission). Only with a Hook,
+// and one that is no OnDemandWatcher or whose Decision set WatchClient.
+func (c *conn) watchResponsePhase() {
+	if !c.watchRsp || c.raw == nil || c.watching {
 		return
 	}
 	c.gone.Store(false)
