@@ -50,6 +50,9 @@
 #      sidebyside-*.svg beside OUT with gnuplot)
 #      ONLY="row row..." measures only these rows (proxy_pass is always
 #      kept as the reference; e.g. ONLY="evproto evuring" CONNS=256)
+#      BIN_OLD=path: a second rl-tproxy build measured beside BIN in the
+#      same run (rows unprotected_old, admission_old; e.g. main before a
+#      change: ONLY="unprotected admission unprotected_old admission_old")
 #      FLAME=1 (0 skips the flame graphs: perf record -g during one more wrk
 #      run per row in FLAME_ROWS, SVGs written to FLAME_DIR=docs/bench)
 set -euo pipefail
@@ -80,6 +83,11 @@ for tool in nginx haproxy caddy perf wrk curl taskset python3 go gnuplot; do
 done
 [ -x "$BIN" ] || { echo "run.sh: $BIN missing (make build)" >&2; exit 1; }
 BIN=$(realpath "$BIN")
+BIN_OLD=${BIN_OLD:-}
+if [ -n "$BIN_OLD" ]; then
+  [ -x "$BIN_OLD" ] || { echo "run.sh: BIN_OLD=$BIN_OLD is not executable" >&2; exit 1; }
+  BIN_OLD=$(realpath "$BIN_OLD")
+fi
 if [ "$IDLE_CONNS" -gt 0 ]; then
   # Each server holds IDLE_CONNS sockets: raise the soft limit as far as allowed.
   ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
@@ -218,17 +226,20 @@ services:
 $1
 EOF
 }
-rl_policy "  - name: open
-    listen: 127.0.0.1:$RLOPEN
+rl_services() { # $1 unprotected port, $2 admission port
+  echo "  - name: open
+    listen: 127.0.0.1:$1
     upstream: 127.0.0.1:$BACKEND
     locations:
       - name: open
   - name: adm
-    listen: 127.0.0.1:$RLADM
+    listen: 127.0.0.1:$2
     upstream: 127.0.0.1:$BACKEND
     locations:
       - name: adm
-        limit: [huge]" >"$work/policy.yaml"
+        limit: [huge]"
+}
+rl_policy "$(rl_services "$RLOPEN" "$RLADM")" >"$work/policy.yaml"
 "$BIN" check --policy "$work/policy.yaml" >/dev/null
 
 start() { # pinned server in the background; remember its pid (in $last)
@@ -245,6 +256,12 @@ start env HOME="$work/caddy" XDG_DATA_HOME="$work/caddy" XDG_CONFIG_HOME="$work/
   caddy run --config "$work/caddy/Caddyfile" --adapter caddyfile; PID[caddy]=$last
 start env GOMAXPROCS=1 "$BIN" run --policy "$work/policy.yaml" --admin "127.0.0.1:$RLADMIN" --log-level warn --watch=false
 PID[unprotected]=$last; PID[admission]=$last
+if [ -n "$BIN_OLD" ]; then
+  RLOPEN2=$(free_port); RLADM2=$(free_port); RLADMIN2=$(free_port)
+  rl_policy "$(rl_services "$RLOPEN2" "$RLADM2")" >"$work/policy-old.yaml"
+  start env GOMAXPROCS=1 "$BIN_OLD" run --policy "$work/policy-old.yaml" --admin "127.0.0.1:$RLADMIN2" --log-level warn --watch=false
+  PID[unprotected_old]=$last; PID[admission_old]=$last
+fi
 go build -trimpath -o "$work/pkgproxy" ./test/bench/proxy/proxy
 start env GOMAXPROCS=1 "$work/pkgproxy" -listen "127.0.0.1:$PKGP" -upstream "127.0.0.1:$BACKEND"; PID[pkgproxy]=$last
 start env GOMAXPROCS=1 "$work/pkgproxy" -hook -listen "127.0.0.1:$PKGH" -upstream "127.0.0.1:$BACKEND"; PID[pkghook]=$last
@@ -260,6 +277,9 @@ fi
 for port in "${ports[@]}"; do wait_http "http://127.0.0.1:$port/"; done
 wait_http "http://127.0.0.1:$RLADMIN/readyz"
 wait_http "http://127.0.0.1:$RLADM/"
+if [ -n "$BIN_OLD" ]; then
+  wait_http "http://127.0.0.1:$RLADMIN2/readyz"; wait_http "http://127.0.0.1:$RLOPEN2/"; wait_http "http://127.0.0.1:$RLADM2/"
+fi
 
 rows=(direct proxy_pass limit_req haproxy caddy unprotected admission pkgproxy pkghook)
 URL[direct]="http://127.0.0.1:$BACKEND/";      DESC[direct]="nginx static backend, direct"
@@ -277,6 +297,12 @@ if [ "$EVPROTO" = 1 ]; then
   URL[evstrict]="http://127.0.0.1:$EVPS/"; DESC[evstrict]="prototype, epoll, strict (-strict: pkg/httpparse on both heads)"
   URL[evustrict]="http://127.0.0.1:$EVUS/"; DESC[evustrict]="prototype, io_uring, strict (-mode uring -strict)"
   rows+=(evproto evuring evstrict evustrict)
+fi
+
+if [ -n "$BIN_OLD" ]; then
+  URL[unprotected_old]="http://127.0.0.1:$RLOPEN2/"; DESC[unprotected_old]="rl-tproxy, unprotected location, BIN_OLD build"
+  URL[admission_old]="http://127.0.0.1:$RLADM2/";    DESC[admission_old]="rl-tproxy + admission, BIN_OLD build"
+  rows+=(unprotected_old admission_old)
 fi
 
 if [ -n "${ONLY:-}" ]; then
