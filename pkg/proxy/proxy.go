@@ -44,8 +44,9 @@
 //     is set and an upstream exchange in progress is cancelled (its
 //     connection closed, not pooled). A reset or a failed write is an
 //     abort; a FIN is one only during admission (after it, a client that
-//     merely shut down its write side still gets the response). See
-//     watch.go.
+//     merely shut down its write side still gets the response). A Hook
+//     that is an OnDemandWatcher has only the requests watched that it
+//     asks for (WatchClient). See watch.go.
 //   - Idle keep-alive connections hold no buffers; after
 //     Config.ParkIdleAfter they also give up their goroutine (see park.go).
 //   - Pools shrink after a burst: idle watcher goroutines exit after

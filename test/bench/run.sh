@@ -546,7 +546,7 @@ dirty=$(git status --porcelain -- cmd pkg internal 2>/dev/null | grep -q . && ec
   echo "- commit: $commit$dirty"
   echo "- kernel: $(uname -r); CPU: $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo), $(nproc) CPUs"
   echo "- load average before/after: $load_before / $load_after (the machine was shared with other jobs: numbers are noisy)"
-  echo "- command: \`DURATION=$DURATION CONNS=$CONNS THREADS=$THREADS ROUNDS=$ROUNDS SERVER_CPU=$SERVER_CPU CLIENT_CPU=$CLIENT_CPU test/bench/run.sh\`"
+  echo "- command: \`${ONLY:+ONLY=\"$ONLY\" }${BIN_OLD:+BIN=$BIN BIN_OLD=$BIN_OLD }DURATION=$DURATION CONNS=$CONNS THREADS=$THREADS ROUNDS=$ROUNDS SERVER_CPU=$SERVER_CPU CLIENT_CPU=$CLIENT_CPU test/bench/run.sh\`"
   echo "- wrk: \`taskset -c $CLIENT_CPU $WRK URL\`; servers \`taskset -c $SERVER_CPU\`: nginx $(nginx -v 2>&1 | sed 's/.*\///') 1 worker, $(haproxy -v | awk 'NR==1 {print "HAProxy " $3}') nbthread 1, $(caddy version | awk '{print "Caddy " $1}') GOMAXPROCS=1, rl-tproxy GOMAXPROCS=1 (embedded RateLimitly in the same process)"
   echo "- body: 612 bytes static (nginx default page size); access logs off everywhere (rl-tproxy \`--log-level warn\`)"
   echo "- rounds alternate the rows; each row shows its median round (req/s, p50, p99); CPU, syscalls and context switches per request are medians over the rounds, from \`perf stat -e raw_syscalls:sys_enter,task-clock,context-switches -p PIDS\` on the row's server process(es) alone (nginx: master + worker; rl-tproxy: the whole process, embedded RateLimitly included) for exactly the wrk run"
