@@ -86,6 +86,63 @@ func TestProxyProtocolUpstreamGone(t *testing.T) {
 	}
 }
 
+// TestProxyProtocolStrayNeverReused: stray bytes after a response on a
+// pinned upstream connection, whether they arrive with the response or
+// while the connection waits for the client's next request, never reach
+// that request (a POST, which is never retried): the connection is
+// replaced by a fresh one with its own header.
+func TestProxyProtocolStrayNeverReused(t *testing.T) {
+	const stray = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nSTRAY"
+	for _, late := range []bool{false, true} {
+		t.Run(fmt.Sprintf("late=%v", late), func(t *testing.T) {
+			release, sent := make(chan struct{}), make(chan struct{}, 1)
+			up := newRawUpstream(t, func(n int, c net.Conn) {
+				br := bufio.NewReader(c)
+				if _, err := readProxyHeader(br); err != nil {
+					return
+				}
+				for k := 0; ; k++ {
+					head, err := readRequestHead(br)
+					if err != nil {
+						return
+					}
+					if strings.HasPrefix(head, "POST") {
+						br.Discard(3)
+					}
+					body := fmt.Sprintf("conn%d", n)
+					r := fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+					if n == 1 && k == 0 && !late {
+						r += stray
+					}
+					io.WriteString(c, r)
+					if n == 1 && k == 0 && late {
+						<-release
+						io.WriteString(c, stray)
+						sent <- struct{}{}
+					}
+				}
+			})
+			_, addr := startProxy(t, nil, &Service{Upstream: up.addr(), ProxyProtocol: proxyproto.V1}, nil)
+			c := dialClient(t, addr)
+			c.send("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+			if r, body := c.resp("GET"); r.StatusCode != 200 || body != "conn1" {
+				t.Fatalf("first: %d %q", r.StatusCode, body)
+			}
+			close(release)
+			if late {
+				<-sent // queued at the proxy's idle pinned socket
+			}
+			c.send("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc")
+			if r, body := c.resp("POST"); r.StatusCode != 200 || body != "conn2" {
+				t.Fatalf("second: %d %q, want conn2", r.StatusCode, body)
+			}
+			if up.count() != 2 {
+				t.Fatalf("%d upstream connections, want 2", up.count())
+			}
+		})
+	}
+}
+
 // readProxyHeader reads a v1 line or a whole v2 header.
 func readProxyHeader(br *bufio.Reader) (string, error) {
 	sig, err := br.Peek(len(proxyproto.Signature))
