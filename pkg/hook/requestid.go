@@ -34,7 +34,7 @@ func clientRequestID(h *httpparse.Request, name []byte) ([]byte, bool) {
 	var v []byte
 	n := 0
 	for i := range h.Headers {
-		if equalFold(h.Headers[i].Name, name) {
+		if httpparse.EqualFoldBytes(h.Headers[i].Name, name) {
 			v = h.Headers[i].Value
 			n++
 		}
@@ -56,25 +56,6 @@ func appendGeneratedID(b []byte) []byte {
 		}
 	}
 	return b
-}
-
-func equalFold(a, b []byte) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		x, y := a[i], b[i]
-		if x >= 'A' && x <= 'Z' {
-			x += 'a' - 'A'
-		}
-		if y >= 'A' && y <= 'Z' {
-			y += 'a' - 'A'
-		}
-		if x != y {
-			return false
-		}
-	}
-	return true
 }
 
 // requestID sets st.rid for this request: the client's valid id, else a

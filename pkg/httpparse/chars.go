@@ -124,7 +124,7 @@ func ConnectionHas(hs []Header, token []byte) bool {
 			for j < len(v) && v[j] != ',' {
 				j++
 			}
-			if equalFoldBytes(trimOWS(v[:j]), token) {
+			if EqualFoldBytes(trimOWS(v[:j]), token) {
 				return true
 			}
 			if j == len(v) {
@@ -136,7 +136,9 @@ func ConnectionHas(hs []Header, token []byte) bool {
 	return false
 }
 
-func equalFoldBytes(a, b []byte) bool {
+// EqualFoldBytes reports whether a and b are equal under ASCII case
+// folding (field names are ASCII tokens).
+func EqualFoldBytes(a, b []byte) bool {
 	if len(a) != len(b) {
 		return false
 	}

@@ -211,30 +211,11 @@ func appendOriginTarget(b []byte, h *httpparse.Request) []byte {
 // named reports whether hs has a field called name (case-insensitive).
 func named(hs []httpparse.Header, name []byte) bool {
 	for i := range hs {
-		if equalFoldBytes(hs[i].Name, name) {
+		if httpparse.EqualFoldBytes(hs[i].Name, name) {
 			return true
 		}
 	}
 	return false
-}
-
-func equalFoldBytes(a, b []byte) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		x, y := a[i], b[i]
-		if x >= 'A' && x <= 'Z' {
-			x += 'a' - 'A'
-		}
-		if y >= 'A' && y <= 'Z' {
-			y += 'a' - 'A'
-		}
-		if x != y {
-			return false
-		}
-	}
-	return true
 }
 
 // appendJoined appends the values of every field named name, joined by ", ".
