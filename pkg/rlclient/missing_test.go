@@ -47,6 +47,11 @@ func TestInvalidAnswerGetsReplayAndCompletion(t *testing.T) {
 			if r.err != nil || r.d.Cause != CauseAllow || r.d.Attempts != 2 || r.d.Endpoint != "n2.rl.test." {
 				t.Fatalf("err %v decision %+v, want allow from n2 after one replay", r.err, r.d)
 			}
+			// The replays go out together; the check may be decided by n2's
+			// answer before n1 has read its copy: wait for both to arrive.
+			testkit.WaitFor(t, "the replay at both servers", func() bool {
+				return bad.count(wire.KindRateRequest) >= 2 && late.count(wire.KindRateRequest) >= 2
+			})
 			for i, n := range nodes {
 				rs := n.received()
 				if len(rs) < 2 || rs[0].attempt != 0 || rs[1].attempt != 1 || !rs[1].replay || rs[1].id != rs[0].id {
