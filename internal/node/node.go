@@ -142,6 +142,12 @@ func Start(parent context.Context, pol *admission.Policy, opts Options) (_ *Node
 	n.goWatch(func() { n.reloadWorker(ctx) })
 	if opts.Watch {
 		n.startWatch(ctx, pol.RateLimitly.CredentialsFile)
+		// Start took a while (listeners, discovery, steering): an edit
+		// made since pol was loaded raised no event the watcher saw.
+		if n.reloader.Stale() {
+			n.log.Info("policy files changed while starting; reloading")
+			n.RequestReload()
+		}
 	}
 	return n, nil
 }

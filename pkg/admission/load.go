@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -71,9 +72,14 @@ func readLimited(path string) ([]byte, error) { return safefile.Read(path, maxFi
 // keeping its warning.
 func (l *loader) readCredentials(path string, line int) ([]byte, error) {
 	if l.readFile != nil {
-		return l.readFile(path)
+		data, err := l.readFile(path)
+		l.credData = data
+		return data, err
 	}
 	data, warning, err := safefile.ReadSecret(path, maxFileSize)
+	if err == nil {
+		l.credData = data
+	}
 	if warning != "" {
 		l.p.Warnings = append(l.p.Warnings, Error{File: l.file, Line: line, Msg: "ratelimitly.credentials: " + warning})
 	}
@@ -84,6 +90,7 @@ type loader struct {
 	nodes
 	dir      string
 	readFile func(string) ([]byte, error)
+	credData []byte // the credentials file's bytes as read (for Policy.sum)
 	p        *Policy
 	reported map[*yaml.Node]bool // references already reported (refErrorf)
 	tierRaw  map[string]*rawTier
@@ -158,7 +165,25 @@ func parse(name string, data []byte, readFile func(string) ([]byte, error)) (*Po
 		l.sortErrs()
 		return nil, &LoadError{Errs: l.errs}
 	}
+	files := [][]byte{data}
+	if l.p.RateLimitly.CredentialsFile != "" {
+		files = append(files, l.credData)
+	}
+	l.p.sum, l.p.hasSum = fileDigest(files...), true
 	return l.p, nil
+}
+
+// fileDigest hashes file contents as the Reloader compares them: each as
+// "len:bytes", in order (policy file, then credentials file).
+func fileDigest(files ...[]byte) [sha256.Size]byte {
+	h := sha256.New()
+	for _, b := range files {
+		fmt.Fprintf(h, "%d:", len(b))
+		h.Write(b)
+	}
+	var s [sha256.Size]byte
+	copy(s[:], h.Sum(nil))
+	return s
 }
 
 func (l *loader) load(data []byte) {

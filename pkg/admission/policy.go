@@ -7,6 +7,7 @@
 package admission
 
 import (
+	"crypto/sha256"
 	"net/netip"
 	"time"
 
@@ -34,6 +35,11 @@ type Policy struct {
 	trackerByName map[string]*Tracker
 	listeners     []listenerRoute
 	steered       []*Service
+	// sum is the digest of the exact policy and credentials bytes this
+	// policy was parsed from (hasSum: set by Load/Parse), so that a
+	// Reloader marks what is in force, not what is on disk later.
+	sum    [sha256.Size]byte
+	hasSum bool
 }
 
 type listenerRoute struct {

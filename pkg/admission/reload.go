@@ -57,20 +57,37 @@ type Reloader struct {
 	credFile string // credentials file of the policy in force
 }
 
-// Mark records p's files as the content in force (after the initial load),
-// so that a reload of identical files reports "unchanged".
+// Mark records p's content as the content in force (after the initial
+// load), so that a reload of identical files reports "unchanged". It is
+// the digest of the exact bytes Load read (not the files as they are on
+// disk now: an edit made since must still be applied by the next reload;
+// see Stale). A policy not built by Load or Parse falls back to the disk.
 func (r *Reloader) Mark(p *Policy) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.credFile = p.RateLimitly.CredentialsFile
+	if p.hasSum {
+		r.sum, r.have = p.sum, true
+		return
+	}
 	if s, err := r.digest(r.credFile); err == nil {
 		r.sum, r.have = s, true
 	}
 }
 
+// Stale reports whether the files on disk differ from the content in
+// force (or cannot be read): a caller that armed the watcher after Mark
+// calls it to catch an edit made in between, and reloads if true.
+func (r *Reloader) Stale() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s, err := r.digest(r.credFile)
+	return err != nil || !r.have || s != r.sum
+}
+
 // digest hashes the policy file and a credentials file.
 func (r *Reloader) digest(credFile string) ([sha256.Size]byte, error) {
-	h := sha256.New()
+	files := make([][]byte, 0, 2)
 	for _, f := range []string{r.Path, credFile} {
 		if f == "" {
 			continue
@@ -79,12 +96,9 @@ func (r *Reloader) digest(credFile string) ([sha256.Size]byte, error) {
 		if err != nil {
 			return [sha256.Size]byte{}, err
 		}
-		fmt.Fprintf(h, "%d:", len(b))
-		h.Write(b)
+		files = append(files, b)
 	}
-	var s [sha256.Size]byte
-	copy(s[:], h.Sum(nil))
-	return s, nil
+	return fileDigest(files...), nil
 }
 
 func (r *Reloader) logger() *slog.Logger {
@@ -156,6 +170,11 @@ func (r *Reloader) reload(trigger string, unsettled func(error)) error {
 		log.Warn("keeping the policy in force", "file", r.Path, "errors", n)
 		observe(ReloadError, n)
 		return err
+	}
+	if err == nil && p.hasSum {
+		// The digest of the bytes actually parsed: exact, whatever the
+		// files did around the load.
+		sum, stable = p.sum, true
 	}
 	if stable && r.have && sum == r.sum {
 		log.Debug("policy unchanged", "trigger", trigger, "file", r.Path)

@@ -309,3 +309,43 @@ func TestReloadRacingChange(t *testing.T) {
 		t.Fatalf("second reload: %v %q", err, res)
 	}
 }
+
+// An edit made between the initial Load and Mark (the node starting) is
+// not taken as in force: Mark records the bytes Load read, Stale sees the
+// difference, and the next reload applies the edit.
+func TestMarkRecordsLoadedBytesNotDisk(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(path, []byte(reloadPolicy("10/s")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(reloadPolicy("20/s")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := newApplied()
+	var results []string
+	r := &Reloader{Path: path, Apply: a.apply, Observe: func(res, _ string, _ int) { results = append(results, res) }}
+	r.Mark(p)
+	if !r.Stale() {
+		t.Fatal("Stale: the file changed after Load but is reported as in force")
+	}
+	if err := r.Reload(TriggerSignal); err != nil {
+		t.Fatal(err)
+	}
+	if len(results) != 1 || results[0] != ReloadSuccess {
+		t.Fatalf("reload results %v, want [%s]", results, ReloadSuccess)
+	}
+	if got := a.wait(t); got != 20 {
+		t.Fatalf("applied rate %d, want 20", got)
+	}
+	if r.Stale() {
+		t.Fatal("Stale after applying the file on disk")
+	}
+	if err := r.Reload(TriggerSignal); err != nil || results[len(results)-1] != ReloadUnchanged {
+		t.Fatalf("second reload: %v, results %v; want unchanged", err, results)
+	}
+}
