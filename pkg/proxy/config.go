@@ -54,7 +54,9 @@ type OnDemandWatcher interface {
 // Rejecter is an optional interface of a Hook. The proxy calls Reject for
 // every request it answers itself under a rule: a strictness rule (rule
 // names from httpparse, 400/414/417/431/501/505), "header-timeout" (408)
-// and "body-too-large" (413). Most of these never reach Admit; a chunked
+// and "body-too-large" (413); also for a connection closed without an
+// answer because its first bytes picked no protocol within the header
+// timeout ("detect-timeout", status 0, with Config.Handoff set). Most of these never reach Admit; a chunked
 // body found too large or malformed after admission also gets Done. Reject
 // runs on the connection's goroutine before the answer is written, so it
 // must not block; it also runs for requests whose Service is the only

@@ -499,15 +499,21 @@ func (c *conn) reject(cfg *Config, svc *Service, err error) bool {
 // marks the connection for a graceful close.
 func (c *conn) rejectRule(cfg *Config, svc *Service, rule string, status int) bool {
 	cfg.logger().Debug("request rejected", "service", svc.Name, "rule", rule, "status", status, "remote", c.remote)
-	if cfg.OnReject != nil {
-		cfg.OnReject(svc, c.remote, rule, status)
-	}
-	if r, ok := cfg.Hook.(Rejecter); ok {
-		r.Reject(svc, c.remote, rule, status)
-	}
+	reportReject(cfg, svc, c.remote, rule, status)
 	c.answer(status, "Connection: close\r\n")
 	c.linger = true
 	return false
+}
+
+// reportReject tells Config.OnReject and the Hook's Rejecter (both, when
+// set) that the proxy ended a request or connection under rule.
+func reportReject(cfg *Config, svc *Service, remote netip.AddrPort, rule string, status int) {
+	if cfg.OnReject != nil {
+		cfg.OnReject(svc, remote, rule, status)
+	}
+	if r, ok := cfg.Hook.(Rejecter); ok {
+		r.Reject(svc, remote, rule, status)
+	}
 }
 
 // answer writes a short plain-text answer from the proxy itself.

@@ -141,7 +141,5 @@ func (c *conn) sniffTimeout(cfg *Config, svc *Service) {
 		return
 	}
 	cfg.logger().Debug("protocol detection timed out", "service", svc.Name, "remote", c.remote)
-	if cfg.OnReject != nil {
-		cfg.OnReject(svc, c.remote, "detect-timeout", 0)
-	}
+	reportReject(cfg, svc, c.remote, "detect-timeout", 0)
 }

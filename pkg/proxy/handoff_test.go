@@ -101,43 +101,69 @@ func TestDispatchNotTaken(t *testing.T) {
 	}
 }
 
+// rejectRecorder records "rule:status" for every rejection reported to
+// it, as Config.OnReject or as a Hook's Rejecter.
+type rejectRecorder struct {
+	allowHook
+	mu    sync.Mutex
+	rules []string
+}
+
+func (r *rejectRecorder) Reject(_ *Service, _ netip.AddrPort, rule string, status int) {
+	r.mu.Lock()
+	r.rules = append(r.rules, rule+":"+strconv.Itoa(status))
+	r.mu.Unlock()
+}
+
+func (r *rejectRecorder) seen() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.rules...)
+}
+
 // TestDispatchSlow: first bytes that never decide a kind end the
 // connection at the header timeout: a would-be HTTP request with 408,
-// anything else closed and reported as detect-timeout.
+// anything else closed and reported as detect-timeout, both to
+// Config.OnReject and to a Hook's Rejecter (which feeds the rejection
+// metric in the real binary, where OnReject is unset).
 func TestDispatchSlow(t *testing.T) {
-	up := newRawUpstream(t, func(int, net.Conn) {})
-	h := &echoHandoff{takes: map[sniff.Kind]bool{sniff.TLS: true, sniff.Other: true}}
-	var mu sync.Mutex
-	var rules []string
-	_, addr := startProxy(t, nil, &Service{Upstream: up.addr(), HeaderTimeout: 300 * time.Millisecond}, func(c *Config) {
-		c.Handoff = h
-		c.OnReject = func(_ *Service, _ netip.AddrPort, rule string, status int) {
-			mu.Lock()
-			rules = append(rules, rule+":"+strconv.Itoa(status))
-			mu.Unlock()
-		}
-	})
-	c := dialClient(t, addr)
-	c.send("\x16\x03\x01")
-	c.expectClosed()
-	c = dialClient(t, addr)
-	c.send("GE")
-	if r, _ := c.resp("GET"); r.StatusCode != 408 {
-		t.Fatalf("status %d", r.StatusCode)
-	}
-	c = dialClient(t, addr)
-	c.send("GET")
-	c.send(" / HTTP/1.1\r\n")
-	if r, _ := c.resp("GET"); r.StatusCode != 408 {
-		t.Fatalf("status %d", r.StatusCode)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(rules) != 3 || rules[0] != "detect-timeout:0" || rules[1] != "header-timeout:408" || rules[2] != rules[1] {
-		t.Fatalf("rejects %q", rules)
-	}
-	if len(h.seen) != 0 || up.count() != 0 {
-		t.Fatalf("handed off %d, upstream %d", len(h.seen), up.count())
+	for _, viaHook := range []bool{false, true} {
+		t.Run(map[bool]string{false: "OnReject", true: "Rejecter"}[viaHook], func(t *testing.T) {
+			up := newRawUpstream(t, func(int, net.Conn) {})
+			h := &echoHandoff{takes: map[sniff.Kind]bool{sniff.TLS: true, sniff.Other: true}}
+			rec := &rejectRecorder{}
+			var hook Hook
+			if viaHook {
+				hook = rec
+			}
+			_, addr := startProxy(t, hook, &Service{Upstream: up.addr(), HeaderTimeout: 300 * time.Millisecond}, func(c *Config) {
+				c.Handoff = h
+				if !viaHook {
+					c.OnReject = rec.Reject
+				}
+			})
+			c := dialClient(t, addr)
+			c.send("\x16\x03\x01")
+			c.expectClosed()
+			c = dialClient(t, addr)
+			c.send("GE")
+			if r, _ := c.resp("GET"); r.StatusCode != 408 {
+				t.Fatalf("status %d", r.StatusCode)
+			}
+			c = dialClient(t, addr)
+			c.send("GET")
+			c.send(" / HTTP/1.1\r\n")
+			if r, _ := c.resp("GET"); r.StatusCode != 408 {
+				t.Fatalf("status %d", r.StatusCode)
+			}
+			rules := rec.seen()
+			if len(rules) != 3 || rules[0] != "detect-timeout:0" || rules[1] != "header-timeout:408" || rules[2] != rules[1] {
+				t.Fatalf("rejects %q", rules)
+			}
+			if len(h.seen) != 0 || up.count() != 0 {
+				t.Fatalf("handed off %d, upstream %d", len(h.seen), up.count())
+			}
+		})
 	}
 }
 
