@@ -178,6 +178,9 @@ func (n *Node) apply(p *admission.Policy) error {
 	if (steeredPorts(p) != nil) != (n.redirect != nil) {
 		return errors.New("switching between listener mode and steered (port:) services needs a restart")
 	}
+	if err := n.movedListeners(p); err != nil {
+		return err
+	}
 	// Everything that can fail happens before anything is swapped: the
 	// proxy configuration is validated and new listeners are opened first.
 	cfg := *n.proxy.Config()

@@ -213,9 +213,29 @@ func wantListeners(p *admission.Policy) map[string]string {
 	return want
 }
 
+// movedListeners rejects a policy that moves an open listen address to
+// another service (a swap, or a renamed service): the address's Serve
+// loop forwards to the service it was started for, while admission
+// would pick the new one by local address, so only half of such a
+// policy would apply. n.mu is held.
+func (n *Node) movedListeners(p *admission.Policy) error {
+	want := wantListeners(p)
+	addrs := make([]string, 0, len(n.listeners))
+	for a := range n.listeners {
+		addrs = append(addrs, a)
+	}
+	sort.Strings(addrs)
+	for _, addr := range addrs {
+		if svc, ok := want[addr]; ok && svc != n.listeners[addr].svc {
+			return fmt.Errorf("listen address %s moves from service %s to service %s: restart to apply", addr, n.listeners[addr].svc, svc)
+		}
+	}
+	return nil
+}
+
 // openListeners opens the listener-mode addresses of p that are not open
-// yet (or belong to another service now); on error it closes what it
-// opened.
+// yet; on error it closes what it opened. An address already open stays
+// with its service (movedListeners rejected a policy that moves it).
 func (n *Node) openListeners(ctx context.Context, p *admission.Policy) (map[string]*listener, error) {
 	want := wantListeners(p)
 	addrs := make([]string, 0, len(want))
@@ -225,11 +245,8 @@ func (n *Node) openListeners(ctx context.Context, p *admission.Policy) (map[stri
 	sort.Strings(addrs)
 	opened := map[string]*listener{}
 	for _, addr := range addrs {
-		if l, ok := n.listeners[addr]; ok && l.svc == want[addr] {
-			continue
-		}
 		if _, ok := n.listeners[addr]; ok {
-			continue // same address, other service: reused below
+			continue
 		}
 		ln, err := proxy.Listen(ctx, addr)
 		if err != nil {
@@ -242,9 +259,9 @@ func (n *Node) openListeners(ctx context.Context, p *admission.Policy) (map[stri
 }
 
 // commitListeners serves the newly opened listeners and closes those p no
-// longer has (their in-flight requests finish). A listener whose address
-// moved to another service keeps its socket: Serve picks the service by
-// name per connection, so it is restarted for the new name.
+// longer has (their in-flight requests finish). An address that stays
+// keeps its socket and Serve loop: it serves the same service name (a
+// policy moving it to another service was rejected by movedListeners).
 func (n *Node) commitListeners(p *admission.Policy, opened map[string]*listener) {
 	want := wantListeners(p)
 	svcs := map[string]*proxy.Service{}
@@ -258,8 +275,6 @@ func (n *Node) commitListeners(p *admission.Policy, opened map[string]*listener)
 			delete(n.listeners, addr)
 			n.publishListeners()
 			n.log.Info("listener closed", "addr", addr, "service", l.svc)
-		} else if l.svc != want[addr] {
-			n.log.Warn("listen address moved to another service; its connections use the old service until restart", "addr", addr, "old", l.svc, "new", want[addr])
 		}
 	}
 	for addr, l := range opened {
