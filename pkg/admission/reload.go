@@ -55,6 +55,9 @@ type Reloader struct {
 	sum      [sha256.Size]byte
 	have     bool
 	credFile string // credentials file of the policy in force
+	// applied, once a watcher runs, is signalled after each successful
+	// apply, so that the watcher follows a changed credentials path.
+	applied chan struct{}
 }
 
 // Mark records p's content as the content in force (after the initial
@@ -189,6 +192,12 @@ func (r *Reloader) reload(trigger string, unsettled func(error)) error {
 	}
 	r.credFile = p.RateLimitly.CredentialsFile
 	r.sum, r.have = sum, stable
+	if r.applied != nil {
+		select {
+		case r.applied <- struct{}{}:
+		default:
+		}
+	}
 	log.Info("policy reloaded", "trigger", trigger, "file", r.Path, "summary", p.Summary())
 	observe(ReloadSuccess, 0)
 	return nil

@@ -32,7 +32,9 @@ const watchMask = unix.IN_CLOSE_WRITE | unix.IN_MODIFY | unix.IN_MOVED_TO | unix
 // Watch reloads on changes of the policy file or its credentials file
 // until ctx ends. It watches the files' directories (inotify), so an
 // editor's rename, install(1), a rewrite, or a Kubernetes ConfigMap update
-// (a swap of the `..data` symlink) are all seen. ready, if not nil, is
+// (a swap of the `..data` symlink) are all seen. After a reload that
+// changed the credentials path, it watches the new file instead (and
+// reloads if that differs from what was applied). ready, if not nil, is
 // closed once the watches are in place.
 //
 // Reloads settle: events are coalesced until none arrived for Settle; a
@@ -49,23 +51,20 @@ func (r *Reloader) Watch(ctx context.Context, credentialsFile string, ready chan
 	}
 	f := os.NewFile(uintptr(fd), "inotify")
 	defer f.Close()
-	w := &watchState{r: r, names: map[int32]map[string]bool{}, dirs: map[int32]string{}, dirty: map[string]time.Time{},
+	w := &watchState{r: r, fd: fd, names: map[int32]map[string]bool{}, dirs: map[int32]string{}, dirty: map[string]time.Time{},
 		warned: map[string]bool{}}
-	for _, file := range []string{r.Path, credentialsFile} {
-		if file == "" {
-			continue
-		}
-		dir := filepath.Dir(file)
-		wd, err := unix.InotifyAddWatch(fd, dir, watchMask)
-		if err != nil {
-			return fmt.Errorf("watch %s: inotify on %s: %w", file, dir, err)
-		}
-		if w.names[int32(wd)] == nil {
-			w.names[int32(wd)] = map[string]bool{}
-		}
-		w.names[int32(wd)][filepath.Base(file)] = true
-		w.dirs[int32(wd)] = dir
+	if _, err := w.add(r.Path); err != nil {
+		return err
 	}
+	if err := w.follow(credentialsFile); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	if r.applied == nil {
+		r.applied = make(chan struct{}, 1)
+	}
+	applied := r.applied
+	r.mu.Unlock()
 	if ready != nil {
 		close(ready)
 	}
@@ -87,6 +86,23 @@ func (r *Reloader) Watch(ctx context.Context, credentialsFile string, ready chan
 			}
 		case <-timer.C:
 			if w.fire(time.Now()) {
+				timer.Reset(r.settle())
+			}
+		case <-applied:
+			// A reload may have changed the credentials path: watch the
+			// new file, and reload if it changed before it was watched.
+			r.mu.Lock()
+			cred := r.credFile
+			r.mu.Unlock()
+			if cred == w.credFile {
+				continue
+			}
+			if err := w.follow(cred); err != nil {
+				r.logger().Warn("policy watch: cannot watch the new credentials file; SIGHUP reloads it", "error", err.Error())
+				continue
+			}
+			if r.Stale() {
+				w.pending = true
 				timer.Reset(r.settle())
 			}
 		}
@@ -133,11 +149,58 @@ func (r *Reloader) maxWait() time.Duration {
 	return DefaultMaxWait
 }
 
+// add watches file's directory for file's name and returns the watch.
+func (w *watchState) add(file string) (int32, error) {
+	dir := filepath.Dir(file)
+	wd, err := unix.InotifyAddWatch(w.fd, dir, watchMask)
+	if err != nil {
+		return 0, fmt.Errorf("watch %s: inotify on %s: %w", file, dir, err)
+	}
+	if w.names[int32(wd)] == nil {
+		w.names[int32(wd)] = map[string]bool{}
+	}
+	w.names[int32(wd)][filepath.Base(file)] = true
+	w.dirs[int32(wd)] = dir
+	return int32(wd), nil
+}
+
+// follow makes cred the watched credentials file ("" = none): it watches
+// the new one, then stops watching the old one (and its directory when
+// nothing else there is watched).
+func (w *watchState) follow(cred string) error {
+	wd := int32(-1)
+	if cred != "" {
+		var err error
+		if wd, err = w.add(cred); err != nil {
+			return err
+		}
+	}
+	old, oldWD := w.credFile, w.credWD
+	w.credFile, w.credWD = cred, wd
+	if old == "" || old == cred || filepath.Clean(old) == filepath.Clean(w.r.Path) {
+		return nil
+	}
+	if oldWD == wd && filepath.Base(old) == filepath.Base(cred) {
+		return nil
+	}
+	delete(w.names[oldWD], filepath.Base(old))
+	if oldWD == w.credWD || len(w.names[oldWD]) > 0 {
+		return nil
+	}
+	delete(w.names, oldWD)
+	delete(w.dirs, oldWD)
+	_, _ = unix.InotifyRmWatch(w.fd, uint32(oldWD)) // gone with its directory is fine
+	return nil
+}
+
 // watchState is the watcher's view between events and reloads.
 type watchState struct {
-	r     *Reloader
-	names map[int32]map[string]bool // watch descriptor -> base names of interest
-	dirs  map[int32]string          // watch descriptor -> directory
+	r        *Reloader
+	fd       int
+	credFile string                    // the watched credentials file ("" = none)
+	credWD   int32                     // its directory's watch
+	names    map[int32]map[string]bool // watch descriptor -> base names of interest
+	dirs     map[int32]string          // watch descriptor -> directory
 	// dirty holds the watched files a writer has open (created or
 	// modified, not yet closed), with when that was first seen.
 	dirty   map[string]time.Time
