@@ -4,12 +4,30 @@
 // and without allocating.
 //
 // Detection leans towards HTTP/1.x when in doubt: a connection classified
-// as HTTP/1.x goes through the proxy's strict parser (which rejects what is
-// not well-formed), while anything else may be relayed unchanged to the
-// service. So every first line that starts like an HTTP method (an
-// upper-case token and a space) is HTTP/1.x, as is any line holding
-// " HTTP/" after a token and a space; only input that cannot be the start
-// of an HTTP/1.x request is Other.
+// as HTTP/1.x goes through the proxy's strict parser (which answers 400 to
+// what is not well-formed), while anything else may be relayed unchanged,
+// without admission, to a service that may parse leniently. So the first
+// line is split into words the way the most lenient servers split it: on
+// any whitespace (SP, HTAB, VT, FF, CR, and 0x1c-0x1f, 0x85, 0xa0, which
+// Python's http.server splits on too), leading whitespace skipped. It is
+// HTTP/1.x when
+//   - it is blank, or longer than 8 KiB, or its first word is a run of
+//     more than MaxMethod token bytes;
+//   - its first word is an upper-case token (A-Z, '-', '_': a method) and
+//     a second word follows;
+//   - its second word, or any later one, starts with '/' or '*' (an
+//     origin-form or asterisk-form target), or the line holds "://" (an
+//     absolute-form target) or "HTTP/" in any case (a version).
+//
+// It is Other when its first word holds a byte that is not a token
+// character (binary data), when the line has one word only (Redis's
+// "PING", "SSH-2.0-OpenSSH_9.2p1"), and when a first word that is not
+// upper-case (SSH's banner "SSH-2.0-OpenSSH_9.2p1 Debian-2+deb12u3") is
+// followed by none of the above before the line ends or a control byte
+// (other than whitespace) shows binary data. A request line that a server
+// could take goes to Other only with a method that is not upper-case and a
+// relative target without '/' ("get admin", HTTP/0.9, or cut by a control
+// byte before its version), which no common server dispatches.
 package sniff
 
 // Kind is what the first bytes of a connection are.
@@ -117,11 +135,22 @@ func detectPreface(b []byte) Kind {
 	return NeedMore
 }
 
-// detectHTTP1 decides between HTTP1 and Other on the first line.
+// detectHTTP1 decides between HTTP1 and Other on the first line, split
+// into words the way the most lenient servers split it (see the package
+// doc for the rule).
 func detectHTTP1(b []byte) Kind {
-	upper := true
-	i := 0
-	for ; i < len(b) && b[i] != ' '; i++ {
+	i := skipSpace(b, 0)
+	switch {
+	case i >= maxLineScan:
+		return HTTP1
+	case i == len(b):
+		return NeedMore
+	case b[i] == '\n':
+		return HTTP1 // a blank line: the parser decides
+	}
+	// The first word: every server's method is a token.
+	start, upper := i, true
+	for ; i < len(b) && !isSpace(b[i]) && b[i] != '\n'; i++ {
 		c := b[i]
 		if !isTchar(c) {
 			return Other
@@ -129,33 +158,77 @@ func detectHTTP1(b []byte) Kind {
 		if !(c >= 'A' && c <= 'Z' || c == '-' || c == '_') {
 			upper = false
 		}
-		if i >= MaxMethod {
+		if i-start >= MaxMethod {
 			return HTTP1
 		}
 	}
-	if i == len(b) {
+	// Whitespace, then the second word (a request's target).
+	i = skipSpace(b, i)
+	switch {
+	case i >= maxLineScan:
+		return HTTP1
+	case i == len(b):
 		return NeedMore
-	}
-	if i == 0 {
-		return Other // a line starting with a space
-	}
-	if upper {
+	case b[i] == '\n':
+		return Other // a line of one word names no target: PING, an SSH banner
+	case upper, b[i] == '/', b[i] == '*':
 		return HTTP1
 	}
-	// A mixed token (SSH's "SSH-2.0-..." banner): HTTP/1.x only if the
-	// line names an HTTP version.
-	for j := i + 1; j < len(b); j++ {
-		if b[j] == '\n' {
+	return scanLine(b, i)
+}
+
+// scanLine reads on through a line whose first word is a mixed token
+// (SSH's "SSH-2.0-..." banner) and whose second word, at b[i], starts with
+// neither '/' nor '*': it is HTTP/1.x when a later word starts with '/'
+// or '*', or the line holds "://" (an absolute URI) or "HTTP/" in any
+// case; Other at the line's end or at a control byte (binary data).
+func scanLine(b []byte, i int) Kind {
+	for ; i < len(b); i++ {
+		if i >= maxLineScan {
+			return HTTP1
+		}
+		switch c := b[i]; {
+		case c == '\n':
 			return Other
-		}
-		if b[j] == 'H' && j+5 <= len(b) && string(b[j-1:j+5]) == " HTTP/" {
+		case c == '/':
+			if isSpace(b[i-1]) || b[i-1] == '/' && b[i-2] == ':' || endsWithHTTP(b[:i]) {
+				return HTTP1
+			}
+		case c == '*' && isSpace(b[i-1]):
 			return HTTP1
-		}
-		if j >= maxLineScan {
-			return HTTP1
+		case c < 0x20 && !isSpace(c), c == 0x7f:
+			return Other
 		}
 	}
 	return NeedMore
+}
+
+// endsWithHTTP reports whether b ends with "HTTP", in any case.
+func endsWithHTTP(b []byte) bool {
+	n := len(b)
+	return n >= 4 && b[n-4]|0x20 == 'h' && b[n-3]|0x20 == 't' && b[n-2]|0x20 == 't' && b[n-1]|0x20 == 'p'
+}
+
+// skipSpace returns the index of the first byte at or after i that is not
+// whitespace (isSpace), at most maxLineScan.
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && i < maxLineScan && isSpace(b[i]) {
+		i++
+	}
+	return i
+}
+
+// isSpace reports a byte some HTTP/1.x server splits a request line on:
+// SP, HTAB, VT, FF and CR (a CR before the line's LF ends it), and the
+// other bytes Python's str.split() treats as whitespace in a line decoded
+// as ISO-8859-1 (0x1c-0x1f, 0x85, 0xa0; http.server splits on them). LF
+// ends the line and is not in the set.
+func isSpace(c byte) bool {
+	switch c {
+	case ' ', '\t', '\v', '\f', '\r', 0x1c, 0x1d, 0x1e, 0x1f, 0x85, 0xa0:
+		return true
+	}
+	return false
 }
 
 // isTchar reports an RFC 9110 token character.

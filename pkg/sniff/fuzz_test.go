@@ -33,11 +33,28 @@ func helloSeeds(t testing.TB) [][]byte {
 	}
 }
 
+// detectSeeds adds to helloSeeds the request lines a lenient server
+// parses and a strict one does not (leading whitespace, other separators
+// than SP), and text protocols that stay opaque.
+func detectSeeds(t testing.TB) [][]byte {
+	return append(helloSeeds(t),
+		[]byte(" GET /admin HTTP/1.1\r\nHost: a\r\n\r\n"),
+		[]byte("GET\t/admin\tHTTP/1.1\r\nHost: a\r\n\r\n"),
+		[]byte("GET\v/admin\x1fHTTP/1.1\r\n\r\n"),
+		[]byte("\xa0GET\xa0/admin\r\n"),
+		[]byte("get\r/admin\r\n"),
+		[]byte("SSH-2.0-x y http/1.1\r\n"),
+		[]byte("SSH-2.0-x y\x00\r\n"),
+		[]byte("PING\r\n"),
+		[]byte("*1\r\n$4\r\nPING\r\n"),
+	)
+}
+
 // TestHelloCorpus checks that testdata/fuzz/FuzzParseHello and
 // FuzzDetect hold the generated seeds (RL_WRITE_CORPUS=1 rewrites them).
 func TestHelloCorpus(t *testing.T) {
 	fuzzcorpus.Sync(t, "FuzzParseHello", helloSeeds(t))
-	fuzzcorpus.Sync(t, "FuzzDetect", helloSeeds(t))
+	fuzzcorpus.Sync(t, "FuzzDetect", detectSeeds(t))
 }
 
 // TestCapturedHello: the committed capture is a real, parseable hello.
@@ -92,10 +109,19 @@ func FuzzParseHello(f *testing.F) {
 	})
 }
 
-// FuzzDetect: a decided kind never changes when more bytes arrive.
+// FuzzDetect: a decided kind never changes when more bytes arrive, and
+// no first line that a lenient server could split into a method and an
+// origin-form or asterisk-form target is Other.
 func FuzzDetect(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		k := Detect(data)
+		if k == Other && len(data) > 0 && data[0] != 0x16 {
+			line, _, _ := bytes.Cut(data, []byte("\n"))
+			words := fields(line)
+			if len(words) >= 2 && (words[1][0] == '/' || words[1][0] == '*') && isToken(words[0]) {
+				t.Fatalf("request line %q is Other", line)
+			}
+		}
 		for _, n := range []int{len(data) / 2, len(data) - 1} {
 			if n < 0 {
 				continue
@@ -105,4 +131,33 @@ func FuzzDetect(f *testing.F) {
 			}
 		}
 	})
+}
+
+// fields splits a line on isSpace bytes (bytes.FieldsFunc would decode
+// UTF-8 and miss 0x85 and 0xa0).
+func fields(line []byte) [][]byte {
+	var words [][]byte
+	start := -1
+	for i, c := range line {
+		switch {
+		case isSpace(c) && start >= 0:
+			words = append(words, line[start:i])
+			start = -1
+		case !isSpace(c) && start < 0:
+			start = i
+		}
+	}
+	if start >= 0 {
+		words = append(words, line[start:])
+	}
+	return words
+}
+
+func isToken(b []byte) bool {
+	for _, c := range b {
+		if !isTchar(c) {
+			return false
+		}
+	}
+	return len(b) > 0
 }

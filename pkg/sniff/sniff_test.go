@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"net"
+	"strings"
 	"testing"
 )
 
@@ -54,11 +55,17 @@ func TestDetect(t *testing.T) {
 		{"PRI * HTTP/1.1\r\n", HTTP1}, // the parser answers it
 		{"POST / HTTP/1.1\r\n", HTTP1},
 		{"GET", NeedMore},
-		{"GET ", HTTP1},
+		{"GET ", NeedMore}, // one word so far
+		{"GET /", HTTP1},
 		{"GET / HTTP/1.1\r\nHost: a\r\n\r\n", HTTP1},
 		{"M-SEARCH * HTTP/1.1\r\n", HTTP1},
 		{"get / HTTP/1.1\r\n", HTTP1},
-		{"get /a", NeedMore},
+		{"get /a", HTTP1},
+		{"get a", NeedMore},
+		{"get a\r\n", Other},
+		{"get a *", HTTP1},
+		{"get http://h/admin", HTTP1},
+		{"get h http/1.1\r\n", HTTP1},
 		{"get /a b HTTP/1.1\r\n", HTTP1},
 		{"\r\nGET / HTTP/1.1\r\n", HTTP1},
 		{"GETTINGLONGERANDLONGERTHANANYMETHOD", HTTP1},
@@ -68,7 +75,26 @@ func TestDetect(t *testing.T) {
 		{"SSH-2.0-x y HTTP/1.1\r\n", HTTP1},
 		{"*1\r\n$4\r\nPING\r\n", Other}, // Redis
 		{"PING\r\n", Other},
-		{" GET / HTTP/1.1\r\n", Other},
+		{" GET /admin HTTP/1.1\r\n", HTTP1},
+		{"\tGET /admin HTTP/1.1\r\n", HTTP1},
+		{"GET\t/admin\tHTTP/1.1\r\n", HTTP1},
+		{"GET\v/admin\fHTTP/1.1\r\n", HTTP1},
+		{"GET\r/admin HTTP/1.1\r\n", HTTP1},
+		{"GET\x1f/admin\xa0HTTP/1.1\r\n", HTTP1},
+		{"\xa0\x85GET\x85/admin\r\n", HTTP1},
+		{"GET\r", NeedMore},
+		{"GET\r\n", Other},
+		{"PING \r\n", Other},
+		{" PING\r\n", Other},
+		{" \r\n", HTTP1},
+		{"   ", NeedMore},
+		{strings.Repeat(" ", 8<<10), HTTP1},
+		{"x " + strings.Repeat("a", 8<<10), HTTP1},
+		{"SSH-2.0-x\ty\r\n", Other},
+		{"SSH-2.0-x y\x01z\r\n", Other},
+		{"SSH-2.0-x\t/admin\r\n", HTTP1},
+		{" \x00", Other},
+		{"G\x00ET / HTTP/1.1\r\n", Other},
 		{"\x00\x01\x02", Other},
 		{"\xff\xfe", Other},
 	}
@@ -83,7 +109,8 @@ func TestDetect(t *testing.T) {
 // the same kind (a caller may decide on any read boundary).
 func TestDetectPrefixes(t *testing.T) {
 	for _, in := range [][]byte{clientHello(t, "a.example"), []byte(Preface), []byte("GET / HTTP/1.1\r\n"),
-		[]byte("SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n"), []byte("get / HTTP/1.1\r\n")} {
+		[]byte("SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n"), []byte("get / HTTP/1.1\r\n"), []byte(" GET /admin HTTP/1.1\r\n"),
+		[]byte("GET\t/admin\tHTTP/1.1\r\n"), []byte("SSH-2.0-x y http/1.1\r\n"), []byte("PING\r\n")} {
 		want := Detect(in)
 		for n := range len(in) {
 			if k := Detect(in[:n]); k != NeedMore && k != want {
