@@ -71,6 +71,7 @@ func (c *conn) getUpstream(cfg *Config, svc *Service, fresh bool) (*upConn, erro
 	if svc.ProxyProtocol != proxyproto.None {
 		return c.getPinned(cfg, svc, fresh)
 	}
+	c.dropPinned() // the service stopped using PROXY headers (Proxy.Update)
 	return c.p.pools.get(cfg, svc.Upstream, svc.upstreamTimeout(), fresh)
 }
 

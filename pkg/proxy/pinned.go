@@ -16,21 +16,28 @@ import (
 // connection.
 
 // getPinned returns the client connection's idle upstream connection, or
-// dials one and writes the PROXY header.
+// dials one and writes the PROXY header. The idle one is reused only while
+// the service still names its address and PROXY version (Proxy.Update may
+// have changed either) and it is clean.
 func (c *conn) getPinned(cfg *Config, svc *Service, fresh bool) (*upConn, error) {
 	if u := c.pinned; u != nil {
 		c.pinned = nil
-		if !fresh && u.clean() {
+		switch {
+		case fresh || u.pool.addr != svc.Upstream || u.proxyVersion != svc.ProxyProtocol:
+			u.close()
+		case u.clean():
 			u.reused = true
 			return u, nil
+		default:
+			u.close()
 		}
-		u.close()
 	}
 	u, err := c.p.pools.get(cfg, svc.Upstream, svc.upstreamTimeout(), true)
 	if err != nil {
 		return nil, err
 	}
 	u.pinned = true
+	u.proxyVersion = svc.ProxyProtocol
 	hdr := proxyproto.Append(c.ppbuf[:0], svc.ProxyProtocol, c.remote, c.local)
 	if _, err := c.w.writeTimeout(u.nc, u.raw, hdr, svc.upstreamTimeout()); err != nil {
 		u.close()

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxyproto"
 )
@@ -138,6 +139,112 @@ func TestProxyProtocolStrayNeverReused(t *testing.T) {
 			}
 			if up.count() != 2 {
 				t.Fatalf("%d upstream connections, want 2", up.count())
+			}
+		})
+	}
+}
+
+// headerUpstream is a raw upstream that records the PROXY header each of
+// its connections started with ("" for none), answers every request with
+// name and the connection's number, and reports each connection's end.
+type headerUpstream struct {
+	*rawUpstream
+	mu      sync.Mutex
+	headers map[int]string
+	ended   chan int
+}
+
+func newHeaderUpstream(t *testing.T, name string) *headerUpstream {
+	h := &headerUpstream{headers: map[int]string{}, ended: make(chan int, 16)}
+	h.rawUpstream = newRawUpstream(t, func(n int, c net.Conn) {
+		defer func() { h.ended <- n }()
+		br := bufio.NewReader(c)
+		first, err := br.Peek(5)
+		if err != nil {
+			return
+		}
+		hdr := ""
+		if string(first) == "PROXY" || string(first) == proxyproto.Signature[:5] {
+			if hdr, err = readProxyHeader(br); err != nil {
+				return
+			}
+		}
+		h.mu.Lock()
+		h.headers[n] = hdr
+		h.mu.Unlock()
+		for {
+			if _, err := readRequestHead(br); err != nil {
+				return
+			}
+			body := fmt.Sprintf("%s%d", name, n)
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		}
+	})
+	return h
+}
+
+func (h *headerUpstream) header(n int) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.headers[n]
+}
+
+// TestProxyProtocolFollowsUpdate: a keep-alive client whose service is
+// pointed at another upstream, or switched to another PROXY version (or
+// to none), by Proxy.Update sends its next request as the new
+// configuration says: the pinned connection to the old upstream or with
+// the old header is closed, not reused.
+func TestProxyProtocolFollowsUpdate(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		toB      bool
+		version  proxyproto.Version
+		wantBody string
+		wantHdr  string // prefix of the new connection's header
+	}{
+		{"address", true, proxyproto.V1, "B1", "PROXY TCP4 "},
+		{"version", false, proxyproto.V2, "A2", proxyproto.Signature},
+		{"none", false, proxyproto.None, "A2", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := newHeaderUpstream(t, "A"), newHeaderUpstream(t, "B")
+			p, addr := startProxy(t, nil, &Service{Upstream: a.addr(), ProxyProtocol: proxyproto.V1}, nil)
+			c := dialClient(t, addr)
+			c.send("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+			if r, body := c.resp("GET"); r.StatusCode != 200 || body != "A1" {
+				t.Fatalf("first: %d %q", r.StatusCode, body)
+			}
+			next := &Service{Name: "web", Upstream: a.addr(), ProxyProtocol: tc.version}
+			if tc.toB {
+				next.Upstream = b.addr()
+			}
+			if err := p.Update(Config{Services: []*Service{next}}); err != nil {
+				t.Fatal(err)
+			}
+			c.send("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+			if r, body := c.resp("GET"); r.StatusCode != 200 || body != tc.wantBody {
+				t.Fatalf("after update: %d %q, want %q", r.StatusCode, body, tc.wantBody)
+			}
+			up := a
+			if tc.toB {
+				up = b
+			}
+			n := int(tc.wantBody[1] - '0')
+			if got := up.header(n); !strings.HasPrefix(got, tc.wantHdr) || (tc.wantHdr == "") != (got == "") {
+				t.Fatalf("new connection's header %q, want prefix %q", got, tc.wantHdr)
+			}
+			// The old pinned connection is closed now, not when the
+			// client leaves.
+			select {
+			case n := <-a.ended:
+				if n != 1 {
+					t.Fatalf("upstream A connection %d ended, want 1", n)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the old pinned connection is still open")
+			}
+			if s := p.Stats(); s.UpstreamDiscarded != 0 {
+				t.Fatalf("stats %+v: a reconfigured connection is not unclean", s)
 			}
 		})
 	}

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxyproto"
 )
 
 // bufSize is the size of pooled read and write buffers. It holds a
@@ -80,6 +81,9 @@ type upConn struct {
 	rn        int
 	rerr      unix.Errno
 	peek      [1]byte
+
+	// proxyVersion is the PROXY header a pinned connection started with.
+	proxyVersion proxyproto.Version
 }
 
 func newUpConn(nc net.Conn, pool *upPool) *upConn {
