@@ -18,7 +18,8 @@ import (
 // getPinned returns the client connection's idle upstream connection, or
 // dials one and writes the PROXY header. The idle one is reused only while
 // the service still names its address and PROXY version (Proxy.Update may
-// have changed either) and it is clean.
+// have changed either) and it is clean; one found unclean is counted in
+// Stats.UpstreamDiscarded.
 func (c *conn) getPinned(cfg *Config, svc *Service, fresh bool) (*upConn, error) {
 	if u := c.pinned; u != nil {
 		c.pinned = nil
@@ -29,7 +30,7 @@ func (c *conn) getPinned(cfg *Config, svc *Service, fresh bool) (*upConn, error)
 			u.reused = true
 			return u, nil
 		default:
-			u.close()
+			c.p.pools.discard(u)
 		}
 	}
 	u, err := c.p.pools.get(cfg, svc.Upstream, svc.upstreamTimeout(), true)
@@ -47,12 +48,12 @@ func (c *conn) getPinned(cfg *Config, svc *Service, fresh bool) (*upConn, error)
 }
 
 // keepPinned keeps u for the client connection's next request (without a
-// buffer while idle) unless its buffer holds unconsumed bytes. As for the
-// shared pool, the socket is peeked only at reuse (getPinned): whatever
-// is queued now is still queued then.
+// buffer while idle) unless its buffer holds unconsumed bytes (then it is
+// discarded and counted). As for the shared pool, the socket is peeked
+// only at reuse (getPinned): whatever is queued now is still queued then.
 func (c *conn) keepPinned(u *upConn) {
 	if u.buffered() {
-		u.close()
+		c.p.pools.discard(u)
 		return
 	}
 	u.buf.put()

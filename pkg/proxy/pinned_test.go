@@ -123,7 +123,7 @@ func TestProxyProtocolStrayNeverReused(t *testing.T) {
 					}
 				}
 			})
-			_, addr := startProxy(t, nil, &Service{Upstream: up.addr(), ProxyProtocol: proxyproto.V1}, nil)
+			p, addr := startProxy(t, nil, &Service{Upstream: up.addr(), ProxyProtocol: proxyproto.V1}, nil)
 			c := dialClient(t, addr)
 			c.send("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
 			if r, body := c.resp("GET"); r.StatusCode != 200 || body != "conn1" {
@@ -137,8 +137,8 @@ func TestProxyProtocolStrayNeverReused(t *testing.T) {
 			if r, body := c.resp("POST"); r.StatusCode != 200 || body != "conn2" {
 				t.Fatalf("second: %d %q, want conn2", r.StatusCode, body)
 			}
-			if up.count() != 2 {
-				t.Fatalf("%d upstream connections, want 2", up.count())
+			if up.count() != 2 || p.Stats().UpstreamDiscarded != 1 {
+				t.Fatalf("upstream connections %d, stats %+v; want 2 and 1 discarded", up.count(), p.Stats())
 			}
 		})
 	}

@@ -386,8 +386,10 @@ type Stats struct {
 	// WatchStarts counts client-abort watches started (an admission and
 	// a response phase each count).
 	WatchStarts uint64
-	// UpstreamDiscarded counts upstream connections closed instead of
-	// pooled or reused because they had unread bytes or were closed.
+	// UpstreamDiscarded counts upstream connections (pooled or pinned)
+	// closed instead of pooled or reused because they had unread bytes or
+	// were closed by the upstream; clean ones closed for idling too long
+	// or after a configuration change are not counted.
 	UpstreamDiscarded uint64
 }
 

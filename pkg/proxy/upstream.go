@@ -177,7 +177,7 @@ type upstreams struct {
 	mu        sync.Mutex
 	m         map[string]*upPool
 	closed    atomic.Bool
-	discarded atomic.Uint64 // connections found unclean at release (buffered bytes) or reuse
+	discarded atomic.Uint64 // connections found unclean (unread bytes, closed by the peer), pooled or pinned
 }
 
 func (us *upstreams) init() { us.m = map[string]*upPool{} }
@@ -213,8 +213,13 @@ func (us *upstreams) get(cfg *Config, addr string, timeout time.Duration, fresh 
 			// Every reuse is checked: a byte that arrived while the
 			// connection was idle belongs to no exchange (a stray or
 			// early response, a body after HEAD), and an EOF is a close.
-			// Either way the next client must never see it.
-			if now.Sub(u.idleSince) < idleTimeout && u.clean() {
+			// Either way the next client must never see it. A
+			// connection merely idle too long is closed, not counted.
+			if now.Sub(u.idleSince) >= idleTimeout {
+				u.close()
+				continue
+			}
+			if u.clean() {
 				u.reused = true
 				return u, nil
 			}
@@ -239,7 +244,8 @@ func (us *upstreams) get(cfg *Config, addr string, timeout time.Duration, fresh 
 
 var defaultDialer = &net.Dialer{KeepAlive: 30 * time.Second}
 
-// discard closes u, which was found unfit for reuse, and counts it.
+// discard closes u, which was found unclean (unread bytes, or closed by
+// the upstream), and counts it in Stats.UpstreamDiscarded.
 func (us *upstreams) discard(u *upConn) {
 	us.discarded.Add(1)
 	u.close()

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -212,7 +213,7 @@ func TestUpstreamHealthAndIdleTimeout(t *testing.T) {
 			c.Close() // silently, without Connection: close
 			closed <- struct{}{}
 		})
-		_, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, nil)
+		p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, nil)
 		c := dialClient(t, addr)
 		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 		c.resp("GET")
@@ -222,8 +223,43 @@ func TestUpstreamHealthAndIdleTimeout(t *testing.T) {
 		if r, body := c.resp("POST"); r.StatusCode != 200 || body != "ok" {
 			t.Fatalf("POST on a checked pool: %d %q", r.StatusCode, body)
 		}
-		if up.count() != 2 {
-			t.Fatalf("upstream connections %d, want 2", up.count())
+		if up.count() != 2 || p.Stats().UpstreamDiscarded != 1 {
+			t.Fatalf("upstream connections %d, stats %+v; want 2 and 1 discarded", up.count(), p.Stats())
+		}
+	})
+	// A clean connection found expired at reuse (before the prune timer
+	// closed it) is closed and replaced, but it was not unclean: it is
+	// not counted as discarded.
+	t.Run("expired-at-reuse-not-discarded", func(t *testing.T) {
+		up := newRawUpstream(t, func(_ int, c net.Conn) {
+			br := bufio.NewReader(c)
+			for {
+				if _, err := readRequestHead(br); err != nil {
+					return
+				}
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			}
+		})
+		p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(cfg *Config) {
+			cfg.UpstreamIdleTimeout = time.Hour
+		})
+		c := dialClient(t, addr)
+		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		c.resp("GET")
+		// The connection is pooled just after the response reached
+		// the client: wait (bounded) until it is.
+		for end := time.Now().Add(10 * time.Second); ageIdle(p, 2*time.Hour) != 1; {
+			if time.Now().After(end) {
+				t.Fatalf("stats %+v: the upstream connection was never pooled", p.Stats())
+			}
+			runtime.Gosched()
+		}
+		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		if r, body := c.resp("GET"); r.StatusCode != 200 || body != "ok" {
+			t.Fatalf("after expiry: %d %q", r.StatusCode, body)
+		}
+		if up.count() != 2 || p.Stats().UpstreamDiscarded != 0 {
+			t.Fatalf("upstream connections %d, stats %+v; want 2 and none discarded", up.count(), p.Stats())
 		}
 	})
 	t.Run("idle-timeout-prunes", func(t *testing.T) {
@@ -249,4 +285,21 @@ func TestUpstreamHealthAndIdleTimeout(t *testing.T) {
 			t.Fatalf("stats %+v", s)
 		}
 	})
+}
+
+// ageIdle moves the idle-since time of p's pooled upstream connections
+// back by d and returns how many there are.
+func ageIdle(p *Proxy, d time.Duration) int {
+	p.pools.mu.Lock()
+	defer p.pools.mu.Unlock()
+	n := 0
+	for _, pool := range p.pools.m {
+		pool.mu.Lock()
+		for _, u := range pool.idle {
+			u.idleSince = u.idleSince.Add(-d)
+			n++
+		}
+		pool.mu.Unlock()
+	}
+	return n
 }
