@@ -100,6 +100,11 @@ func (r *Relay) ServeConn(hc *proxy.HandoffConn) {
 		if r.Observe != nil {
 			r.Observe(&c.ev)
 		}
+		// Only now: Event.SNI and ALPN of a hello that spanned records
+		// point into the scratch buffer.
+		if c.scratch != nil {
+			scratchPool.Put(c.scratch)
+		}
 	}()
 	mode, readHello := modes(hc.Kind, hc.Service)
 	if mode == proxy.ModeReject {
@@ -110,8 +115,7 @@ func (r *Relay) ServeConn(hc *proxy.HandoffConn) {
 	data := hc.Buffered
 	hook := cfg.Hook
 	if readHello {
-		c.scratch = scratchPool.Get().(*[sniff.MaxHello + 4]byte)
-		defer scratchPool.Put(c.scratch)
+		c.scratch = scratchPool.Get().(*[sniff.MaxHello + 4]byte) // put back after Observe
 		var ok bool
 		if data, ok = c.readHello(data); !ok {
 			reset(hc.Conn)

@@ -80,7 +80,13 @@ func (e *events) wait(t *testing.T) Event {
 func start(t *testing.T, hook proxy.Hook, svc *proxy.Service) (string, *events) {
 	t.Helper()
 	ev := newEvents()
-	relay := &Relay{Observe: ev.observe}
+	return serveRelay(t, hook, svc, &Relay{Observe: ev.observe}), ev
+}
+
+// serveRelay runs a proxy for svc on a loopback port with relay as its
+// TLS and opaque Handoff and returns its address.
+func serveRelay(t *testing.T, hook proxy.Hook, svc *proxy.Service, relay *Relay) string {
+	t.Helper()
 	cfg := proxy.Config{Services: []*proxy.Service{svc}, Handoff: &proxy.HandoffMux{TLS: relay, Other: relay}}
 	if hook != nil {
 		cfg.Hook = hook
@@ -103,7 +109,7 @@ func start(t *testing.T, hook proxy.Hook, svc *proxy.Service) (string, *events) 
 		p.Shutdown(ctx)
 		closeSplicePipes()
 	})
-	return ln.Addr().String(), ev
+	return ln.Addr().String()
 }
 
 // closeSplicePipes runs the two GC cycles after which the runtime closes
