@@ -17,4 +17,12 @@ func TestAppendNoAlloc(t *testing.T) {
 	if n != 0 {
 		t.Fatalf("%v allocations", n)
 	}
+	// Zoned link-local addresses: the zone is not written, so the longest
+	// header still fits a MaxLen buffer.
+	src = netip.MustParseAddrPort("[fe80:ffff:ffff:ffff:ffff:ffff:ffff:ffff%" + longZone + "]:65535")
+	dst = netip.MustParseAddrPort("[fe80:ffff:ffff:ffff:ffff:ffff:ffff:fffe%" + longZone + "]:65535")
+	buf = make([]byte, 0, MaxLen)
+	if n := testing.AllocsPerRun(100, func() { Append(buf[:0], V1, src, dst) }); n != 0 {
+		t.Fatalf("zoned: %v allocations", n)
+	}
 }

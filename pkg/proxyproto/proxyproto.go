@@ -60,11 +60,12 @@ const MaxLen = 108
 // client) to dst (the address the client connected to) and returns the
 // extended buffer. IPv4-mapped IPv6 addresses are written as IPv4; when
 // one side is IPv4 and the other IPv6, the IPv4 one is written mapped
-// (the spec wants one family per header). Invalid addresses write the
+// (the spec wants one family per header). An IPv6 zone (fe80::1%eth0) is
+// dropped: the header has no place for it. Invalid addresses write the
 // header's "unknown" form (v1 "PROXY UNKNOWN", v2 LOCAL): the service then
 // uses the connection's own addresses.
 func Append(b []byte, v Version, src, dst netip.AddrPort) []byte {
-	sa, da := src.Addr().Unmap(), dst.Addr().Unmap()
+	sa, da := src.Addr().Unmap().WithZone(""), dst.Addr().Unmap().WithZone("")
 	known := sa.IsValid() && da.IsValid()
 	if known && sa.Is4() != da.Is4() {
 		sa, da = netip.AddrFrom16(sa.As16()), netip.AddrFrom16(da.As16())

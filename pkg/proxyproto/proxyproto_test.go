@@ -5,6 +5,9 @@ import (
 	"testing"
 )
 
+// longZone is an interface name as long as Linux allows (IFNAMSIZ-1).
+const longZone = "enp0s31f6-abcde"
+
 func TestAppend(t *testing.T) {
 	ap := netip.MustParseAddrPort
 	tests := []struct {
@@ -17,11 +20,16 @@ func TestAppend(t *testing.T) {
 		{V1, ap("[2001:db8::1]:65535"), ap("[2001:db8::2]:8443"), "PROXY TCP6 2001:db8::1 2001:db8::2 65535 8443\r\n"},
 		{V1, ap("192.0.2.7:5"), ap("[2001:db8::2]:6"), "PROXY TCP6 ::ffff:192.0.2.7 2001:db8::2 5 6\r\n"},
 		{V1, netip.AddrPort{}, ap("10.0.0.1:443"), "PROXY UNKNOWN\r\n"},
+		{V1, ap("[fe80::1%eth0]:5"), ap("[fe80::2%eth0]:6"), "PROXY TCP6 fe80::1 fe80::2 5 6\r\n"}, // zones dropped
+		{V1, ap("[fe80::1%eth0]:5"), ap("10.0.0.1:6"), "PROXY TCP6 fe80::1 ::ffff:10.0.0.1 5 6\r\n"},
 		{V2, ap("192.0.2.7:51234"), ap("10.0.0.1:443"),
 			Signature + "\x21\x11\x00\x0c" + "\xc0\x00\x02\x07" + "\x0a\x00\x00\x01" + "\xc8\x22" + "\x01\xbb"},
 		{V2, ap("[2001:db8::1]:1"), ap("[2001:db8::2]:2"),
 			Signature + "\x21\x21\x00\x24" + "\x20\x01\x0d\xb8" + "\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01" +
 				"\x20\x01\x0d\xb8" + "\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02" + "\x00\x01\x00\x02"},
+		{V2, ap("[fe80::1%eth0]:1"), ap("[fe80::2%lo]:2"),
+			Signature + "\x21\x21\x00\x24" + "\xfe\x80\x00\x00" + "\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01" +
+				"\xfe\x80\x00\x00" + "\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02" + "\x00\x01\x00\x02"},
 		{V2, netip.AddrPort{}, netip.AddrPort{}, Signature + "\x20\x00\x00\x00"},
 		{None, ap("192.0.2.7:1"), ap("10.0.0.1:2"), ""},
 	}
@@ -38,6 +46,11 @@ func TestAppend(t *testing.T) {
 	long := Append(nil, V1, ap("[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535"), ap("[ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe]:65535"))
 	if len(long) > MaxLen {
 		t.Fatalf("%d > %d", len(long), MaxLen)
+	}
+	// Also with zones, which are not written.
+	long = Append(nil, V1, ap("[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff%"+longZone+"]:65535"), ap("[ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe%"+longZone+"]:65535"))
+	if len(long) > MaxLen {
+		t.Fatalf("zoned: %d > %d: %q", len(long), MaxLen, long)
 	}
 }
 
