@@ -10,7 +10,8 @@ import (
 )
 
 // TestH2CUpgradeRefused: an HTTP/1.1 request with Upgrade: h2c is forwarded
-// as a plain request (no Upgrade, no HTTP2-Settings), so an upstream that
+// as a plain request (no Upgrade, no HTTP2-Settings, named in Connection or
+// not), so an upstream that
 // would switch to HTTP/2 answers in HTTP/1.1 and every later request is
 // admitted on its own; a WebSocket upgrade still goes through as one.
 func TestH2CUpgradeRefused(t *testing.T) {
@@ -33,8 +34,10 @@ func TestH2CUpgradeRefused(t *testing.T) {
 	hook := newTestHook(func(context.Context, *Request) Decision { return Decision{Allow: true} })
 	_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
 	c := dialClient(t, addr)
-	for i := range 2 {
-		c.send("GET /h2c HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n")
+	// The second request does not name HTTP2-Settings in Connection: the
+	// field is dropped with the refused upgrade all the same.
+	for i, conn := range []string{"Upgrade, HTTP2-Settings", "Upgrade"} {
+		c.send("GET /h2c HTTP/1.1\r\nHost: x\r\nConnection: " + conn + "\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\nX-After: 1\r\n\r\n")
 		r, body := c.resp("GET")
 		if r.StatusCode != 200 || body != "ok" {
 			t.Fatalf("request %d: %d %q, want the upstream's plain 200", i, r.StatusCode, body)
@@ -44,6 +47,9 @@ func TestH2CUpgradeRefused(t *testing.T) {
 			if v := headerOf(head, gone); v != "" {
 				t.Errorf("request %d: %s forwarded: %q", i, gone, v)
 			}
+		}
+		if headerOf(head, "X-After") != "1" {
+			t.Errorf("request %d: the field after HTTP2-Settings is lost: %q", i, head)
 		}
 		if strings.Contains(strings.ToLower(headerOf(head, "Connection")), "upgrade") {
 			t.Errorf("request %d: Connection: upgrade forwarded", i)
