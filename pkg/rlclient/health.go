@@ -34,12 +34,31 @@ type health struct {
 	since   atomic.Int64 // clock time (unix ns) of the first of them
 }
 
-// sent counts a request sent to the endpoint.
+// sent counts a request sent to the endpoint. The first request of an
+// episode stores since before it makes pending 1 (a CAS), so a concurrent
+// usable never sees MissLimit pending requests with a stale since.
 func (h *health) sent(now int64) {
-	if h.pending.Add(1) == 1 {
+	for {
+		p := h.pending.Load()
+		if p != 0 {
+			if h.pending.CompareAndSwap(p, p+1) {
+				return
+			}
+			continue
+		}
 		h.since.Store(now)
+		if sentPause != nil {
+			sentPause()
+		}
+		if h.pending.CompareAndSwap(0, 1) {
+			return
+		}
 	}
 }
+
+// sentPause, when set (tests), runs while sent starts an episode: after
+// since is stored, before pending counts the request.
+var sentPause func()
 
 // validAnswer records a valid answer: the endpoint is usable again.
 func (h *health) validAnswer() {
