@@ -197,7 +197,7 @@ func (n *Node) apply(p *admission.Policy) error {
 			closeAll(opened)
 			return err // keep the running client and the policy in force
 		}
-		n.clientFailed(err) // none yet: apply p, keep retrying with it
+		n.clientFailed(p, err) // none yet: apply p, keep retrying with it
 	}
 	n.gate.Swap(p)
 	if err := n.proxy.Update(cfg); err != nil {
@@ -226,15 +226,15 @@ const (
 	clientRetryMax = 10 * time.Second
 )
 
-// clientFailed records that no client could be created for n.pol: until
-// one is, protected requests follow the failure policy (the gate has no
-// checker: no endpoints), /readyz says why, and a retry loop runs. n.mu is
-// held.
-func (n *Node) clientFailed(err error) {
+// clientFailed records that no client could be created for p (the policy
+// being put in force; n.pol may still be the previous one): until one is,
+// protected requests follow p's failure policy (the gate has no checker:
+// no endpoints), /readyz says why, and a retry loop runs. n.mu is held.
+func (n *Node) clientFailed(p *admission.Policy, err error) {
 	first := n.clientErr == nil
 	n.clientErr = err
 	n.log.Error("RateLimitly client not created; protected requests follow the failure policy while it is retried",
-		"error", err.Error(), "fail", n.pol.RateLimitly.Fail.String())
+		"error", err.Error(), "fail", p.RateLimitly.Fail.String())
 	n.ready.Set("ratelimitly", func() error {
 		return fmt.Errorf("RateLimitly client not created (retrying): %w", err)
 	})

@@ -121,7 +121,7 @@ func Start(parent context.Context, pol *admission.Policy, opts Options) (_ *Node
 	n.mu.Lock()
 	n.pol = pol
 	if err := n.setClient(pol); err != nil {
-		n.clientFailed(err)
+		n.clientFailed(pol, err)
 	}
 	n.mu.Unlock()
 	n.gate.Swap(pol)

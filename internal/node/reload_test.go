@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -127,5 +128,87 @@ func TestReloadRejectsListenAddressMove(t *testing.T) {
 	}
 	if got := getBody(t, "http://"+lb+"/"); got != "b" {
 		t.Fatalf("after: %s answered %q, want b", lb, got)
+	}
+}
+
+// syncBuf is a log sink safe for the node's goroutines.
+type syncBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// When no client could be created and a reload's new policy cannot create
+// one either, the log names the failure policy of the new policy (the one
+// that now decides), not the previous one's.
+func TestClientFailedLogsNewFailPolicy(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	listen := freeAddr(t)
+	write := func(fail string) {
+		// 192.0.2.1 (TEST-NET-1) is on no interface: the client's UDP
+		// sockets cannot bind, so no client is created.
+		body := fmt.Sprintf(`ratelimitly:
+  embedded: true
+  bind: 192.0.2.1
+  fail: %s
+services:
+  - name: web
+    listen: %s
+    upstream: 127.0.0.1:9
+`, fail, listen)
+		writeAtomicFile(t, path, body)
+	}
+	write("open")
+	pol, err := admission.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuf{}
+	rt, err := Start(context.Background(), pol, Options{Policy: path, Admin: "off",
+		Log: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = rt.Shutdown(ctx)
+	})
+	if !strings.Contains(logs.String(), "fail=open") {
+		t.Fatalf("start: no client failure logged with fail=open:\n%s", logs.String())
+	}
+	write("close")
+	if err := rt.reloader.Reload(admission.TriggerSignal); err != nil {
+		t.Fatal(err)
+	}
+	var last string
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "RateLimitly client not created") {
+			last = line
+		}
+	}
+	if !strings.Contains(last, "fail=close") {
+		t.Fatalf("reload's client failure logged %q, want fail=close", last)
+	}
+}
+
+func writeAtomicFile(t *testing.T, path, body string) {
+	t.Helper()
+	if err := os.WriteFile(path+".tmp", []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		t.Fatal(err)
 	}
 }
