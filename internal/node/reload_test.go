@@ -212,3 +212,30 @@ func writeAtomicFile(t *testing.T, path, body string) {
 		t.Fatal(err)
 	}
 }
+
+// An edit made after the policy was loaded and before the node finished
+// starting (and armed its watcher) is applied: the node compares the
+// files with what it loaded once the watch is in place.
+func TestEditWhileStartingIsApplied(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	listen := freeAddr(t)
+	writeRunPolicy(t, path, listen, "127.0.0.1:9", "250ms", "10/s")
+	pol, err := admission.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeRunPolicy(t, path, listen, "127.0.0.1:9", "250ms", "20/s")
+	rt := startLoaded(t, pol, path, true)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		rt.mu.Lock()
+		rate := rt.pol.Zones[0].Rate
+		rt.mu.Unlock()
+		if rate == 20 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rate %d in force 10s after start, want the edited 20", rate)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
