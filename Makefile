@@ -7,7 +7,7 @@ BIN := bin/rl-tproxy
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
-FUZZTIME ?= 5s
+FUZZTIME ?= 20000x
 
 .PHONY: all build generate generate-check test test-unit test-alloc test-fuzz lint deps demo bench soak clean
 

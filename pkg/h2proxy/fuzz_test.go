@@ -25,6 +25,9 @@ var fuzzSvc = &proxy.Service{Name: "fuzz", Upstream: "127.0.0.1:9", Limits: limi
 // connection whose every stream is denied: whatever the bytes, Serve
 // returns once the client is gone, answers only with frames, and never
 // reaches the upstream.
+//
+// Each input costs about a second (the codec lingers after GOAWAY):
+// fuzz.sh budget: 8x
 func FuzzH2Conn(f *testing.F) {
 	for _, s := range fuzzSeeds() {
 		f.Add(s)
