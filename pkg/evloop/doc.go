@@ -1,0 +1,121 @@
+// Package evloop runs per-CPU event loops: each loop is one goroutine
+// locked to its OS thread that owns non-blocking sockets, calls their
+// handlers on that thread, and batches the system calls of a turn.
+//
+// It is the syscall layer of the HTTP/1.1 data path and knows nothing of
+// HTTP.
+//
+// # Backends
+//
+// Config.Backend selects how a loop talks to the kernel:
+//
+//   - IOUring: one ring per loop. Listeners get one multishot accept,
+//     sockets one multishot recv drawing from the loop's registered
+//     provided-buffer ring (an idle socket holds no buffer), writes are
+//     send submissions of the bytes queued during the turn, Watch is a
+//     multishot POLL_ADD, and a turn ends with ONE io_uring_enter that
+//     submits everything the turn queued and waits for the next
+//     completion.
+//   - Epoll: one edge-triggered epoll set per loop. Reads go into the
+//     loop's scratch buffer (an idle socket holds no buffer); a read
+//     shorter than the buffer ends the read burst (the next arrival raises
+//     a new edge, so no read returns EAGAIN on the common path); Write
+//     writes at once and queues only what the kernel did not take.
+//   - Auto (the zero value) picks IOUring and falls back to Epoll at Start
+//     when the kernel or a seccomp profile refuses io_uring
+//     (io_uring_setup failing with EPERM, ENOSYS, EINVAL, ... as with
+//     kernel.io_uring_disabled=2 or a container runtime's default
+//     profile). The fallback is logged once per Start;
+//     Group.Backend reports the backend actually running.
+//
+// # Threads
+//
+// Post is the only Loop method that may be called from any goroutine. Every
+// other method of Loop, Sock, Timer and Watch must be called on the loop's
+// thread: from a handler, a timer, a Watch callback, an OnTurnEnd function
+// or a function given to Post. Handlers run on the loop thread and MUST
+// NOT block (no blocking system call, no channel receive, no lock held by
+// another goroutine for long): while one runs, every socket of the loop
+// waits. Hand blocking work to a goroutine and Post its result back.
+//
+// The wait at the end of a turn (epoll_wait, io_uring_enter with
+// GETEVENTS) is an announced system call, so the Go scheduler runs other
+// goroutines on the loop's P meanwhile.
+//
+// # API
+//
+//	type Backend uint8 // Auto, IOUring, Epoll; String()
+//	type Config struct {
+//		Loops   int          // default runtime.GOMAXPROCS(0)
+//		Backend Backend
+//		BufSize int          // receive buffer size (default 16 KiB)
+//		Logger  *slog.Logger // default slog.Default()
+//	}
+//	func Start(cfg Config) (*Group, error)
+//	func (g *Group) Loops() []*Loop
+//	func (g *Group) Backend() Backend   // the one actually running
+//	func (g *Group) Stats() Stats       // any goroutine
+//	func (g *Group) Close() error       // stops all loops, closes their sockets, waits
+//
+//	// Any goroutine:
+//	func (l *Loop) Post(fn func())      // run fn on l's thread in a later turn (wakes it)
+//	func (l *Loop) ID() int
+//	// Loop thread only:
+//	func (l *Loop) Listen(fd int, h AcceptHandler) error // fd may be shared by several loops
+//	func (l *Loop) Unlisten(fd int)                      // stop accepting on fd; does not close fd
+//	func (l *Loop) Add(fd int, h Handler) (*Sock, error) // connected non-blocking socket; reading armed
+//	func (l *Loop) Connect(fd int, sa unix.Sockaddr, h Handler) (*Sock, error)
+//	func (l *Loop) Watch(fd int, onReadable func()) (*Watch, error)
+//	func (w *Watch) Stop()
+//	func (l *Loop) OnTurnEnd(fn func()) // once at the end of every turn, before waiting
+//	func (l *Loop) Now() int64          // monotonic ns, cached per turn
+//	type Timer struct{ ... }            // embeddable, zero allocation
+//	func (t *Timer) Init(l *Loop, fn func())
+//	func (t *Timer) Reset(at int64)     // absolute, in Now's clock
+//	func (t *Timer) Stop()
+//
+//	type AcceptHandler interface{ OnAccept(l *Loop, fd int, remote unix.Sockaddr) }
+//	type Handler interface {
+//		OnConnect(s *Sock, err error) // only for Connect; on err the loop closes s after it returns
+//		OnRead(s *Sock, b []byte)     // b valid only during the call
+//		OnEOF(s *Sock)                // peer shut its write side; s stays open for writing
+//		OnError(s *Sock, err error)   // reset, failed write...; the loop closes s after it returns
+//		OnDrained(s *Sock)            // Pending went from > 0 to 0
+//	}
+//	func (s *Sock) Write(bufs ...[]byte) // never blocks; order preserved
+//	func (s *Sock) Pending() int         // bytes queued, not yet handed to the kernel
+//	func (s *Sock) PauseRead()           // no OnRead/OnEOF while paused
+//	func (s *Sock) ResumeRead()
+//	func (s *Sock) CloseWrite()          // shutdown(SHUT_WR) after the queued writes
+//	func (s *Sock) Close()               // no more callbacks; drops unwritten bytes
+//	func (s *Sock) Detach(fn func(fd int, err error))
+//	func (s *Sock) FD() int
+//	func (s *Sock) Loop() *Loop
+//	func (s *Sock) SetData(v any)        // per-socket state of the handler
+//	func (s *Sock) Data() any
+//
+// # Sockets
+//
+// A Sock is an entry of its loop's table: a slot and a generation, which
+// is what the kernel carries back (epoll data, io_uring user_data), so an
+// event for a closed socket whose fd number was reused is recognised and
+// dropped. A Sock must not be used after Close or Detach (its methods then
+// do nothing).
+//
+// Write copies what the kernel does not take at once into a buffer the
+// socket holds only while bytes are queued; Pending is the backpressure
+// signal (stop producing above a bound, continue in OnDrained). With
+// PauseRead a socket whose peer sends without end holds at most one
+// receive buffer's worth of data in user space.
+//
+// Close discards queued bytes: to close after a response, call
+// CloseWrite and Close in OnDrained (or after the peer's EOF). Detach
+// leaves the loop without closing: fn runs on the loop thread once the
+// queued bytes reached the kernel and no operation is in flight on the
+// fd, with the non-blocking fd (for os.NewFile + net.FileConn), or with
+// fd -1 and the error when a write failed (the loop closed the fd).
+//
+// No heap allocation happens per read, write or timer event in steady
+// state (see the allocation tests); the loop allocates per connection
+// (the Sock) and when a queue outgrows its buffer.
+package evloop

@@ -1,0 +1,435 @@
+package evloop
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Backend is the kernel interface a loop uses.
+type Backend uint8
+
+// Backends; Auto picks IOUring and falls back to Epoll.
+const (
+	Auto Backend = iota
+	IOUring
+	Epoll
+)
+
+func (b Backend) String() string {
+	switch b {
+	case Auto:
+		return "auto"
+	case IOUring:
+		return "io_uring"
+	case Epoll:
+		return "epoll"
+	}
+	return fmt.Sprintf("Backend(%d)", uint8(b))
+}
+
+// Config configures Start.
+type Config struct {
+	Loops   int          // default runtime.GOMAXPROCS(0)
+	Backend Backend      // default Auto
+	BufSize int          // receive buffer size (default 16 KiB)
+	Logger  *slog.Logger // default slog.Default()
+}
+
+// DefaultBufSize is Config.BufSize's default.
+const DefaultBufSize = 16 << 10
+
+// ErrClosed is returned for operations on a stopped loop or closed socket.
+var ErrClosed = errors.New("evloop: closed")
+
+// Stats are a group's counters, summed over its loops.
+type Stats struct {
+	Loops   int
+	Sockets int // sockets in the loops' tables (Add, Connect, accepted and added)
+	// Buffers counts receive and write buffers held by sockets (not the
+	// loops' own scratch or provided-buffer rings): 0 when every socket
+	// is idle.
+	Buffers int
+	Turns   uint64
+}
+
+// Group is a set of loops started together.
+type Group struct {
+	loops   []*Loop
+	backend Backend
+	wg      sync.WaitGroup
+	once    sync.Once
+	errMu   sync.Mutex
+	err     error
+}
+
+// driver is a backend: it owns the kernel side of one loop.
+type driver interface {
+	// poll submits what the turn queued, waits up to timeout ns (< 0:
+	// no bound, 0: no wait) and dispatches what came to the loop.
+	poll(timeout int64) error
+	wake() // any goroutine
+	listen(ln *listener) error
+	unlisten(ln *listener)
+	add(s *Sock) error   // reading armed; connecting: wait for writable
+	resumeRead(s *Sock)  // from ResumeRead: deliver waiting data later in the turn
+	readPending(s *Sock) // from runLater: deliver waiting data now
+	pauseRead(s *Sock)
+	write(s *Sock, bufs [][]byte) // s has nothing queued, or queue more
+	shutWrite(s *Sock)            // after the queue is empty
+	release(s *Sock)              // close or detach: calls l.finish(s) when no op is in flight
+	watch(w *Watch) error
+	unwatch(w *Watch)
+	close() // at the end of run
+}
+
+// newDriverHook lets tests make io_uring unavailable.
+var uringSetupHook func() error
+
+// Start starts cfg.Loops loops, each on its own goroutine locked to its
+// OS thread, and returns once every loop is ready.
+func Start(cfg Config) (*Group, error) {
+	if cfg.Loops <= 0 {
+		cfg.Loops = runtime.GOMAXPROCS(0)
+	}
+	if cfg.BufSize <= 0 {
+		cfg.BufSize = DefaultBufSize
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	be := cfg.Backend
+	switch be {
+	case Auto:
+		if err := probeUring(); err != nil {
+			cfg.Logger.Warn("evloop: io_uring refused, using epoll", "err", err)
+			be = Epoll
+		} else {
+			be = IOUring
+		}
+	case IOUring, Epoll:
+	default:
+		return nil, fmt.Errorf("evloop: unknown backend %d", uint8(be))
+	}
+	g := &Group{backend: be}
+	base := time.Now()
+	for i := 0; i < cfg.Loops; i++ {
+		l := &Loop{g: g, id: i, bufSize: cfg.BufSize, base: base, log: cfg.Logger}
+		ready := make(chan error, 1)
+		g.wg.Add(1)
+		go l.run(be, ready)
+		if err := <-ready; err != nil {
+			g.Close()
+			return nil, fmt.Errorf("evloop: start loop %d (%s): %w", i, be, err)
+		}
+		g.loops = append(g.loops, l)
+	}
+	return g, nil
+}
+
+// Loops returns the group's loops; Loops()[i].ID() == i.
+func (g *Group) Loops() []*Loop { return g.loops }
+
+// Backend returns the backend the loops run (never Auto).
+func (g *Group) Backend() Backend { return g.backend }
+
+// Stats sums the loops' counters; any goroutine.
+func (g *Group) Stats() Stats {
+	st := Stats{Loops: len(g.loops)}
+	for _, l := range g.loops {
+		st.Sockets += int(l.nSocks.Load())
+		st.Buffers += int(l.nBufs.Load())
+		st.Turns += l.nTurns.Load()
+	}
+	return st
+}
+
+// Close stops every loop, closes the sockets they own (no callbacks run)
+// and waits for the loops to return. Listening and watched fds are not
+// closed (the caller owns them). It returns the first error a loop died
+// of, if any.
+func (g *Group) Close() error {
+	g.once.Do(func() {
+		for _, l := range g.loops {
+			l.stop.Store(true)
+			l.kick()
+		}
+	})
+	g.wg.Wait()
+	g.errMu.Lock()
+	defer g.errMu.Unlock()
+	return g.err
+}
+
+// Loop is one event loop. See the package doc for which methods may be
+// called from where.
+type Loop struct {
+	g       *Group
+	id      int
+	drv     driver
+	bufSize int
+	base    time.Time
+	log     *slog.Logger
+	now     int64
+
+	socks []*Sock // by slot
+	gens  []uint32
+	free  []uint32
+
+	timers  []*Timer // min-heap on at
+	turnEnd []func()
+	later   []*Sock // sockets with deferred work (errors, re-reads, detach)
+	wbufs   [][]byte
+
+	listeners []*listener
+	watches   []*Watch
+
+	mu      sync.Mutex
+	posted  []func()
+	running []func()
+	dead    bool // the driver is closed: Post drops
+	asleep  atomic.Bool
+	stop    atomic.Bool
+
+	nSocks atomic.Int64
+	nBufs  atomic.Int64
+	nTurns atomic.Uint64
+}
+
+// ID returns the loop's index in its group.
+func (l *Loop) ID() int { return l.id }
+
+// Now returns monotonic nanoseconds, read once per turn.
+func (l *Loop) Now() int64 { return l.now }
+
+// OnTurnEnd registers fn to run once at the end of every turn, before the
+// loop waits; fn is never removed (check state inside it).
+func (l *Loop) OnTurnEnd(fn func()) { l.turnEnd = append(l.turnEnd, fn) }
+
+// Post runs fn on the loop's thread in a later turn; any goroutine. fns
+// posted by one goroutine run in order. After the group closed, fn never
+// runs.
+func (l *Loop) Post(fn func()) {
+	l.mu.Lock()
+	if !l.dead {
+		l.posted = append(l.posted, fn)
+		if l.asleep.Load() && l.asleep.Swap(false) {
+			l.drv.wake()
+		}
+	}
+	l.mu.Unlock()
+}
+
+// kick wakes the loop unless its driver is gone; any goroutine.
+func (l *Loop) kick() {
+	l.mu.Lock()
+	if !l.dead {
+		l.drv.wake()
+	}
+	l.mu.Unlock()
+}
+
+func (l *Loop) clock() int64 { return int64(time.Since(l.base)) }
+
+func (l *Loop) run(be Backend, ready chan<- error) {
+	defer l.g.wg.Done()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	l.now = l.clock()
+	var err error
+	if be == IOUring {
+		l.drv, err = newUring(l)
+	} else {
+		l.drv, err = newEpoll(l)
+	}
+	if err != nil {
+		ready <- err
+		return
+	}
+	ready <- nil
+	err = l.loop()
+	l.shutdown()
+	if err != nil {
+		l.log.Error("evloop: loop died", "loop", l.id, "err", err)
+		l.g.errMu.Lock()
+		if l.g.err == nil {
+			l.g.err = fmt.Errorf("evloop: loop %d: %w", l.id, err)
+		}
+		l.g.errMu.Unlock()
+	}
+}
+
+func (l *Loop) loop() error {
+	for !l.stop.Load() {
+		timeout := l.timeout()
+		if timeout != 0 {
+			l.asleep.Store(true)
+			if l.hasPosted() {
+				l.asleep.Store(false)
+				timeout = 0
+			}
+		}
+		err := l.drv.poll(timeout)
+		l.asleep.Store(false)
+		if err != nil {
+			return err
+		}
+		l.now = l.clock()
+		l.nTurns.Add(1)
+		l.runTimers()
+		l.runPosted()
+		l.runLater()
+		for _, fn := range l.turnEnd {
+			fn()
+		}
+	}
+	return nil
+}
+
+// timeout is how long the next poll may wait: 0 when work is queued, else
+// until the next timer, else no bound.
+func (l *Loop) timeout() int64 {
+	if len(l.later) > 0 {
+		return 0
+	}
+	if len(l.timers) == 0 {
+		return -1
+	}
+	d := l.timers[0].at - l.clock()
+	if d < 0 {
+		return 0
+	}
+	return d
+}
+
+func (l *Loop) hasPosted() bool {
+	l.mu.Lock()
+	n := len(l.posted)
+	l.mu.Unlock()
+	return n > 0
+}
+
+func (l *Loop) runPosted() {
+	l.mu.Lock()
+	l.posted, l.running = l.running[:0], l.posted
+	l.mu.Unlock()
+	for i, fn := range l.running {
+		l.running[i] = nil
+		fn()
+	}
+}
+
+// shutdown closes every socket without callbacks; the driver goes last.
+func (l *Loop) shutdown() {
+	for _, s := range l.socks {
+		if s != nil {
+			s.flags |= fClosed
+			s.dropOut()
+			l.drv.release(s)
+		}
+	}
+	l.mu.Lock()
+	l.dead = true
+	l.posted = nil
+	l.drv.close()
+	l.mu.Unlock()
+}
+
+// slot puts s into the table.
+func (l *Loop) track(s *Sock) {
+	if n := len(l.free); n > 0 {
+		s.slot = l.free[n-1]
+		l.free = l.free[:n-1]
+		l.socks[s.slot] = s
+	} else {
+		s.slot = uint32(len(l.socks))
+		l.socks = append(l.socks, s)
+		l.gens = append(l.gens, 0)
+	}
+	s.gen = l.gens[s.slot]
+	l.nSocks.Add(1)
+}
+
+// lookup returns the socket of a slot/generation pair from the kernel, or
+// nil when it is gone.
+func (l *Loop) lookup(slot, gen uint32) *Sock {
+	if int(slot) >= len(l.socks) || l.gens[slot]&0xffffff != gen {
+		return nil
+	}
+	return l.socks[slot]
+}
+
+// finish frees s's slot once the driver is done with it; then it runs the
+// Detach callback or closes the fd.
+func (l *Loop) finish(s *Sock) {
+	if l.socks[s.slot] != s {
+		return
+	}
+	l.socks[s.slot] = nil
+	l.gens[s.slot]++
+	l.free = append(l.free, s.slot)
+	l.nSocks.Add(-1)
+	s.dropOut()
+	s.dropStash()
+	fd := s.fd
+	s.fd = -1
+	if fn := s.detach; fn != nil {
+		s.detach = nil
+		if s.err != nil {
+			closeFD(fd)
+			fn(-1, s.err)
+		} else {
+			fn(fd, nil)
+		}
+		return
+	}
+	closeFD(fd)
+}
+
+// defer queues s for runLater.
+func (l *Loop) deferSock(s *Sock) {
+	if s.flags&fLater == 0 {
+		s.flags |= fLater
+		l.later = append(l.later, s)
+	}
+}
+
+// runLater delivers deferred errors, re-reads resumed or busy sockets and
+// completes detaches.
+func (l *Loop) runLater() {
+	for round := 0; round < 4 && len(l.later) > 0; round++ {
+		n := len(l.later)
+		for i := 0; i < n; i++ {
+			s := l.later[i]
+			l.later[i] = nil
+			s.flags &^= fLater
+			s.deferred()
+		}
+		m := copy(l.later, l.later[n:])
+		clear(l.later[m:])
+		l.later = l.later[:m]
+	}
+}
+
+// getBuf returns a write-queue buffer of the loop's size.
+func (l *Loop) getBuf() []byte {
+	l.nBufs.Add(1)
+	if n := len(l.wbufs); n > 0 {
+		b := l.wbufs[n-1]
+		l.wbufs[n-1] = nil
+		l.wbufs = l.wbufs[:n-1]
+		return b[:0]
+	}
+	return make([]byte, 0, l.bufSize)
+}
+
+func (l *Loop) putBuf(b []byte) {
+	l.nBufs.Add(-1)
+	if cap(b) == l.bufSize && len(l.wbufs) < 64 {
+		l.wbufs = append(l.wbufs, b[:0])
+	}
+}

@@ -1,0 +1,416 @@
+package evloop
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// AcceptHandler gets the connections a listener accepted. fd is
+// non-blocking and close-on-exec; the handler owns it (Add it, or close
+// it). remote may be nil when the peer's address is unknown.
+type AcceptHandler interface {
+	OnAccept(l *Loop, fd int, remote unix.Sockaddr)
+}
+
+// Handler gets a socket's events, on the loop thread. It must not block.
+type Handler interface {
+	// OnConnect reports the end of Connect; on err the loop closes s after
+	// OnConnect returns.
+	OnConnect(s *Sock, err error)
+	// OnRead gets received bytes; b is valid only during the call.
+	OnRead(s *Sock, b []byte)
+	// OnEOF: the peer shut its write side. s stays open for writing; no
+	// more OnRead comes.
+	OnEOF(s *Sock)
+	// OnError: the connection failed (reset, failed write...). The loop
+	// closes s after OnError returns.
+	OnError(s *Sock, err error)
+	// OnDrained: Pending went from > 0 to 0.
+	OnDrained(s *Sock)
+}
+
+// Sock is a connected socket owned by a loop. Its methods must be called
+// on the loop thread.
+type Sock struct {
+	l      *Loop
+	h      Handler
+	data   any
+	fd     int
+	slot   uint32
+	gen    uint32
+	flags  uint32
+	out    []byte // queued bytes: out[off:] not yet handed to the kernel
+	off    int
+	err    error
+	detach func(fd int, err error)
+
+	// io_uring state
+	sending bool   // a send of queued bytes is in flight
+	stash   []byte // received while paused, before the recv ended
+}
+
+const (
+	fClosed     = 1 << iota // Close, Detach or failed: no more handler calls
+	fDetach                 // Detach: release once drained
+	fPaused                 // PauseRead
+	fEOF                    // read side ended
+	fShutWr                 // CloseWrite called
+	fShutDone               // shutdown(SHUT_WR) done
+	fConnecting             // Connect in progress
+	fWBlocked               // epoll: waiting for EPOLLOUT
+	fReadable               // unread data may wait (paused, or a long burst)
+	fRdHup                  // epoll: the peer's FIN is queued
+	fLater                  // in l.later
+	fArmed                  // io_uring: a multishot recv is in flight
+	fStarved                // io_uring: recv ended for lack of buffers
+	fConnected              // OnConnect(nil) to deliver
+)
+
+// FD returns the socket's file descriptor (-1 once released).
+func (s *Sock) FD() int { return s.fd }
+
+// Loop returns the loop owning s.
+func (s *Sock) Loop() *Loop { return s.l }
+
+// SetData stores the handler's per-socket state.
+func (s *Sock) SetData(v any) { s.data = v }
+
+// Data returns what SetData stored.
+func (s *Sock) Data() any { return s.data }
+
+// Pending returns the bytes queued by Write and not yet handed to the
+// kernel.
+func (s *Sock) Pending() int { return len(s.out) - s.off }
+
+// Write queues bufs for sending, in order; it never blocks. Writes after
+// Close, Detach or CloseWrite are dropped. A failure is reported to
+// OnError later in the turn, not from inside Write.
+func (s *Sock) Write(bufs ...[]byte) {
+	if s.flags&(fClosed|fShutWr) != 0 || s.err != nil {
+		return
+	}
+	s.l.drv.write(s, bufs)
+}
+
+// PauseRead stops OnRead and OnEOF until ResumeRead. Bytes that arrive
+// meanwhile stay in the kernel (at most one receive buffer's worth in user
+// space).
+func (s *Sock) PauseRead() {
+	if s.flags&(fClosed|fPaused) != 0 {
+		return
+	}
+	s.flags |= fPaused
+	s.l.drv.pauseRead(s)
+}
+
+// ResumeRead undoes PauseRead; data already waiting is delivered later in
+// this turn.
+func (s *Sock) ResumeRead() {
+	if s.flags&fClosed != 0 || s.flags&fPaused == 0 {
+		return
+	}
+	s.flags &^= fPaused
+	s.l.drv.resumeRead(s)
+}
+
+// CloseWrite shuts the write side down once the queued bytes are written.
+func (s *Sock) CloseWrite() {
+	if s.flags&(fClosed|fShutWr) != 0 {
+		return
+	}
+	s.flags |= fShutWr
+	if s.Pending() == 0 && !s.sending {
+		s.l.drv.shutWrite(s)
+	}
+}
+
+// Close ends s: no more callbacks, unwritten bytes are dropped, the fd is
+// closed once no operation is in flight on it.
+func (s *Sock) Close() {
+	if s.flags&fClosed != 0 {
+		return
+	}
+	s.flags |= fClosed
+	s.l.drv.release(s)
+}
+
+// Detach takes s out of its loop without closing the fd: no more handler
+// calls; fn runs on the loop thread once the queued bytes reached the
+// kernel and no operation is in flight, with the (non-blocking) fd, or
+// with -1 and the error when a queued write failed.
+func (s *Sock) Detach(fn func(fd int, err error)) {
+	if s.flags&fClosed != 0 {
+		return
+	}
+	s.flags |= fClosed | fDetach
+	s.detach = fn
+	s.l.drv.pauseRead(s)
+	s.l.deferSock(s)
+}
+
+// deferred runs s's deferred work (Loop.runLater).
+func (s *Sock) deferred() {
+	if s.flags&fDetach != 0 {
+		if s.slot < uint32(len(s.l.socks)) && s.l.socks[s.slot] == s && (s.Pending() == 0 || s.err != nil) && !s.sending {
+			s.l.drv.release(s)
+		}
+		return
+	}
+	if s.flags&fClosed != 0 {
+		return
+	}
+	if s.flags&fConnected != 0 {
+		s.flags &^= fConnected
+		s.h.OnConnect(s, nil)
+	}
+	if s.err != nil {
+		s.failNow(s.err)
+		return
+	}
+	if s.flags&(fReadable|fPaused) == fReadable {
+		s.l.drv.readPending(s)
+	}
+}
+
+// failNow reports err to the handler and closes s; drivers call it while
+// dispatching, never from inside a handler's call into the package.
+func (s *Sock) failNow(err error) {
+	if s.flags&fClosed != 0 {
+		if s.flags&fDetach != 0 && s.err == nil {
+			s.err = err
+			s.l.deferSock(s)
+		}
+		return
+	}
+	s.err = err
+	s.h.OnError(s, err)
+	s.Close()
+}
+
+// failLater records err for delivery in runLater (from inside Write).
+func (s *Sock) failLater(err error) {
+	if s.err == nil {
+		s.err = err
+	}
+	s.l.deferSock(s)
+}
+
+// queue copies bufs (after skipping skip bytes) behind the queued bytes.
+func (s *Sock) queue(bufs [][]byte, skip int) {
+	for _, b := range bufs {
+		if skip >= len(b) {
+			skip -= len(b)
+			continue
+		}
+		b = b[skip:]
+		skip = 0
+		if s.out == nil {
+			s.out = s.l.getBuf()
+		}
+		s.out = append(s.out, b...)
+	}
+}
+
+// wrote records n queued bytes handed to the kernel and reports whether
+// the queue became empty.
+func (s *Sock) wrote(n int) bool {
+	s.off += n
+	if s.off < len(s.out) {
+		return false
+	}
+	s.dropOut()
+	return true
+}
+
+// drained runs after the queue emptied: shutdown, detach, OnDrained.
+func (s *Sock) drained() {
+	if s.flags&(fShutWr|fShutDone) == fShutWr {
+		s.l.drv.shutWrite(s)
+	}
+	if s.flags&fDetach != 0 {
+		s.l.deferSock(s)
+		return
+	}
+	if s.flags&fClosed == 0 {
+		s.h.OnDrained(s)
+	}
+}
+
+func (s *Sock) dropOut() {
+	if s.out != nil && !s.sending {
+		s.l.putBuf(s.out)
+		s.out, s.off = nil, 0
+	}
+}
+
+func (s *Sock) dropStash() {
+	if s.stash != nil {
+		s.l.nBufs.Add(-1)
+		s.stash = nil
+	}
+}
+
+// listener is a Listen registration.
+type listener struct {
+	l    *Loop
+	fd   int
+	h    AcceptHandler
+	idx  int
+	gone bool
+}
+
+// Listen accepts connections on the listening socket fd (non-blocking)
+// and passes them to h. Several loops may listen on the same fd (each
+// accepted connection goes to one of them) or each on its own
+// SO_REUSEPORT socket.
+func (l *Loop) Listen(fd int, h AcceptHandler) error {
+	for _, ln := range l.listeners {
+		if ln != nil && ln.fd == fd {
+			return fmt.Errorf("evloop: listen fd %d: already listening", fd)
+		}
+	}
+	ln := &listener{l: l, fd: fd, h: h, idx: len(l.listeners)}
+	l.listeners = append(l.listeners, ln)
+	if err := l.drv.listen(ln); err != nil {
+		l.listeners[ln.idx] = nil
+		return fmt.Errorf("evloop: listen fd %d: %w", fd, err)
+	}
+	return nil
+}
+
+// Unlisten stops accepting on fd; it does not close fd. Connections the
+// kernel queued stay there (for another loop, or the fd's close).
+func (l *Loop) Unlisten(fd int) {
+	for i, ln := range l.listeners {
+		if ln != nil && ln.fd == fd {
+			l.listeners[i] = nil
+			ln.gone = true
+			l.drv.unlisten(ln)
+		}
+	}
+}
+
+// Add takes the connected non-blocking socket fd into the loop; reading
+// starts armed. On error fd is not closed.
+func (l *Loop) Add(fd int, h Handler) (*Sock, error) {
+	s := &Sock{l: l, h: h, fd: fd}
+	l.track(s)
+	if err := l.drv.add(s); err != nil {
+		l.untrack(s)
+		return nil, fmt.Errorf("evloop: add fd %d: %w", fd, err)
+	}
+	return s, nil
+}
+
+// Connect starts a non-blocking connect of the socket fd (non-blocking,
+// not yet connected) to sa; h.OnConnect reports the result. On error fd
+// is not closed. golang.org/x/sys/unix writes into sa while connecting:
+// do not share one sa between loops (keep one per loop).
+func (l *Loop) Connect(fd int, sa unix.Sockaddr, h Handler) (*Sock, error) {
+	err := unix.Connect(fd, sa)
+	if err != nil && err != unix.EINPROGRESS {
+		return nil, fmt.Errorf("evloop: connect fd %d: %w", fd, err)
+	}
+	s := &Sock{l: l, h: h, fd: fd}
+	if err != nil {
+		s.flags |= fConnecting
+	}
+	l.track(s)
+	if err := l.drv.add(s); err != nil {
+		l.untrack(s)
+		return nil, fmt.Errorf("evloop: connect fd %d: %w", fd, err)
+	}
+	if s.flags&fConnecting == 0 {
+		s.flags |= fConnected
+		l.deferSock(s)
+	}
+	return s, nil
+}
+
+// connected ends a pending connect (drivers call it once fd is writable
+// or failed); it reports whether s is usable.
+func (s *Sock) connected() bool {
+	s.flags &^= fConnecting
+	errno, err := unix.GetsockoptInt(s.fd, unix.SOL_SOCKET, unix.SO_ERROR)
+	if err == nil && errno != 0 {
+		err = unix.Errno(errno)
+	}
+	if s.flags&fClosed != 0 {
+		return false
+	}
+	if err != nil {
+		err = fmt.Errorf("evloop: connect: %w", err)
+		s.err = err
+		s.h.OnConnect(s, err)
+		s.Close()
+		return false
+	}
+	s.h.OnConnect(s, nil)
+	return s.flags&fClosed == 0
+}
+
+func (l *Loop) untrack(s *Sock) {
+	l.socks[s.slot] = nil
+	l.gens[s.slot]++
+	l.free = append(l.free, s.slot)
+	l.nSocks.Add(-1)
+	s.flags |= fClosed
+}
+
+// Watch is a readiness registration (Loop.Watch).
+type Watch struct {
+	l       *Loop
+	fd      int
+	fn      func()
+	idx     int
+	stopped bool
+}
+
+// Watch calls onReadable on the loop thread when fd becomes readable. It
+// is edge-triggered: onReadable must read until EAGAIN, else it may not
+// be called again; it may be called when nothing is there. The caller
+// owns fd (Stop before closing it).
+func (l *Loop) Watch(fd int, onReadable func()) (*Watch, error) {
+	w := &Watch{l: l, fd: fd, fn: onReadable, idx: len(l.watches)}
+	l.watches = append(l.watches, w)
+	if err := l.drv.watch(w); err != nil {
+		l.watches[w.idx] = nil
+		return nil, fmt.Errorf("evloop: watch fd %d: %w", fd, err)
+	}
+	return w, nil
+}
+
+// Stop ends the watch; onReadable is not called after Stop returns.
+func (w *Watch) Stop() {
+	if w.stopped {
+		return
+	}
+	w.stopped = true
+	w.l.watches[w.idx] = nil
+	w.l.drv.unwatch(w)
+}
+
+// user data: kind in the top byte, generation in bits 32-55, slot/index
+// below; what epoll and io_uring carry back for each event.
+const (
+	udSock   = 1 << 56
+	udListen = 2 << 56
+	udWatch  = 3 << 56
+	udWake   = 4 << 56
+	udSend   = 5 << 56
+	udCancel = 6 << 56
+	udConn   = 7 << 56
+	udShut   = 8 << 56
+	udKind   = 0xff << 56
+)
+
+func (s *Sock) ud(kind uint64) uint64 {
+	return kind | uint64(s.gen&0xffffff)<<32 | uint64(s.slot)
+}
+
+func closeFD(fd int) {
+	if fd >= 0 {
+		unix.Close(fd)
+	}
+}
