@@ -49,34 +49,54 @@ type request struct {
 	pushed bool
 	pkt    [wire.MaxDatagram]byte
 	hdr    wire.Header
-	done   chan struct{}
+
+	// out and comp are where the outcome goes (CheckAsync); fire says
+	// that the request ended while r.mu was held and r.unlock must
+	// deliver the outcome.
+	out  *Decision
+	comp Completer
+	fire bool
 }
 
 const (
 	statePending uint8 = iota
 	stateDone
-	stateCancelled
 )
 
 // Check runs one rate check and fills out. It returns nil for a valid
 // decision (out.Cause.Decided(): CauseAllow or a CauseDeny* value) and the cause's error
 // otherwise. req is only read during the call. Cancelling ctx retires the
-// request at once (CauseCancelled) with nothing left behind.
+// request at once (CauseCancelled) with nothing left behind. It is
+// CheckAsync and a wait for its completion.
 func (c *Client) Check(ctx context.Context, req *wire.RateRequest, out *Decision) error {
-	out.Reset()
-	c.c.checks.Add(1)
 	if ctx.Err() != nil {
+		out.Reset()
+		c.c.checks.Add(1)
 		return c.finishEarly(out, CauseCancelled, nil)
 	}
-	if c.closed.Load() {
-		return c.finishEarly(out, CauseNoEndpoints, ErrClosed)
+	w := waiters.get()
+	p, decided, err := c.CheckAsync(req, out, w)
+	if !decided {
+		if cancel := ctx.Done(); cancel == nil { // cannot be cancelled: a plain receive is cheaper than select
+			<-w.ch
+		} else {
+			select {
+			case <-w.ch:
+			case <-cancel:
+				c.Abort(p) // completes it, unless it was decided concurrently: that decision stands
+				<-w.ch
+			}
+		}
+		err = w.err
 	}
-	mem := c.disc.current()
-	if mem == nil || len(mem.eps) == 0 {
-		return c.finishEarly(out, CauseNoEndpoints, nil)
-	}
-	r := c.pool.get(c)
-	r.mu.Lock() // stale readers from r's previous life may still look at it
+	waiters.put(w)
+	return err
+}
+
+// start readies r for req and sends its first round; r.mu is held. It
+// returns false (r back in the pool, out filled by finishEarly) when the
+// request cannot be built.
+func (c *Client) start(r *request, mem *membership, req *wire.RateRequest, out *Decision) bool {
 	body, err := req.AppendBody(r.plain[:1])
 	if err == nil && c.policy.Completion && len(body) > wire.MaxBody {
 		err = wire.ErrTooLarge // the completion (decision + request) must fit too
@@ -87,7 +107,8 @@ func (c *Client) Check(ctx context.Context, req *wire.RateRequest, out *Decision
 	if err != nil {
 		r.mu.Unlock()
 		c.pool.put(r)
-		return c.finishEarly(out, CauseConstruction, err)
+		c.finishEarly(out, CauseConstruction, err)
+		return false
 	}
 	r.plen = len(body)
 	c.c.inflight.Add(1)
@@ -109,11 +130,9 @@ func (c *Client) Check(ctx context.Context, req *wire.RateRequest, out *Decision
 	r.pushed = false
 	r.state = statePending
 	c.table.put(r)
-	if c.closed.Load() { // Close ran between the check above and put
+	if c.closed.Load() { // Close ran between the caller's check and put
 		r.finishLocked(CauseCancelled)
-		r.mu.Unlock()
-		<-r.done
-		return c.finish(r, out)
+		return true
 	}
 	sent := r.sendRound()
 	if sent == 0 {
@@ -121,30 +140,7 @@ func (c *Client) Check(ctx context.Context, req *wire.RateRequest, out *Decision
 	} else if r.state == statePending {
 		r.es.schedule(r, r.start.Add(c.policy.Unit))
 	}
-	r.mu.Unlock()
-	c.flush(shard) // after unlocking: datagrams were only queued under r.mu
-
-	cancel := ctx.Done()
-	if cancel == nil { // cannot be cancelled: a plain receive is cheaper than select
-		<-r.done
-		return c.finish(r, out)
-	}
-	select {
-	case <-r.done:
-	case <-cancel:
-		r.mu.Lock()
-		if r.state == statePending {
-			r.state = stateCancelled
-			r.cause = CauseCancelled
-			c.table.remove(r.id)
-			r.es.unschedule(r)
-			r.mu.Unlock()
-		} else {
-			r.mu.Unlock()
-			<-r.done // decided concurrently: the decision stands
-		}
-	}
-	return c.finish(r, out)
+	return true
 }
 
 // flush sends what this goroutine queued on shard. Under load the shard
@@ -243,7 +239,8 @@ func (r *request) sendRound() int {
 	return sent
 }
 
-// finishLocked ends the request with cause. r.mu is held.
+// finishLocked ends the request with cause. r.mu is held; the caller
+// releases it with r.unlock, which delivers the outcome.
 func (r *request) finishLocked(cause Cause) {
 	if r.state != statePending {
 		return
@@ -255,7 +252,7 @@ func (r *request) finishLocked(cause Cause) {
 	if cause.Decided() && r.c.policy.Completion {
 		r.sendCompletions()
 	}
-	r.done <- struct{}{}
+	r.fire = true // r.unlock delivers the outcome
 }
 
 func (r *request) sendCompletions() {

@@ -44,6 +44,12 @@
 // goes to every endpoint it sent to without a valid answer, when the policy
 // enables completion delivery.
 //
+// CheckAsync runs the same check without a waiting goroutine: it returns
+// at once and calls the caller's Completer exactly once (from the receive
+// or timer goroutine that ended the check, or from Abort or Close); Check
+// is CheckAsync and a wait. This is what an event loop uses: it never
+// blocks on RateLimitly.
+//
 // A check's datagrams are queued on its shard; under load the shard's
 // loop sends the datagrams of many checks together (udpshard FlushAsync:
 // one sendmmsg, one UDP_SEGMENT message per endpoint), with about one
@@ -51,7 +57,7 @@
 //
 // Request state is pooled and time is kept by one timer goroutine per
 // shard with a min-heap of deadlines: no goroutine or timer per request,
-// and zero allocations per Check in steady state. Before it acts on a due
+// and zero allocations per Check or CheckAsync in steady state. Before it acts on a due
 // deadline the timer goroutine reads the answers already queued on its
 // shard's sockets (udpshard Drain), so that answers that arrived while the
 // readers could not run (a stalled or overloaded process) still decide

@@ -36,7 +36,7 @@ func (p *reqPool) get(c *Client) *request {
 	}
 	p.low = 0
 	p.mu.Unlock()
-	return &request{c: c, done: make(chan struct{}, 1), hidx: -1}
+	return &request{c: c, hidx: -1}
 }
 
 func (p *reqPool) put(r *request) {
@@ -47,6 +47,7 @@ func (p *reqPool) put(r *request) {
 	r.mem = nil
 	r.sock = nil
 	r.es = nil
+	r.out, r.comp, r.fire = nil, nil, false
 	r.mu.Unlock()
 	p.mu.Lock()
 	p.free = append(p.free, r)

@@ -100,7 +100,7 @@ func (c *Client) onDatagram(rx *udpshard.Socket, pkt []byte, from netip.AddrPort
 	pushed := r.pushed
 	r.pushed = false
 	shard := r.sock.Shard()
-	r.mu.Unlock()
+	r.unlock() // delivers the outcome if the answer ended the check
 	if pushed {
 		c.flush(shard) // completions queued by a decision
 	}

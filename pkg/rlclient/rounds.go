@@ -18,8 +18,9 @@ func (r *request) onTimer(gen uint64) {
 	shard := r.sock.Shard()
 	r.roundEndLocked()
 	r.pushed = false // flushed below, whatever the round queued
-	r.mu.Unlock()
-	r.c.flush(shard)
+	c := r.c
+	r.unlock()
+	c.flush(shard)
 }
 
 // roundEndLocked applies the end-of-round rules (r.mu held).
@@ -124,18 +125,17 @@ func (c *Client) onSendError(token uint64, _ error) {
 		return
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.id != token&^tokenMask || r.state != statePending {
+		r.mu.Unlock()
 		return
 	}
-	i := int(token & tokenMask)
-	if i >= len(r.mem.eps) {
-		return
+	if i := int(token & tokenMask); i < len(r.mem.eps) {
+		r.sendFailed |= 1 << uint(i)
+		if r.answered == 0 && r.sendFailed == r.full {
+			r.finishLocked(CauseSendFailure)
+		}
 	}
-	r.sendFailed |= 1 << uint(i)
-	if r.answered == 0 && r.sendFailed == r.full {
-		r.finishLocked(CauseSendFailure)
-	}
+	r.unlock()
 }
 
 // acceptLocked records a valid answer and keeps it if it is the oldest.

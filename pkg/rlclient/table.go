@@ -68,6 +68,6 @@ func (t *reqTable) failAll(*Client) {
 	for _, r := range live {
 		r.mu.Lock()
 		r.finishLocked(CauseCancelled)
-		r.mu.Unlock()
+		r.unlock()
 	}
 }
