@@ -149,13 +149,15 @@ func (s *Server) Serve(c net.Conn, buffered []byte, svc *proxy.Service, cfg *pro
 		lingerClose(c)
 		return
 	}
-	hc := &h2conn{Conn: c, pre: pre, svc: svc, cfg: cfg, closed: make(chan struct{})}
+	co := newCoalescer(c)
+	hc := &h2conn{Conn: co, pre: pre, svc: svc, cfg: cfg, closed: make(chan struct{})}
 	select {
 	case h.ln.ch <- hc:
 		<-hc.closed
 	case <-h.ln.done:
-		_ = c.Close()
+		_ = co.Close()
 	}
+	<-co.done // what the codec wrote last (GOAWAY) has been sent
 }
 
 // clientPreface is what an HTTP/2 connection starts with (RFC 9113 3.4).

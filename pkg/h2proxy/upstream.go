@@ -69,7 +69,7 @@ func (u *upstreams) get(svc *proxy.Service, cfg *proxy.Config) (*upstream, error
 		if err != nil {
 			return nil, fmt.Errorf("dial %s: %w", addr, err)
 		}
-		return c, nil
+		return newCoalescer(c), nil
 	}
 	idle := durOr(cfg.UpstreamIdleTimeout, proxy.DefaultUpstreamIdleTimeout)
 	var up *upstream

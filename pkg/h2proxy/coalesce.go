@@ -1,0 +1,126 @@
+package h2proxy
+
+import (
+	"net"
+	"sync"
+	"time"
+)
+
+// coalescer batches the writes of one connection into fewer write system
+// calls. The HTTP/2 codec flushes its buffer once per response on the
+// client side and once per request on the upstream side, so under load
+// every stream costs at least two write(2)s, and on loopback TCP a write
+// also runs the receiver's network stack. A coalescer's Write copies into
+// a pending buffer and returns; a writer goroutine, started when the
+// buffer goes from empty to not empty and ending when it is empty again,
+// sends the buffer: the flushes of the streams that ran while it waited
+// for the CPU (or for its last write to finish) leave in one write. An
+// idle connection's write leaves at once; an idle connection holds no
+// goroutine.
+//
+// Write blocks while maxPending bytes wait (back pressure: a peer that
+// does not read stalls its writers as a full socket buffer would). The
+// first write error is sticky: every later Write returns it. Close sends
+// what is pending (within flushBound), then closes the connection;
+// done is closed once the connection is closed.
+type coalescer struct {
+	net.Conn
+
+	mu      sync.Mutex
+	cond    sync.Cond // signalled when the pending buffer drains or the writer ends
+	pending []byte
+	spare   []byte
+	err     error
+	running bool // a writer goroutine owns the flush
+	closing bool
+	done    chan struct{}
+	once    sync.Once
+	// flushBound bounds how long Close waits for a peer to take what
+	// is pending (closeFlushTimeout).
+	flushBound time.Duration
+}
+
+const (
+	maxPending        = 256 << 10
+	closeFlushTimeout = 5 * time.Second
+)
+
+func newCoalescer(c net.Conn) *coalescer {
+	w := &coalescer{Conn: c, done: make(chan struct{}), flushBound: closeFlushTimeout}
+	w.cond.L = &w.mu
+	return w
+}
+
+// Write queues p; it returns once p is copied.
+func (w *coalescer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for w.err == nil && !w.closing && len(w.pending) > 0 && len(w.pending)+len(p) > maxPending {
+		w.cond.Wait()
+	}
+	if w.err != nil {
+		return 0, w.err
+	}
+	if w.closing {
+		return 0, net.ErrClosed
+	}
+	w.pending = append(w.pending, p...)
+	if !w.running {
+		w.running = true
+		go w.flush()
+	}
+	return len(p), nil
+}
+
+// flush is the writer goroutine: it sends the pending buffer until it
+// stays empty, then ends (closing the connection if Close was called).
+func (w *coalescer) flush() {
+	w.mu.Lock()
+	for len(w.pending) > 0 && w.err == nil {
+		out := w.pending
+		w.pending = w.spare[:0]
+		w.mu.Unlock()
+		_, err := w.Conn.Write(out)
+		w.mu.Lock()
+		if cap(out) <= maxPending {
+			w.spare = out[:0]
+		}
+		if err != nil {
+			w.err = err
+			w.pending = nil
+		}
+		w.cond.Broadcast()
+	}
+	w.running = false
+	closing := w.closing
+	w.mu.Unlock()
+	if closing {
+		w.closeNow()
+	}
+}
+
+func (w *coalescer) closeNow() {
+	_ = w.Conn.Close()
+	close(w.done)
+}
+
+// Close sends what is pending, then closes the connection. It returns at
+// once; done tells when the connection is closed.
+func (w *coalescer) Close() error {
+	w.once.Do(func() {
+		w.mu.Lock()
+		w.closing = true
+		running := w.running
+		if running {
+			// A peer that stopped reading must not hold the
+			// connection open.
+			_ = w.Conn.SetWriteDeadline(time.Now().Add(w.flushBound))
+		}
+		w.cond.Broadcast()
+		w.mu.Unlock()
+		if !running {
+			w.closeNow()
+		}
+	})
+	return nil
+}
