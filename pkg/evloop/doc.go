@@ -89,6 +89,7 @@
 //	func (s *Sock) CloseWrite()          // shutdown(SHUT_WR) after the queued writes
 //	func (s *Sock) Close()               // no more callbacks; drops unwritten bytes
 //	func (s *Sock) Detach(fn func(fd int, err error))
+//	func (s *Sock) Unread() []byte       // in the Detach callback: bytes received, not delivered
 //	func (s *Sock) FD() int
 //	func (s *Sock) Loop() *Loop
 //	func (s *Sock) SetData(v any)        // per-socket state of the handler
@@ -114,6 +115,9 @@
 // queued bytes reached the kernel and no operation is in flight on the
 // fd, with the non-blocking fd (for os.NewFile + net.FileConn), or with
 // fd -1 and the error when a write failed (the loop closed the fd).
+// With io_uring the socket's multishot recv may take bytes before its
+// cancel completes: the callback finds them in s.Unread() and owns them
+// (they come before anything read from the fd).
 //
 // No heap allocation happens per read, write or timer event in steady
 // state (see the allocation tests); the loop allocates per connection

@@ -97,8 +97,10 @@ func (e *epoll) accept(ln *listener) {
 		case unix.EAGAIN:
 			return
 		default:
-			// EMFILE and friends: level-triggered, so the next turn retries.
-			e.l.log.Warn("evloop: accept", "fd", ln.fd, "err", err)
+			// EMFILE and friends: level-triggered, so leave the set and
+			// retry later instead of spinning.
+			e.ctl(unix.EPOLL_CTL_DEL, ln.fd, 0, 0)
+			e.l.acceptFailed(ln, err)
 			return
 		}
 	}
@@ -171,8 +173,9 @@ func (e *epoll) readPending(s *Sock) { e.read(s) }
 func (e *epoll) pauseRead(*Sock) {} // edge-triggered: bytes wait in the kernel
 
 func (e *epoll) write(s *Sock, bufs [][]byte) {
-	if s.Pending() > 0 || s.flags&fWBlocked != 0 {
+	if s.Pending() > 0 || s.flags&(fWBlocked|fConnecting) != 0 {
 		s.queue(bufs, 0)
+		s.flags |= fWBlocked
 		return
 	}
 	for len(bufs) > 0 {

@@ -87,9 +87,6 @@ type driver interface {
 	close() // at the end of run
 }
 
-// newDriverHook lets tests make io_uring unavailable.
-var uringSetupHook func() error
-
 // Start starts cfg.Loops loops, each on its own goroutine locked to its
 // OS thread, and returns once every loop is ready.
 func Start(cfg Config) (*Group, error) {
@@ -374,7 +371,6 @@ func (l *Loop) finish(s *Sock) {
 	l.free = append(l.free, s.slot)
 	l.nSocks.Add(-1)
 	s.dropOut()
-	s.dropStash()
 	fd := s.fd
 	s.fd = -1
 	if fn := s.detach; fn != nil {
@@ -385,9 +381,10 @@ func (l *Loop) finish(s *Sock) {
 		} else {
 			fn(fd, nil)
 		}
-		return
+	} else {
+		closeFD(fd)
 	}
-	closeFD(fd)
+	s.dropStash()
 }
 
 // defer queues s for runLater.

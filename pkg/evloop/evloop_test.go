@@ -86,17 +86,26 @@ func (r *relay) OnRead(s *Sock, b []byte) {
 func (r *relay) OnEOF(s *Sock) {
 	r.peer.CloseWrite()
 	r.eof = true
-	if r.peerHalf().eof {
-		s.Close()
-		r.peer.Close()
-	}
+	r.maybeClose()
 }
 
 func (r *relay) peerHalf() *relay { return r.peer.Data().(*relay) }
 
+// maybeClose closes both halves once both directions ended and every
+// queued byte went out (Close drops queued bytes).
+func (r *relay) maybeClose() {
+	if r.eof && r.peerHalf().eof && r.self.Pending() == 0 && r.peer.Pending() == 0 {
+		r.self.Close()
+		r.peer.Close()
+	}
+}
+
 func (r *relay) OnError(s *Sock, err error) { r.peer.Close() }
 
-func (r *relay) OnDrained(s *Sock) { r.peer.ResumeRead() }
+func (r *relay) OnDrained(s *Sock) {
+	r.peer.ResumeRead()
+	r.maybeClose()
+}
 
 // TestRelay: client -> loop -> Go echo backend -> loop -> client, with
 // Connect, CloseWrite propagation and backpressure on both halves.

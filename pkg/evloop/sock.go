@@ -2,6 +2,7 @@ package evloop
 
 import (
 	"fmt"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -46,8 +47,10 @@ type Sock struct {
 	detach func(fd int, err error)
 
 	// io_uring state
-	sending bool   // a send of queued bytes is in flight
-	stash   []byte // received while paused, before the recv ended
+	inflight int32  // submissions whose last completion has not come
+	sending  bool   // a send of queued bytes is in flight
+	sendBuf  []byte // the array that send reads, kept alive meanwhile
+	stash    []byte // received while paused, before the recv ended
 }
 
 const (
@@ -65,6 +68,10 @@ const (
 	fArmed                  // io_uring: a multishot recv is in flight
 	fStarved                // io_uring: recv ended for lack of buffers
 	fConnected              // OnConnect(nil) to deliver
+	fRelease                // io_uring: closing or detaching, waits for completions
+	fCancel                 // io_uring: cancel of everything on the fd queued
+	fRecvCancel             // io_uring: cancel of the recv queued
+	fSendQ                  // io_uring: in the turn's send queue
 )
 
 // FD returns the socket's file descriptor (-1 once released).
@@ -253,11 +260,12 @@ func (s *Sock) dropStash() {
 
 // listener is a Listen registration.
 type listener struct {
-	l    *Loop
-	fd   int
-	h    AcceptHandler
-	idx  int
-	gone bool
+	l     *Loop
+	fd    int
+	h     AcceptHandler
+	idx   int
+	gone  bool
+	retry Timer // after accept failed (EMFILE...)
 }
 
 // Listen accepts connections on the listening socket fd (non-blocking)
@@ -266,7 +274,7 @@ type listener struct {
 // SO_REUSEPORT socket.
 func (l *Loop) Listen(fd int, h AcceptHandler) error {
 	for _, ln := range l.listeners {
-		if ln != nil && ln.fd == fd {
+		if ln != nil && ln.fd == fd && !ln.gone {
 			return fmt.Errorf("evloop: listen fd %d: already listening", fd)
 		}
 	}
@@ -283,12 +291,29 @@ func (l *Loop) Listen(fd int, h AcceptHandler) error {
 // kernel queued stay there (for another loop, or the fd's close).
 func (l *Loop) Unlisten(fd int) {
 	for i, ln := range l.listeners {
-		if ln != nil && ln.fd == fd {
-			l.listeners[i] = nil
+		if ln != nil && ln.fd == fd && !ln.gone {
 			ln.gone = true
+			ln.retry.Stop()
 			l.drv.unlisten(ln)
+			if l.g.backend == Epoll {
+				l.listeners[i] = nil // io_uring: once the accept's last completion came
+			}
 		}
 	}
+}
+
+// acceptFailed pauses accepting on ln (EMFILE and the like) and retries
+// after 100 ms, so a full fd table does not spin the loop.
+func (l *Loop) acceptFailed(ln *listener, err error) {
+	l.log.Warn("evloop: accept failed, retrying in 100ms", "fd", ln.fd, "err", err)
+	if ln.retry.l == nil {
+		ln.retry.Init(l, func() {
+			if !ln.gone {
+				l.drv.listen(ln)
+			}
+		})
+	}
+	ln.retry.Reset(l.clock() + 100*int64(time.Millisecond))
 }
 
 // Add takes the connected non-blocking socket fd into the loop; reading

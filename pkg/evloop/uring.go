@@ -1,0 +1,427 @@
+package evloop
+
+import (
+	"fmt"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// uring is the io_uring backend: one ring per loop, multishot accept and
+// recv (provided buffers), sends of the bytes a turn queued, POLL_ADD for
+// Watch and connects, a READ on an eventfd for Post, async cancel for
+// Close/Detach/PauseRead, and one io_uring_enter per turn.
+type uring struct {
+	l       *Loop
+	r       *ring
+	pb      *pbufRing
+	evfd    int
+	page    []byte // mmap'd: the eventfd READ's target
+	sendq   []*Sock
+	starved []*Sock
+}
+
+const (
+	pbufEntries = 256
+	sqEntries   = 1024
+	cqEntries   = 8192
+	udPollOut   = udConn // POLL_ADD POLLOUT: connect done, or room to send again
+)
+
+func newUring(l *Loop) (driver, error) {
+	if uringSetupHook != nil {
+		if err := uringSetupHook(); err != nil {
+			return nil, err
+		}
+	}
+	r, err := newRing(sqEntries, cqEntries)
+	if err != nil {
+		return nil, err
+	}
+	pb, err := r.registerPbuf(pbufEntries, l.bufSize)
+	if err != nil {
+		r.close()
+		return nil, err
+	}
+	page, err := unix.Mmap(-1, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		pb.close()
+		r.close()
+		return nil, fmt.Errorf("mmap: %w", err)
+	}
+	evfd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	if err != nil {
+		unix.Munmap(page)
+		pb.close()
+		r.close()
+		return nil, fmt.Errorf("eventfd: %w", err)
+	}
+	u := &uring{l: l, r: r, pb: pb, evfd: evfd, page: page}
+	u.armWake()
+	return u, nil
+}
+
+func (u *uring) armWake() {
+	q := u.r.get()
+	q.opcode, q.fd, q.userData = opRead, int32(u.evfd), udWake
+	q.addr, q.len = uint64(uintptr(unsafe.Pointer(&u.page[0]))), 8
+}
+
+func (u *uring) wake() { unix.Write(u.evfd, eventfdOne[:]) }
+
+// close ends the sockets still waiting for completions (Group.Close),
+// then the ring. Buffers the kernel writes are mmap'd, not Go memory.
+func (u *uring) close() {
+	for _, s := range u.l.socks {
+		if s != nil {
+			if s.detach == nil {
+				unix.Shutdown(s.fd, unix.SHUT_RDWR)
+			}
+			s.inflight, s.sending, s.sendBuf = 0, false, nil
+			u.l.finish(s)
+		}
+	}
+	u.r.close()
+	u.pb.close()
+	unix.Munmap(u.page)
+	unix.Close(u.evfd)
+}
+
+func (u *uring) poll(timeout int64) error {
+	u.flushSends()
+	if err := u.r.enter(timeout); err != nil {
+		return err
+	}
+	r := u.r
+	head := *r.cqHead
+	for tail := atomic.LoadUint32(r.cqTail); head != tail; head++ {
+		c := *r.peek(head)
+		atomic.StoreUint32(r.cqHead, head+1)
+		u.complete(c)
+	}
+	if u.pb.added > 0 {
+		u.pb.publish()
+		u.rearmStarved()
+	}
+	return nil
+}
+
+func (u *uring) complete(c cqe) {
+	l := u.l
+	idx := uint32(c.userData)
+	switch c.userData & udKind {
+	case udWake:
+		u.armWake()
+	case udListen:
+		if int(idx) < len(l.listeners) && l.listeners[idx] != nil {
+			u.acceptDone(l.listeners[idx], c)
+		}
+	case udWatch:
+		if int(idx) < len(l.watches) && l.watches[idx] != nil {
+			w := l.watches[idx]
+			w.fn()
+			if c.flags&cqeFMore == 0 && !w.stopped {
+				u.armWatch(w)
+			}
+		}
+	case udSock, udSend, udPollOut:
+		s := l.lookup(idx, uint32(c.userData>>32)&0xffffff)
+		if s == nil {
+			if c.flags&cqeFBuffer != 0 {
+				u.pb.add(uint16(c.flags >> 16))
+			}
+			return
+		}
+		switch c.userData & udKind {
+		case udSock:
+			u.recvDone(s, c)
+		case udSend:
+			u.sendDone(s, c)
+		default:
+			u.pollOutDone(s, c)
+		}
+	}
+}
+
+func (u *uring) listen(ln *listener) error {
+	q := u.r.get()
+	q.opcode, q.fd, q.ioprio, q.userData = opAccept, int32(ln.fd), acceptMultishot, udListen|uint64(ln.idx)
+	q.opFlags = unix.SOCK_NONBLOCK | unix.SOCK_CLOEXEC
+	return nil
+}
+
+func (u *uring) acceptDone(ln *listener, c cqe) {
+	more := c.flags&cqeFMore != 0
+	switch {
+	case c.res >= 0:
+		fd := int(c.res)
+		sa, _ := unix.Getpeername(fd) // multishot accept reports no address
+		ln.h.OnAccept(u.l, fd, sa)
+	case c.res == -int32(unix.ECANCELED), c.res == -int32(unix.EAGAIN),
+		c.res == -int32(unix.EINTR), c.res == -int32(unix.ECONNABORTED):
+	default:
+		if !more && !ln.gone {
+			u.l.acceptFailed(ln, unix.Errno(-c.res))
+			return
+		}
+	}
+	if !more {
+		if ln.gone {
+			u.l.listeners[ln.idx] = nil
+		} else {
+			u.listen(ln)
+		}
+	}
+}
+
+func (u *uring) unlisten(ln *listener) { u.cancel(udListen|uint64(ln.idx), -1) }
+
+// cancel queues an async cancel of the request with user data ud, or of
+// every request on fd when fd >= 0.
+func (u *uring) cancel(ud uint64, fd int) {
+	q := u.r.get()
+	q.opcode, q.userData = opAsyncCancel, udCancel
+	if fd >= 0 {
+		q.fd, q.opFlags = int32(fd), cancelFD|cancelAll
+	} else {
+		q.addr = ud
+	}
+}
+
+func (u *uring) watch(w *Watch) error {
+	u.armWatch(w)
+	return nil
+}
+
+func (u *uring) armWatch(w *Watch) {
+	q := u.r.get()
+	q.opcode, q.fd, q.len, q.opFlags = opPollAdd, int32(w.fd), pollAddMulti, pollIn
+	q.userData = udWatch | uint64(w.idx)
+}
+
+func (u *uring) unwatch(w *Watch) { u.cancel(udWatch|uint64(w.idx), -1) }
+
+func (u *uring) add(s *Sock) error {
+	if s.flags&fConnecting != 0 {
+		u.pollOut(s)
+	} else {
+		u.arm(s)
+	}
+	return nil
+}
+
+func (u *uring) pollOut(s *Sock) {
+	q := u.r.get()
+	q.opcode, q.fd, q.opFlags, q.userData = opPollAdd, int32(s.fd), pollOut, s.ud(udPollOut)
+	s.inflight++
+}
+
+func (u *uring) pollOutDone(s *Sock, c cqe) {
+	s.inflight--
+	if u.opDone(s) {
+		return
+	}
+	if s.flags&fConnecting != 0 {
+		if !s.connected() {
+			return
+		}
+		u.arm(s)
+	}
+	if s.Pending() > 0 && !s.sending {
+		u.send(s)
+	}
+}
+
+// opDone finishes a released socket once nothing is in flight; it
+// reports whether s is being released.
+func (u *uring) opDone(s *Sock) bool {
+	if s.flags&fRelease == 0 {
+		return false
+	}
+	if s.inflight == 0 {
+		u.l.finish(s)
+	}
+	return true
+}
+
+// arm starts the socket's multishot recv unless it runs, or reading is
+// paused or over.
+func (u *uring) arm(s *Sock) {
+	if s.flags&(fArmed|fClosed|fPaused|fEOF|fRdHup|fConnecting) != 0 || s.err != nil {
+		return
+	}
+	q := u.r.get()
+	q.opcode, q.fd, q.ioprio, q.flags = opRecv, int32(s.fd), recvMultishot, sqeBufferSelect
+	q.userData = s.ud(udSock)
+	s.flags = s.flags&^(fStarved|fRecvCancel) | fArmed
+	s.inflight++
+}
+
+func (u *uring) recvDone(s *Sock, c cqe) {
+	more := c.flags&cqeFMore != 0
+	if !more {
+		s.flags &^= fArmed | fRecvCancel
+		s.inflight--
+	}
+	switch {
+	case c.res > 0:
+		bid := uint16(c.flags >> 16)
+		data := u.pb.buf(bid)[:c.res]
+		if s.flags&(fPaused|fClosed) != 0 || len(s.stash) > 0 {
+			if s.flags&fRelease == 0 || s.detach != nil {
+				s.keep(data)
+			}
+		} else {
+			s.h.OnRead(s, data)
+		}
+		u.pb.add(bid)
+	case c.res == 0:
+		s.flags |= fRdHup // EOF, delivered after what is stashed
+		if s.flags&(fPaused|fClosed) == 0 && len(s.stash) == 0 {
+			s.flags |= fEOF
+			s.h.OnEOF(s)
+		}
+	case c.res == -int32(unix.ENOBUFS):
+		if s.flags&fStarved == 0 {
+			s.flags |= fStarved
+			u.starved = append(u.starved, s)
+		}
+	case c.res == -int32(unix.ECANCELED), c.res == -int32(unix.EAGAIN), c.res == -int32(unix.EINTR):
+	default:
+		s.failNow(fmt.Errorf("evloop: recv: %w", unix.Errno(-c.res)))
+	}
+	if !more && !u.opDone(s) && s.flags&fStarved == 0 {
+		u.arm(s)
+	}
+}
+
+// keep stashes bytes received while reading is paused (or the socket
+// detaches): the recv ends at the next submit, so that is at most what
+// arrived within one turn.
+func (s *Sock) keep(b []byte) {
+	if s.stash == nil {
+		s.l.nBufs.Add(1)
+		s.stash = make([]byte, 0, len(b))
+	}
+	s.stash = append(s.stash, b...)
+}
+
+// Unread returns the bytes the loop received for s and had not delivered
+// when a Detach completed (io_uring only: a multishot recv may take bytes
+// before its cancel); call it from the Detach callback, which owns them.
+func (s *Sock) Unread() []byte { return s.stash }
+
+func (u *uring) rearmStarved() {
+	for i, s := range u.starved {
+		u.starved[i] = nil
+		s.flags &^= fStarved
+		if s.fd >= 0 {
+			u.arm(s)
+		}
+	}
+	u.starved = u.starved[:0]
+}
+
+func (u *uring) pauseRead(s *Sock) {
+	if s.flags&(fArmed|fRecvCancel) == fArmed {
+		s.flags |= fRecvCancel
+		u.cancel(s.ud(udSock), -1)
+	}
+}
+
+func (u *uring) resumeRead(s *Sock) {
+	if len(s.stash) > 0 || s.flags&(fRdHup|fEOF) == fRdHup {
+		s.flags |= fReadable
+		s.l.deferSock(s)
+		return
+	}
+	u.arm(s)
+}
+
+// readPending delivers what was stashed while paused, then the EOF, then
+// reads on.
+func (u *uring) readPending(s *Sock) {
+	s.flags &^= fReadable
+	if b := s.stash; len(b) > 0 {
+		s.dropStash()
+		s.h.OnRead(s, b)
+	}
+	if s.flags&(fClosed|fPaused) != 0 {
+		return
+	}
+	if s.flags&(fRdHup|fEOF) == fRdHup {
+		s.flags |= fEOF
+		s.h.OnEOF(s)
+		return
+	}
+	u.arm(s)
+}
+
+func (u *uring) write(s *Sock, bufs [][]byte) {
+	s.queue(bufs, 0)
+	if !s.sending && s.flags&fSendQ == 0 && s.Pending() > 0 {
+		s.flags |= fSendQ
+		u.sendq = append(u.sendq, s)
+	}
+}
+
+// flushSends submits one send per socket with bytes queued this turn.
+func (u *uring) flushSends() {
+	for i, s := range u.sendq {
+		u.sendq[i] = nil
+		s.flags &^= fSendQ
+		if s.fd >= 0 && s.flags&(fRelease|fConnecting) == 0 && !s.sending && s.Pending() > 0 {
+			u.send(s)
+		}
+	}
+	u.sendq = u.sendq[:0]
+}
+
+func (u *uring) send(s *Sock) {
+	b := s.out[s.off:]
+	q := u.r.get()
+	q.opcode, q.fd, q.userData = opSend, int32(s.fd), s.ud(udSend)
+	q.addr, q.len, q.opFlags = uint64(uintptr(unsafe.Pointer(&b[0]))), uint32(len(b)), unix.MSG_NOSIGNAL
+	s.sending, s.sendBuf = true, s.out // the array stays alive while the kernel reads it
+	s.inflight++
+}
+
+func (u *uring) sendDone(s *Sock, c cqe) {
+	s.sending, s.sendBuf = false, nil
+	s.inflight--
+	if u.opDone(s) {
+		return
+	}
+	switch {
+	case c.res >= 0:
+		if s.wrote(int(c.res)) {
+			s.drained()
+		} else {
+			u.send(s)
+		}
+	case c.res == -int32(unix.EAGAIN), c.res == -int32(unix.EINTR):
+		u.pollOut(s) // send again once there is room
+	default:
+		s.failNow(fmt.Errorf("evloop: send: %w", unix.Errno(-c.res)))
+	}
+}
+
+func (u *uring) shutWrite(s *Sock) {
+	s.flags |= fShutDone
+	unix.Shutdown(s.fd, unix.SHUT_WR)
+}
+
+// release cancels what is in flight on s; the last completion finishes
+// it.
+func (u *uring) release(s *Sock) {
+	s.flags |= fRelease
+	if s.inflight == 0 {
+		u.l.finish(s)
+		return
+	}
+	if s.flags&fCancel == 0 {
+		s.flags |= fCancel
+		u.cancel(0, s.fd)
+	}
+}

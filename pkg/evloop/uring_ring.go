@@ -1,0 +1,325 @@
+package evloop
+
+import (
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The io_uring kernel interface, by raw system calls (no cgo, no
+// liburing): rings mapped into the process, SQEs filled in place.
+
+const (
+	sysIOUringSetup    = 425
+	sysIOUringEnter    = 426
+	sysIOUringRegister = 427
+
+	opPollAdd     = 6
+	opAccept      = 13
+	opAsyncCancel = 14
+	opRead        = 22
+	opSend        = 26
+	opRecv        = 27
+
+	setupCQSize       = 1 << 3
+	setupSubmitAll    = 1 << 7
+	setupSingleIssuer = 1 << 12
+	setupDeferTask    = 1 << 13
+
+	enterGetEvents = 1 << 0
+	enterExtArg    = 1 << 3
+
+	featSingleMmap = 1 << 0
+	featNoDrop     = 1 << 1
+	featExtArg     = 1 << 8
+
+	acceptMultishot = 1 << 0
+	recvMultishot   = 1 << 1
+	pollAddMulti    = 1 << 0
+	sqeBufferSelect = 1 << 5
+	cancelAll       = 1 << 0
+	cancelFD        = 1 << 1
+
+	cqeFBuffer = 1 << 0
+	cqeFMore   = 1 << 1
+
+	regPbufRing = 22
+	offSQEs     = 0x10000000
+
+	pollIn  = 0x1
+	pollOut = 0x4
+)
+
+type sqringOffsets struct {
+	head, tail, ringMask, ringEntries, flags, dropped, array, resv1 uint32
+	userAddr                                                        uint64
+}
+
+type cqringOffsets struct {
+	head, tail, ringMask, ringEntries, overflow, cqes, flags, resv1 uint32
+	userAddr                                                        uint64
+}
+
+type uringParams struct {
+	sqEntries, cqEntries, flags, sqThreadCPU, sqThreadIdle, features, wqFd uint32
+	resv                                                                   [3]uint32
+	sqOff                                                                  sqringOffsets
+	cqOff                                                                  cqringOffsets
+}
+
+type sqe struct {
+	opcode   uint8
+	flags    uint8
+	ioprio   uint16
+	fd       int32
+	off      uint64
+	addr     uint64
+	len      uint32
+	opFlags  uint32
+	userData uint64
+	bufGroup uint16
+	pers     uint16
+	spliceIn int32
+	addr3    uint64
+	pad      uint64
+}
+
+type cqe struct {
+	userData uint64
+	res      int32
+	flags    uint32
+}
+
+// getEventsArg is struct io_uring_getevents_arg (IORING_ENTER_EXT_ARG).
+type getEventsArg struct {
+	sigmask   uint64
+	sigmaskSz uint32
+	minWait   uint32
+	ts        uint64
+}
+
+type ring struct {
+	fd             int
+	sqHead, sqTail *uint32
+	sqMask         uint32
+	sqArray        unsafe.Pointer
+	sqes           unsafe.Pointer
+	cqHead, cqTail *uint32
+	cqMask         uint32
+	cqes           unsafe.Pointer
+	pending        uint32 // SQEs queued since the last enter
+	sqEntries      uint32
+	mem, sqeMem    []byte
+	ts             unix.Timespec
+	arg            getEventsArg
+}
+
+const ringFlags = setupSingleIssuer | setupDeferTask | setupSubmitAll | setupCQSize
+
+// newRing sets a ring up for the calling thread (SINGLE_ISSUER: the loop
+// thread is its only submitter).
+func newRing(entries, cqEntries uint32) (*ring, error) {
+	p := uringParams{flags: ringFlags, cqEntries: cqEntries}
+	fd, _, e := unix.Syscall(sysIOUringSetup, uintptr(entries), uintptr(unsafe.Pointer(&p)), 0)
+	if e != 0 {
+		return nil, fmt.Errorf("io_uring_setup: %w", e)
+	}
+	r := &ring{fd: int(fd), sqEntries: p.sqEntries}
+	need := uint32(featSingleMmap | featNoDrop | featExtArg)
+	if p.features&need != need {
+		r.close()
+		return nil, fmt.Errorf("io_uring: kernel lacks features %#x (has %#x)", need, p.features)
+	}
+	size := max(p.sqOff.array+p.sqEntries*4, p.cqOff.cqes+p.cqEntries*uint32(unsafe.Sizeof(cqe{})))
+	mem, err := unix.Mmap(r.fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		r.close()
+		return nil, fmt.Errorf("mmap io_uring rings: %w", err)
+	}
+	r.mem = mem
+	sqeMem, err := unix.Mmap(r.fd, offSQEs, int(p.sqEntries)*int(unsafe.Sizeof(sqe{})),
+		unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		r.close()
+		return nil, fmt.Errorf("mmap io_uring sqes: %w", err)
+	}
+	r.sqeMem = sqeMem
+	base := unsafe.Pointer(&mem[0])
+	r.sqHead = (*uint32)(unsafe.Add(base, p.sqOff.head))
+	r.sqTail = (*uint32)(unsafe.Add(base, p.sqOff.tail))
+	r.sqMask = *(*uint32)(unsafe.Add(base, p.sqOff.ringMask))
+	r.sqArray = unsafe.Add(base, p.sqOff.array)
+	r.sqes = unsafe.Pointer(&sqeMem[0])
+	r.cqHead = (*uint32)(unsafe.Add(base, p.cqOff.head))
+	r.cqTail = (*uint32)(unsafe.Add(base, p.cqOff.tail))
+	r.cqMask = *(*uint32)(unsafe.Add(base, p.cqOff.ringMask))
+	r.cqes = unsafe.Add(base, p.cqOff.cqes)
+	return r, nil
+}
+
+func (r *ring) close() {
+	if r.sqeMem != nil {
+		unix.Munmap(r.sqeMem)
+	}
+	if r.mem != nil {
+		unix.Munmap(r.mem)
+	}
+	unix.Close(r.fd)
+}
+
+// get returns the next free SQE, zeroed; when the queue is full it
+// submits what is queued first.
+func (r *ring) get() *sqe {
+	tail := *r.sqTail
+	if tail-atomic.LoadUint32(r.sqHead) >= r.sqEntries {
+		r.submit()
+		tail = *r.sqTail
+	}
+	idx := tail & r.sqMask
+	s := (*sqe)(unsafe.Add(r.sqes, uintptr(idx)*unsafe.Sizeof(sqe{})))
+	*s = sqe{}
+	*(*uint32)(unsafe.Add(r.sqArray, uintptr(idx)*4)) = idx
+	atomic.StoreUint32(r.sqTail, tail+1)
+	r.pending++
+	return s
+}
+
+// submit hands the queued SQEs to the kernel without waiting (raw: it
+// does not block).
+func (r *ring) submit() {
+	for r.pending > 0 {
+		n, _, e := unix.RawSyscall6(sysIOUringEnter, uintptr(r.fd), uintptr(r.pending), 0, enterGetEvents, 0, 0)
+		if e != 0 && e != unix.EINTR && e != unix.EAGAIN && e != unix.EBUSY {
+			return // the next enter reports it
+		}
+		if e == 0 {
+			r.pending -= min(uint32(n), r.pending)
+		}
+		if e == unix.EBUSY || e == unix.EAGAIN {
+			return // completions first; the turn's enter retries
+		}
+	}
+}
+
+// enter submits what is queued and waits up to timeout ns for a
+// completion (< 0: no bound, 0: no wait). The wait is announced to the
+// scheduler.
+func (r *ring) enter(timeout int64) error {
+	flags := uintptr(enterGetEvents)
+	var minComplete, arg, argSz uintptr
+	if timeout != 0 {
+		minComplete = 1
+	}
+	if timeout > 0 {
+		r.ts = unix.NsecToTimespec(timeout)
+		r.arg = getEventsArg{ts: uint64(uintptr(unsafe.Pointer(&r.ts)))}
+		flags |= enterExtArg
+		arg, argSz = uintptr(unsafe.Pointer(&r.arg)), unsafe.Sizeof(r.arg)
+	}
+	var n uintptr
+	var e unix.Errno
+	if minComplete == 0 {
+		n, _, e = unix.RawSyscall6(sysIOUringEnter, uintptr(r.fd), uintptr(r.pending), 0, flags, arg, argSz)
+	} else {
+		n, _, e = unix.Syscall6(sysIOUringEnter, uintptr(r.fd), uintptr(r.pending), minComplete, flags, arg, argSz)
+	}
+	switch e {
+	case 0:
+		r.pending -= min(uint32(n), r.pending)
+		return nil
+	case unix.EINTR, unix.ETIME, unix.EAGAIN, unix.EBUSY:
+		return nil
+	}
+	return fmt.Errorf("io_uring_enter: %w", e)
+}
+
+// cqe returns the completion at head, if any.
+func (r *ring) peek(head uint32) *cqe {
+	return (*cqe)(unsafe.Add(r.cqes, uintptr(head&r.cqMask)*unsafe.Sizeof(cqe{})))
+}
+
+// pbufRing is a registered ring of provided receive buffers: a multishot
+// recv takes one only when data arrives, so an idle socket holds none.
+type pbufRing struct {
+	mem     []byte // the ring the kernel reads (page aligned, mmap)
+	bufs    []byte // entries buffers of size bytes
+	size    int
+	entries uint16
+	tail    uint16
+	added   int // buffers returned since the last publish
+}
+
+func (r *ring) registerPbuf(entries uint16, size int) (*pbufRing, error) {
+	mem, err := unix.Mmap(-1, 0, int(entries)*16, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return nil, fmt.Errorf("mmap buffer ring: %w", err)
+	}
+	p := &pbufRing{mem: mem, bufs: make([]byte, int(entries)*size), size: size, entries: entries}
+	reg := struct {
+		ringAddr    uint64
+		ringEntries uint32
+		bgid, flags uint16
+		resv        [3]uint64
+	}{ringAddr: uint64(uintptr(unsafe.Pointer(&mem[0]))), ringEntries: uint32(entries)}
+	if _, _, e := unix.Syscall6(sysIOUringRegister, uintptr(r.fd), regPbufRing, uintptr(unsafe.Pointer(&reg)), 1, 0, 0); e != 0 {
+		unix.Munmap(mem)
+		return nil, fmt.Errorf("io_uring_register(PBUF_RING): %w", e)
+	}
+	for i := uint16(0); i < entries; i++ {
+		p.add(i)
+	}
+	p.publish()
+	return p, nil
+}
+
+func (p *pbufRing) buf(bid uint16) []byte {
+	return p.bufs[int(bid)*p.size : (int(bid)+1)*p.size]
+}
+
+// add queues buffer bid for the kernel; publish makes queued ones visible.
+func (p *pbufRing) add(bid uint16) {
+	e := unsafe.Pointer(&p.mem[int(p.tail&(p.entries-1))*16])
+	*(*uint64)(e) = uint64(uintptr(unsafe.Pointer(&p.bufs[int(bid)*p.size])))
+	*(*uint32)(unsafe.Add(e, 8)) = uint32(p.size)
+	*(*uint16)(unsafe.Add(e, 12)) = bid
+	p.tail++
+	p.added++
+}
+
+// publish stores the tail (the u16 at offset 14 of the ring) with release
+// order, as one 32-bit store together with entry 0's bid.
+func (p *pbufRing) publish() {
+	w := (*uint32)(unsafe.Pointer(&p.mem[12]))
+	atomic.StoreUint32(w, uint32(*(*uint16)(unsafe.Pointer(&p.mem[12])))|uint32(p.tail)<<16)
+	p.added = 0
+}
+
+func (p *pbufRing) close() { unix.Munmap(p.mem) }
+
+// uringSetupHook, when set (tests), runs instead of the kernel probe:
+// its error stands for io_uring_setup refusing.
+var uringSetupHook func() error
+
+// probeUring reports whether this process may use io_uring as the loops
+// need it (setup with the loop's flags and a provided-buffer ring).
+func probeUring() error {
+	if uringSetupHook != nil {
+		return uringSetupHook()
+	}
+	runtime.LockOSThread() // SINGLE_ISSUER: set up and register on one thread
+	defer runtime.UnlockOSThread()
+	r, err := newRing(4, 8)
+	if err != nil {
+		return err
+	}
+	defer r.close()
+	p, err := r.registerPbuf(2, 4096)
+	if err != nil {
+		return err
+	}
+	p.close()
+	return nil
+}
