@@ -18,6 +18,11 @@
 //   6. bpf_sk_assign fails                       -> SK_PASS, assign_error
 //   7. otherwise                                 -> SK_PASS with the
 //      proxy's socket selected, steered
+// When the socket in the slot is one of a SO_REUSEPORT group (one per event
+// loop), the kernel then runs reuseport selection over that group (no
+// BPF_SK_LOOKUP_F_NO_REUSEPORT), spreading connections across its sockets
+// by a hash of the connection's addresses; a socket outside any group is
+// used as is.
 // UDP and other protocols pass untouched and are not counted.
 
 #include <linux/types.h>
@@ -218,7 +223,7 @@ int steer(struct bpf_sk_lookup *ctx)
 	if (!sk)
 		return count_pass(COUNTER_NO_SOCKET);
 
-	long err = bpf_sk_assign(ctx, sk, BPF_SK_LOOKUP_F_NO_REUSEPORT);
+	long err = bpf_sk_assign(ctx, sk, 0); // 0: reuseport selection runs
 	bpf_sk_release(sk);
 	if (err)
 		return count_pass(COUNTER_ASSIGN_ERROR);

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -38,7 +39,10 @@ func TestMain(m *testing.M) {
 
 // helperProxy attaches (reusing pins), registers a loopback listener, answers
 // every connection with "NAME local-addr", prints "ready", then answers
-// "registered?" lines on stdin until stdin closes.
+// "registered?" lines on stdin until stdin closes, drains its accept
+// queues and exits. With RLTP_GROUP=n it listens with a SO_REUSEPORT group
+// of n sockets instead, registers the first, and answers "NAME local-addr
+// i" on socket i.
 func helperProxy() int {
 	name := os.Getenv("RLTP_NAME")
 	r, err := Attach(Config{PinRoot: os.Getenv("RLTP_PIN_ROOT"), Ports: []uint16{80}})
@@ -47,42 +51,52 @@ func helperProxy() int {
 		return 2
 	}
 	defer r.Close()
-	var lc net.ListenConfig
-	lc.SetMultipathTCP(false)
-	ln, err := lc.Listen(context.Background(), "tcp4", "127.0.0.1:0")
+	n, _ := strconv.Atoi(os.Getenv("RLTP_GROUP"))
+	grouped := n > 0
+	lns, err := listenGroupHere("tcp4", "127.0.0.1:0", max(n, 1))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "helper listen:", err)
 		return 2
 	}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
+	answer := func(c net.Conn, i int) {
+		if grouped {
+			fmt.Fprintf(c, "%s %s %d\n", name, c.LocalAddr(), i)
+		} else {
 			fmt.Fprintf(c, "%s %s\n", name, c.LocalAddr())
-			c.Close()
 		}
-	}()
-	if err := r.RegisterListener(ln); err != nil {
+		c.Close()
+	}
+	for i, ln := range lns {
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				answer(c, i)
+			}
+		}()
+	}
+	if err := r.RegisterListener(lns[0]); err != nil {
 		fmt.Fprintln(os.Stderr, "helper register:", err)
 		return 2
 	}
 	fmt.Println("ready")
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
-		on, err := r.ListenerRegistered(ln)
+		on, err := r.ListenerRegistered(lns[0])
 		fmt.Printf("registered=%v err=%v\n", on, err)
 	}
-	// Drain: serve what is already queued, then exit.
-	conns, err := AcceptQueued(ln)
-	for _, c := range conns {
-		fmt.Fprintf(c, "%s %s\n", name, c.LocalAddr())
-		c.Close()
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "helper drain:", err)
-		return 2
+	// Drain: serve what is already queued on every socket, then exit.
+	for i, ln := range lns {
+		conns, err := AcceptQueued(ln)
+		for _, c := range conns {
+			answer(c, i)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "helper drain:", err)
+			return 2
+		}
 	}
 	return 0
 }
@@ -93,10 +107,11 @@ type helper struct {
 	out   *bufio.Reader
 }
 
-func startHelper(t *testing.T, ns *netnstest.NS, root, name string) *helper {
+func startHelper(t *testing.T, ns *netnstest.NS, root, name string, env ...string) *helper {
 	t.Helper()
 	cmd := ns.Command(context.Background(), os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "RLTP_REDIRECT_HELPER=1", "RLTP_PIN_ROOT="+root, "RLTP_NAME="+name)
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -143,7 +158,7 @@ type loadResult struct {
 	total, completed int
 }
 
-func runLoad(p *netnstest.Pair, target string, stop <-chan struct{}, max int, killed *atomic.Bool) <-chan loadResult {
+func runLoad(p *netnstest.Pair, target string, stop <-chan struct{}, max int, killed *atomic.Bool, progress *atomic.Int64) <-chan loadResult {
 	done := make(chan loadResult, 1)
 	go func() {
 		res := loadResult{by: map[string]int{}}
@@ -190,6 +205,9 @@ func runLoad(p *netnstest.Pair, target string, stop <-chan struct{}, max int, ki
 				}
 				res.completed++
 				res.by[strings.Fields(line)[0]]++
+				if progress != nil {
+					progress.Add(1)
+				}
 			}
 			return nil
 		})
@@ -217,7 +235,7 @@ func TestProcessKillRestartTakeover(t *testing.T) {
 
 	stop := make(chan struct{})
 	var killed atomic.Bool
-	results := runLoad(p, node4, stop, 200000, &killed)
+	results := runLoad(p, node4, stop, 200000, &killed, nil)
 	// Make sure the load is flowing through A before killing it.
 	if got := a.registered(t); got != "registered=true err=<nil>" {
 		t.Fatalf("A: %s", got)
