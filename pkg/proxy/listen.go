@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // Listen opens a plain TCP listener on addr with Multipath TCP turned off:
@@ -26,4 +29,67 @@ func transientAcceptErr(err error) bool {
 	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
 		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM) ||
 		errors.Is(err, syscall.ECONNABORTED)
+}
+
+// ListenGroup opens n plain TCP listeners (MPTCP off) bound to addr with
+// SO_REUSEPORT: one reuseport group, across which the kernel spreads new
+// connections by a hash of their addresses, so that each event loop (or
+// accept goroutine) owns one socket. n <= 0 means runtime.GOMAXPROCS(0).
+// When addr's port is 0 the first socket's bind picks the port (Linux
+// never gives a port-0 bind a port that a SO_REUSEPORT socket on the same
+// address holds, so the group is new) and the others bind to it. On error
+// it closes what it opened.
+//
+// The kernel lets any socket of the same user, network namespace and
+// address join a group, so a second process listening on the same address
+// shares the connections. A socket closed while others of its group stay
+// open resets the connections waiting in its accept queue (unless the
+// sysctl net.ipv4.tcp_migrate_req is 1): drain a socket's queue before
+// closing it alone.
+func ListenGroup(ctx context.Context, addr string, n int) ([]net.Listener, error) {
+	if n <= 0 {
+		n = runtime.GOMAXPROCS(0)
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", addr, err)
+	}
+	lc := net.ListenConfig{Control: setReusePort}
+	lc.SetMultipathTCP(false)
+	lns := make([]net.Listener, 0, n)
+	bind := addr
+	for i := range n {
+		ln, err := lc.Listen(ctx, "tcp", bind)
+		if err != nil {
+			closeListeners(lns)
+			return nil, fmt.Errorf("listen %s (socket %d of a reuseport group of %d): %w", addr, i+1, n, err)
+		}
+		if i == 0 {
+			// The same host string (not ln.Addr(): "0.0.0.0" and ":" must
+			// keep the family Go chose for addr) with the bound port.
+			_, port, _ := net.SplitHostPort(ln.Addr().String())
+			bind = net.JoinHostPort(host, port)
+		}
+		lns = append(lns, ln)
+	}
+	return lns, nil
+}
+
+func setReusePort(_, _ string, c syscall.RawConn) error {
+	var serr error
+	if err := c.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("SO_REUSEPORT: %w", serr)
+	}
+	return nil
+}
+
+func closeListeners(lns []net.Listener) {
+	for _, ln := range lns {
+		ln.Close()
+	}
 }

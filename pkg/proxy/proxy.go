@@ -156,13 +156,19 @@ func (p *Proxy) Serve(ln net.Listener, svc *Service) error {
 	if svc == nil {
 		return errors.New("proxy: Serve with nil service")
 	}
+	return p.serve(ln, pickNamed(svc))
+}
+
+// pickNamed picks the current configuration's service named like svc (or
+// svc once that name is gone).
+func pickNamed(svc *Service) func(*Config, netip.AddrPort) *Service {
 	name := svc.Name
-	return p.serve(ln, func(cfg *Config, _ netip.AddrPort) *Service {
+	return func(cfg *Config, _ netip.AddrPort) *Service {
 		if s := cfg.service(name); s != nil {
 			return s
 		}
 		return svc
-	})
+	}
 }
 
 // ServeSteered accepts connections on a listener that receives steered
@@ -172,16 +178,19 @@ func (p *Proxy) Serve(ln net.Listener, svc *Service) error {
 // closed.
 func (p *Proxy) ServeSteered(ln net.Listener, pick func(cfg *Config, local netip.AddrPort) *Service) error {
 	if pick == nil {
-		pick = func(cfg *Config, local netip.AddrPort) *Service {
-			for _, s := range cfg.Services {
-				if s.Port != 0 && s.Port == local.Port() {
-					return s
-				}
-			}
-			return nil
-		}
+		pick = pickByPort
 	}
 	return p.serve(ln, pick)
+}
+
+// pickByPort picks the service whose Port is the destination port.
+func pickByPort(cfg *Config, local netip.AddrPort) *Service {
+	for _, s := range cfg.Services {
+		if s.Port != 0 && s.Port == local.Port() {
+			return s
+		}
+	}
+	return nil
 }
 
 // ListenAndServe opens every Services[].Listen address (MPTCP off) and
@@ -194,27 +203,29 @@ func (p *Proxy) ListenAndServe() error {
 	return p.ServeAll(lns)
 }
 
-// Bound is a listener opened for a service by ListenAll.
+// Bound is the listener group (ListenGroup) opened for one listen address
+// of a service by ListenAll.
 type Bound struct {
-	Listener net.Listener
-	Service  *Service
+	Listeners []net.Listener
+	Service   *Service
 }
 
 // ListenAll opens every Services[].Listen address of the current
-// configuration (listener mode). On error it closes what it opened.
+// configuration (listener mode): a SO_REUSEPORT group of one socket per
+// CPU (runtime.GOMAXPROCS) on each. On error it closes what it opened.
 func (p *Proxy) ListenAll(ctx context.Context) ([]Bound, error) {
 	cfg := p.cfg.Load()
 	var out []Bound
 	for _, s := range cfg.Services {
 		for _, a := range s.Listen {
-			ln, err := Listen(ctx, a)
+			lns, err := ListenGroup(ctx, a, cfg.groupSize())
 			if err != nil {
 				for _, b := range out {
-					b.Listener.Close()
+					closeListeners(b.Listeners)
 				}
 				return nil, fmt.Errorf("service %s: %w", s.Name, err)
 			}
-			out = append(out, Bound{ln, s})
+			out = append(out, Bound{lns, s})
 		}
 	}
 	if len(out) == 0 {
@@ -223,19 +234,20 @@ func (p *Proxy) ListenAll(ctx context.Context) ([]Bound, error) {
 	return out, nil
 }
 
-// ServeAll serves every bound listener until Shutdown (it returns nil then)
-// or until one fails (it closes the others and returns that error).
+// ServeAll serves every bound listener group until Shutdown (it returns
+// nil then) or until one fails (it closes the others and returns that
+// error).
 func (p *Proxy) ServeAll(bound []Bound) error {
 	errc := make(chan error, len(bound))
 	for _, b := range bound {
-		go func() { errc <- p.Serve(b.Listener, b.Service) }()
+		go func() { errc <- p.ServeGroup(b.Listeners, b.Service) }()
 	}
 	var first error
 	for range bound {
 		if err := <-errc; err != nil && err != ErrClosed && first == nil {
 			first = err
 			for _, b := range bound {
-				b.Listener.Close()
+				closeListeners(b.Listeners)
 			}
 		}
 	}

@@ -249,10 +249,22 @@ func TestListenAllServeAll(t *testing.T) {
 	if len(bound) != 2 {
 		t.Fatalf("bound %d listeners", len(bound))
 	}
+	// Each address is a reuseport group of one socket per CPU, all on the
+	// port the first one got.
+	for _, b := range bound {
+		if len(b.Listeners) != runtime.GOMAXPROCS(0) {
+			t.Fatalf("group of %d sockets, want GOMAXPROCS %d", len(b.Listeners), runtime.GOMAXPROCS(0))
+		}
+		for _, ln := range b.Listeners {
+			if ln.Addr().String() != b.Listeners[0].Addr().String() {
+				t.Fatalf("group sockets on %v and %v", ln.Addr(), b.Listeners[0].Addr())
+			}
+		}
+	}
 	served := make(chan error, 1)
 	go func() { served <- p.ServeAll(bound) }()
 	for _, b := range bound {
-		c := dialClient(t, b.Listener.Addr().String())
+		c := dialClient(t, b.Listeners[0].Addr().String())
 		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 		if r, _ := c.resp("GET"); r.StatusCode != 200 {
 			t.Fatalf("status %d", r.StatusCode)

@@ -1,0 +1,256 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"net"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+)
+
+// acceptSpread dials addr until every listener of lns accepted at least
+// once (bounded by max connections) and returns the accepts per listener.
+// It accepts on each socket itself, so it measures the kernel's reuseport
+// selection.
+func acceptSpread(t *testing.T, lns []net.Listener, max int) []int {
+	t.Helper()
+	counts := make([]int, len(lns))
+	accepted := make(chan int, len(lns))
+	for i, ln := range lns {
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				c.Close()
+				accepted <- i
+			}
+		}()
+	}
+	addr := lns[0].Addr().String()
+	for n := 0; n < max; n++ {
+		c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+		if err != nil {
+			t.Fatalf("dial %s: %v", addr, err)
+		}
+		c.Close()
+		select {
+		case i := <-accepted:
+			counts[i]++
+		case <-time.After(10 * time.Second):
+			t.Fatalf("connection %d not accepted by any socket of the group", n)
+		}
+		all := true
+		for _, k := range counts {
+			all = all && k > 0
+		}
+		if all {
+			break
+		}
+	}
+	return counts
+}
+
+func TestListenGroup(t *testing.T) {
+	for _, tc := range []struct {
+		addr string
+		n    int
+	}{
+		{"127.0.0.1:0", 4},
+		{"[::1]:0", 3},
+		{"127.0.0.1:0", 1},
+	} {
+		t.Run(tc.addr, func(t *testing.T) {
+			lns, err := ListenGroup(context.Background(), tc.addr, tc.n)
+			if err != nil {
+				if tc.addr[0] == '[' {
+					testkit.Missing(t, "needs IPv6 loopback: %v", err)
+				}
+				t.Fatal(err)
+			}
+			defer closeListeners(lns)
+			if len(lns) != tc.n {
+				t.Fatalf("%d sockets, want %d", len(lns), tc.n)
+			}
+			for _, ln := range lns {
+				if ln.Addr().String() != lns[0].Addr().String() {
+					t.Fatalf("group sockets on %v and %v", ln.Addr(), lns[0].Addr())
+				}
+				fd := listenerFD(t, ln)
+				if v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT); err != nil || v != 1 {
+					t.Fatalf("SO_REUSEPORT %d %v", v, err)
+				}
+				if p, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL); err != nil || p != unix.IPPROTO_TCP {
+					t.Fatalf("protocol %d %v, want plain TCP (no MPTCP)", p, err)
+				}
+			}
+			// The kernel spreads connections across every socket.
+			counts := acceptSpread(t, lns, 400)
+			for i, k := range counts {
+				if k == 0 {
+					t.Fatalf("socket %d of %d accepted nothing in 400 connections: %v", i, len(lns), counts)
+				}
+			}
+			t.Logf("accepts per socket: %v", counts)
+		})
+	}
+}
+
+func TestListenGroupDefaultsAndErrors(t *testing.T) {
+	lns, err := ListenGroup(context.Background(), "127.0.0.1:0", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lns) != runtime.GOMAXPROCS(0) {
+		t.Errorf("n=0: %d sockets, want GOMAXPROCS %d", len(lns), runtime.GOMAXPROCS(0))
+	}
+	// A port-0 group is new: a second group never joins the first.
+	other, err := ListenGroup(context.Background(), "127.0.0.1:0", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other[0].Addr().String() == lns[0].Addr().String() {
+		t.Errorf("second port-0 group got the first group's address %v", lns[0].Addr())
+	}
+	closeListeners(other)
+
+	// An address held by a socket without SO_REUSEPORT: the first bind
+	// fails, nothing stays open.
+	plain, err := Listen(context.Background(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if g, err := ListenGroup(context.Background(), plain.Addr().String(), 2); err == nil {
+		closeListeners(g)
+		t.Fatalf("joined a plain listener's address")
+	}
+	// Malformed and foreign addresses fail without leaving sockets open
+	// (TestMain checks descriptors).
+	for _, bad := range []string{"nohostport", "127.0.0.1:99999", "203.0.113.1:0"} {
+		if g, err := ListenGroup(context.Background(), bad, 2); err == nil {
+			closeListeners(g)
+			t.Errorf("ListenGroup(%q) succeeded", bad)
+		}
+	}
+	closeListeners(lns)
+}
+
+func listenerFD(t *testing.T, ln net.Listener) int {
+	t.Helper()
+	rc, err := ln.(*net.TCPListener).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fd int
+	if err := rc.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
+// countingListener counts the connections its accept loop took.
+type countingListener struct {
+	net.Listener
+	n atomic.Int64
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
+}
+
+// TestServeGroup: the goroutine path runs an accept loop on every socket
+// of a group, so every socket serves; Shutdown ends them all with
+// ErrClosed, and one socket failing ends the group.
+func TestServeGroup(t *testing.T) {
+	up := keepAliveUpstream(t, 0)
+	svc := &Service{Name: "web", Upstream: up.addr()}
+	p, err := New(Config{Services: []*Service{svc}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := ListenGroup(context.Background(), "127.0.0.1:0", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counting := make([]*countingListener, len(raw))
+	lns := make([]net.Listener, len(raw))
+	for i, ln := range raw {
+		counting[i] = &countingListener{Listener: ln}
+		lns[i] = counting[i]
+	}
+	served := make(chan error, 1)
+	go func() { served <- p.ServeGroup(lns, svc) }()
+	addr := raw[0].Addr().String()
+	every := func() bool {
+		for _, l := range counting {
+			if l.n.Load() == 0 {
+				return false
+			}
+		}
+		return true
+	}
+	for n := 0; n < 400 && !every(); n++ {
+		c := dialClient(t, addr)
+		c.send("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+		if r, _ := c.resp("GET"); r.StatusCode != 200 {
+			t.Fatalf("status %d", r.StatusCode)
+		}
+		c.c.Close()
+	}
+	if !every() {
+		var got []int64
+		for _, l := range counting {
+			got = append(got, l.n.Load())
+		}
+		t.Fatalf("accepts per socket after 400 connections: %v; want every socket serving", got)
+	}
+	if err := p.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; err != ErrClosed {
+		t.Fatalf("ServeGroup after Shutdown: %v, want ErrClosed", err)
+	}
+
+	// One socket closed under the group (a failure): the group ends with
+	// that error and its other sockets are closed.
+	q, err := New(Config{Services: []*Service{svc}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Shutdown(context.Background())
+	g, err := ListenGroup(context.Background(), "127.0.0.1:0", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { served <- q.ServeGroup(g, svc) }()
+	// Serve one request first so the accept loops run.
+	c := dialClient(t, g[0].Addr().String())
+	c.send("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	if r, _ := c.resp("GET"); r.StatusCode != 200 {
+		t.Fatalf("status %d", r.StatusCode)
+	}
+	g[1].Close()
+	err = <-served
+	if err == nil || errors.Is(err, ErrClosed) || !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("ServeGroup with a socket closed: %v, want that socket's accept error", err)
+	}
+	if c, err := net.DialTimeout("tcp", g[0].Addr().String(), 10*time.Second); err == nil {
+		c.Close()
+		t.Fatalf("group still accepts after one socket failed")
+	}
+	if err := (&Proxy{}).serveGroup(nil, pickByPort); err == nil {
+		t.Fatalf("empty group served")
+	}
+}
