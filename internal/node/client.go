@@ -216,7 +216,7 @@ func (n *Node) apply(p *admission.Policy) error {
 
 func closeAll(ls map[string]*listener) {
 	for _, l := range ls {
-		l.ln.Close()
+		closeListeners(l.lns)
 	}
 }
 

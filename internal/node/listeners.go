@@ -82,16 +82,16 @@ func (n *Node) watchTakeover(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		lns := n.steeredListeners()
+		groups := n.steeredGroups()
 		still := false
-		for _, ln := range lns {
-			ok, err := n.redirect.ListenerRegistered(ln)
+		for _, g := range groups {
+			ok, err := n.redirect.ListenerRegistered(g[0])
 			if err != nil || ok {
 				still = true // on a read error, keep serving
 				break
 			}
 		}
-		if !still && len(lns) > 0 {
+		if !still && len(groups) > 0 {
 			n.log.Info("steering taken over by another proxy: draining and exiting")
 			close(n.takenOver)
 			return
@@ -141,17 +141,17 @@ func (n *Node) attachRedirect(p *admission.Policy) error {
 	n.redirect = r
 	n.m.Registry.MustRegister(r.Collector())
 	n.ready.Set("redirect", func() error {
-		lns := n.steeredListeners()
-		for _, ln := range lns {
-			ok, err := r.ListenerRegistered(ln)
+		groups := n.steeredGroups()
+		for _, g := range groups {
+			ok, err := r.ListenerRegistered(g[0])
 			if err != nil {
 				return err
 			}
 			if !ok {
-				return fmt.Errorf("listener %s is not in the sockmap (taken over?)", ln.Addr())
+				return fmt.Errorf("listener %s is not in the sockmap (taken over?)", g[0].Addr())
 			}
 		}
-		if len(lns) == 0 {
+		if len(groups) == 0 {
 			return errors.New("no steered listener")
 		}
 		return nil
@@ -159,19 +159,22 @@ func (n *Node) attachRedirect(p *admission.Policy) error {
 	return nil
 }
 
-// serveSteered opens the steered listeners (IPv4 and, when the host has
-// it, IPv6 loopback), registers them in the sockmap and serves them.
+// serveSteered opens the steered listener groups (IPv4 and, when the host
+// has it, IPv6 loopback; each a SO_REUSEPORT group of one socket per event
+// loop or CPU), registers the first socket of each in the sockmap (the
+// kernel's reuseport selection then spreads steered connections over the
+// group) and serves every socket.
 func (n *Node) serveSteered(ctx context.Context) error {
 	for _, addr := range []string{"127.0.0.1:0", "[::1]:0"} {
-		ln, err := proxy.Listen(ctx, addr)
+		lns, err := proxy.ListenGroup(ctx, addr, n.proxy.ListenGroupSize())
 		if err != nil {
 			if strings.HasPrefix(addr, "[") {
 				continue // no IPv6 loopback
 			}
 			return fmt.Errorf("steered listener: %w", err)
 		}
-		if err := n.redirect.RegisterListener(ln); err != nil {
-			ln.Close()
+		if err := n.redirect.RegisterListener(lns[0]); err != nil {
+			closeListeners(lns)
 			if strings.HasPrefix(addr, "[") {
 				n.log.Warn("IPv6 steered listener not registered", "error", err.Error())
 				continue
@@ -179,16 +182,23 @@ func (n *Node) serveSteered(ctx context.Context) error {
 			return fmt.Errorf("register steered listener: %w", err)
 		}
 		n.mu.Lock()
-		n.steered = append(n.steered, ln)
+		n.steered = append(n.steered, lns)
 		n.publishListeners()
 		n.mu.Unlock()
-		n.log.Info("steered listener registered", "addr", ln.Addr().String(), "ports", fmt.Sprint(steeredPorts(n.pol)))
+		where := lns[0].Addr().String()
+		n.log.Info("steered listener registered", "addr", where, "sockets", len(lns), "ports", fmt.Sprint(steeredPorts(n.pol)))
 		go func() {
-			err := n.proxy.ServeSteered(ln, nil)
-			n.serveEnded("steered "+ln.Addr().String(), err, nil)
+			err := n.proxy.ServeSteeredGroup(lns, nil)
+			n.serveEnded("steered "+where, err, nil)
 		}()
 	}
 	return nil
+}
+
+func closeListeners(lns []net.Listener) {
+	for _, ln := range lns {
+		ln.Close()
+	}
 }
 
 func (n *Node) syncListeners(ctx context.Context, p *admission.Policy) error {
@@ -248,12 +258,12 @@ func (n *Node) openListeners(ctx context.Context, p *admission.Policy) (map[stri
 		if _, ok := n.listeners[addr]; ok {
 			continue
 		}
-		ln, err := proxy.Listen(ctx, addr)
+		lns, err := proxy.ListenGroup(ctx, addr, n.proxy.ListenGroupSize())
 		if err != nil {
 			closeAll(opened)
 			return nil, fmt.Errorf("service %s: listen %s: %w", want[addr], addr, err)
 		}
-		opened[addr] = &listener{ln: ln, svc: want[addr]}
+		opened[addr] = &listener{lns: lns, svc: want[addr]}
 	}
 	return opened, nil
 }
@@ -271,7 +281,7 @@ func (n *Node) commitListeners(p *admission.Policy, opened map[string]*listener)
 	for addr, l := range n.listeners {
 		if _, ok := want[addr]; !ok {
 			l.closed = true
-			l.ln.Close()
+			closeListeners(l.lns)
 			delete(n.listeners, addr)
 			n.publishListeners()
 			n.log.Info("listener closed", "addr", addr, "service", l.svc)
@@ -281,9 +291,9 @@ func (n *Node) commitListeners(p *admission.Policy, opened map[string]*listener)
 		n.listeners[addr] = l
 		n.publishListeners()
 		svc := svcs[l.svc]
-		n.log.Info("listening", "service", l.svc, "addr", l.ln.Addr().String(), "upstream", svc.Upstream)
+		n.log.Info("listening", "service", l.svc, "addr", l.lns[0].Addr().String(), "sockets", len(l.lns), "upstream", svc.Upstream)
 		go func() {
-			err := n.proxy.Serve(l.ln, svc)
+			err := n.proxy.ServeGroup(l.lns, svc)
 			n.serveEnded("listener "+addr, err, l)
 		}()
 	}
@@ -324,8 +334,8 @@ func (n *Node) publishListeners() {
 	n.nListeners.Store(int64(len(n.listeners) + len(n.steered)))
 }
 
-// steeredListeners is the published list of steered listeners.
-func (n *Node) steeredListeners() []net.Listener {
+// steeredGroups is the published list of steered listener groups.
+func (n *Node) steeredGroups() [][]net.Listener {
 	if p := n.steeredNow.Load(); p != nil {
 		return *p
 	}

@@ -71,7 +71,7 @@ type Node struct {
 	// Lock-free views for readiness and the takeover watch, which never
 	// wait for n.mu (a reload can hold it while a new client discovers).
 	nListeners atomic.Int64
-	steeredNow atomic.Pointer[[]net.Listener]
+	steeredNow atomic.Pointer[[][]net.Listener]
 
 	mu        sync.Mutex // guards below
 	pol       *admission.Policy
@@ -81,15 +81,18 @@ type Node struct {
 	embKey    string
 	cred      credentials.Credential // the client's credential (kept across reloads when generated)
 	listeners map[string]*listener   // listener mode, by address
-	steered   []net.Listener
-	closing   bool
+	// steered holds the steered listener groups (SO_REUSEPORT, one socket
+	// per event loop or CPU); the first socket of each is the one in the
+	// sockmap slot.
+	steered [][]net.Listener
+	closing bool
 	// clientErr is why no RateLimitly client could be created yet (nil
 	// once one runs); clientRetry retries with bounded backoff meanwhile.
 	clientErr error
 }
 
 type listener struct {
-	ln     net.Listener
+	lns    []net.Listener // one SO_REUSEPORT group (proxy.ListenGroup)
 	svc    string
 	closed bool
 }
@@ -288,19 +291,21 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		n.log.Warn("a reload is still running; draining without waiting for it")
 	}
 	var errs []error
-	for _, ln := range steered {
+	var all []net.Listener
+	for _, g := range steered {
+		all = append(all, g...)
 		if n.redirect != nil {
-			if err := n.redirect.UnregisterListener(ln); err != nil {
+			if err := n.redirect.UnregisterListener(g[0]); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
 	if len(steered) > 0 {
 		// New connections now go to the services (or a newer proxy), but
-		// some already sit in our accept queues or are mid-handshake on
-		// our listeners: keep accepting until the queues stayed empty for
-		// a moment, so closing the listeners resets nobody.
-		drainAcceptQueues(ctx, steered)
+		// some already sit in the accept queues of our groups' sockets or
+		// are mid-handshake on them: keep accepting until every queue
+		// stayed empty for a moment, so closing the sockets resets nobody.
+		drainAcceptQueues(ctx, all)
 	}
 	if n.proxy != nil {
 		if err := n.proxy.Shutdown(ctx); err != nil {

@@ -42,6 +42,9 @@
 // to the new listener. The old listener keeps its accept queue; the old
 // proxy drains it and exits. Closing the old listener afterwards does not
 // clear the slot, because the kernel only removes the socket it holds.
+// With listener groups (below) the same holds for the whole group: the new
+// proxy registers a socket of its own group, every socket of the old group
+// keeps its queue, and the old proxy drains them all before closing any.
 //
 // # Loop avoidance (bypass map)
 //
@@ -74,4 +77,13 @@
 // listener fills slot 0, an IPv6-only listener slot 1, a dual-stack IPv6
 // listener both. Listeners must be plain TCP: an MPTCP socket (Go's default
 // for listeners since 1.24) cannot enter a sockmap.
+//
+// A listener group is a set of SO_REUSEPORT sockets bound to one address
+// (one per event loop). Register any one of them: the program assigns that
+// socket without BPF_SK_LOOKUP_F_NO_REUSEPORT, so the kernel then runs
+// reuseport selection over its group and spreads steered connections
+// across every socket by a hash of the connection's addresses.
+// ListenerRegistered and UnregisterListener take the registered socket.
+// A new proxy's group never joins the old one (it binds another port), so
+// takeover swaps the slot from one group to the other.
 package redirect

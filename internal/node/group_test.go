@@ -1,0 +1,101 @@
+package node
+
+import (
+	"errors"
+	"net"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+)
+
+// groupOf returns the listener group the node serves on addr (nil when
+// none), read under n.mu.
+func groupOf(rt *Node, addr string) []net.Listener {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if l := rt.listeners[addr]; l != nil {
+		return l.lns
+	}
+	return nil
+}
+
+func checkGroup(t *testing.T, lns []net.Listener, addr string, n int) {
+	t.Helper()
+	if len(lns) != n {
+		t.Fatalf("%s: %d sockets, want a group of %d", addr, len(lns), n)
+	}
+	for _, ln := range lns {
+		if ln.Addr().String() != addr {
+			t.Fatalf("group socket on %v, want %s", ln.Addr(), addr)
+		}
+		rc, err := ln.(syscall.Conn).SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v int
+		var gerr error
+		if err := rc.Control(func(fd uintptr) { v, gerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT) }); err != nil || gerr != nil || v != 1 {
+			t.Fatalf("%s: SO_REUSEPORT %d (%v %v)", addr, v, err, gerr)
+		}
+	}
+}
+
+// TestListenerModeGroups: every listen address is served by a SO_REUSEPORT
+// group of one socket per CPU; a reload that drops an address closes
+// every socket of its group (no socket left accepting connections nobody
+// serves), and a new address gets a group of its own.
+func TestListenerModeGroups(t *testing.T) {
+	upA, upB := namedUpstream(t, "a"), namedUpstream(t, "b")
+	la, lb := freeAddr(t), freeAddr(t)
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	writeTwoServices(t, path, la, upA, lb, upB)
+	rt := startNode(t, path, false)
+	n := rt.proxy.ListenGroupSize()
+	checkGroup(t, groupOf(rt, la), la, n)
+	checkGroup(t, groupOf(rt, lb), lb, n)
+	// Many connections (each its own source port, so the kernel's hash
+	// picks sockets all over the group) are all answered.
+	for range 32 {
+		if got := getBody(t, "http://"+lb+"/"); got != "b" {
+			t.Fatalf("%s answered %q, want b", lb, got)
+		}
+	}
+
+	oldB := groupOf(rt, lb)
+	lb2 := freeAddr(t)
+	writeTwoServices(t, path, la, upA, lb2, upB)
+	if err := rt.reloader.Reload(admission.TriggerSignal); err != nil {
+		t.Fatal(err)
+	}
+	checkGroup(t, groupOf(rt, lb2), lb2, n)
+	if groupOf(rt, lb) != nil {
+		t.Fatalf("%s still served after the reload dropped it", lb)
+	}
+	// Every socket of the dropped group is closed: nothing accepts on lb.
+	for i, ln := range oldB {
+		if _, err := ln.Accept(); !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("socket %d of the dropped group: Accept %v, want closed", i, err)
+		}
+	}
+	for range 8 {
+		c, err := net.DialTimeout("tcp", lb, 5*time.Second)
+		if err == nil {
+			c.Close()
+			t.Fatalf("%s still accepts connections after its group was closed", lb)
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("dial %s: %v, want refused", lb, err)
+		}
+	}
+	if got := getBody(t, "http://"+lb2+"/"); got != "b" {
+		t.Fatalf("%s answered %q, want b", lb2, got)
+	}
+	if got := getBody(t, "http://"+la+"/"); got != "a" {
+		t.Fatalf("%s answered %q, want a", la, got)
+	}
+}
