@@ -16,8 +16,19 @@ import (
 
 // latencies records per-check durations without allocating.
 type latencies struct {
-	d [1 << 20]int64
+	d []int64
 	n atomic.Int64
+}
+
+// newLatencies has room for n checks (at most 1<<20 are kept). The array
+// is written once here, before the timer starts, so that its page faults
+// are not counted in the CPU time of the clients being compared.
+func newLatencies(n int) *latencies {
+	l := &latencies{d: make([]int64, min(n, 1<<20))}
+	for i := range l.d {
+		l.d[i] = -1
+	}
+	return l
 }
 
 func (l *latencies) add(d time.Duration) {
@@ -48,7 +59,7 @@ func BenchmarkCheckSerial(b *testing.B) {
 	for i := 0; i < 200; i++ {
 		c.Check(context.Background(), req, &dec)
 	}
-	lat := new(latencies)
+	lat := newLatencies(b.N)
 	b.ReportAllocs()
 	b.ResetTimer()
 	cpu0 := cpuTime()
@@ -72,15 +83,15 @@ func BenchmarkRings256(b *testing.B) { benchRings(b, 1) }
 func BenchmarkRings256x3(b *testing.B) { benchRings(b, 3) }
 
 func benchRings(b *testing.B, nodes int) {
-	cl := startCluster(b, nodes, nil)
+	cl := startBenchCluster(b, nodes)
 	c := newTestClient(b, cl.dns.Addr(), clientOpts{shards: runtimeProcs(), policy: ratelimitly.Standard(time.Second)})
 	waitReady(b, c)
 	var failed atomic.Int64
-	lat := new(latencies)
+	lat := newLatencies(b.N)
 	b.ReportAllocs()
 	b.SetParallelism(256 / runtimeProcs())
 	b.ResetTimer()
-	cpu0 := cpuTime()
+	m := startMeter(b, cl)
 	b.RunParallel(func(pb *testing.PB) {
 		req := testRequest()
 		var dec Decision
@@ -94,7 +105,7 @@ func benchRings(b *testing.B, nodes int) {
 		}
 	})
 	b.StopTimer()
-	reportCPU(b, cpu0)
+	m.report(b)
 	b.ReportMetric(float64(failed.Load())/float64(b.N), "failed/op")
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
 	lat.report(b)
@@ -117,19 +128,19 @@ func benchRings(b *testing.B, nodes int) {
 // connected UDP socket, one write and one read system call per datagram,
 // against one node (the same server as BenchmarkRings256).
 func BenchmarkNaive256(b *testing.B) {
-	cl := startCluster(b, 1, nil)
-	addr := cl.servers[0].Addr()
+	cl := startBenchCluster(b, 1)
+	addr := cl.addrs[0]
 	cred := testCred()
 	key, err := wire.NewKey(cred.KeyID, cred.Secret)
 	if err != nil {
 		b.Fatal(err)
 	}
 	var failed atomic.Int64
-	lat := new(latencies)
+	lat := newLatencies(b.N)
 	b.ReportAllocs()
 	b.SetParallelism(256 / runtimeProcs())
 	b.ResetTimer()
-	cpu0 := cpuTime()
+	m := startMeter(b, cl)
 	b.RunParallel(func(pb *testing.PB) {
 		conn, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(addr))
 		if err != nil {
@@ -176,7 +187,7 @@ func BenchmarkNaive256(b *testing.B) {
 		}
 	})
 	b.StopTimer()
-	reportCPU(b, cpu0)
+	m.report(b)
 	b.ReportMetric(float64(failed.Load())/float64(b.N), "failed/op")
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
 	lat.report(b)
@@ -191,6 +202,47 @@ func cpuTime() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// ctxSwitches is the process's voluntary and involuntary context switches
+// so far.
+func ctxSwitches() int64 {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return ru.Nvcsw + ru.Nivcsw
+}
+
+// meter measures the client process (CPU, context switches) and the
+// server child (CPU) over a benchmark's timed part.
+type meter struct {
+	cl       *benchCluster
+	cpu, srv time.Duration
+	csw      int64
+	sys      *syscallCounter
+}
+
+func startMeter(b *testing.B, cl *benchCluster) *meter {
+	m := &meter{cl: cl, srv: cl.cpu(b), csw: ctxSwitches(), sys: startSyscallCounter()}
+	m.cpu = cpuTime()
+	return m
+}
+
+// report adds cpu-µs/op (the client process alone), srv-cpu-µs/op (the
+// server child), ctxsw/op (the client's context switches) and syscalls/op
+// (the client's system calls, when perf events are available).
+func (m *meter) report(b *testing.B) {
+	sys := m.sys.stop()
+	cpu, csw := cpuTime(), ctxSwitches()
+	srv := m.cl.cpu(b)
+	n := float64(b.N)
+	b.ReportMetric(float64(cpu-m.cpu)/n/1e3, "cpu-µs/op")
+	b.ReportMetric(float64(srv-m.srv)/n/1e3, "srv-cpu-µs/op")
+	b.ReportMetric(float64(csw-m.csw)/n, "ctxsw/op")
+	if sys >= 0 {
+		b.ReportMetric(float64(sys)/n, "syscalls/op")
+	}
 }
 
 // reportCPU reports the CPU time (client and in-process servers) per op.
