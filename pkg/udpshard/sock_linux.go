@@ -149,12 +149,22 @@ func getSockaddr(name *unix.RawSockaddrInet6) netip.AddrPort {
 
 // sendmmsg and recvmmsg are thin wrappers: the caller owns the message
 // arrays and keeps them (and everything they point to) alive.
+//
+// They are raw system calls (no entersyscall/exitsyscall): with
+// MSG_DONTWAIT on a non-blocking socket they never sleep, they return
+// after at most MaxBatch datagrams, and blocking is left to the netpoller
+// (the RawConn callbacks return false on EAGAIN). Announcing them to the
+// scheduler bought nothing and cost CPU per batch: every call woke an
+// idle sysmon (which then polls every 20 µs for a while) and a call
+// outlasting a sysmon tick had its P handed to another thread, which
+// then had to be put to sleep again (about 15 % of the client's CPU per
+// decision at 256 checks in flight; docs/bench/rlclient.md).
 func sendmmsg(fd uintptr, msgs []unix.Mmsghdr) (int, syscall.Errno) {
-	n, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&msgs[0])), uintptr(len(msgs)), unix.MSG_DONTWAIT, 0, 0)
+	n, _, e := unix.RawSyscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&msgs[0])), uintptr(len(msgs)), unix.MSG_DONTWAIT, 0, 0)
 	return int(n), e
 }
 
 func recvmmsg(fd uintptr, msgs []unix.Mmsghdr) (int, syscall.Errno) {
-	n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&msgs[0])), uintptr(len(msgs)), unix.MSG_DONTWAIT, 0, 0)
+	n, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&msgs[0])), uintptr(len(msgs)), unix.MSG_DONTWAIT, 0, 0)
 	return int(n), e
 }
