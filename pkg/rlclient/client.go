@@ -218,7 +218,7 @@ func New(cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("rlclient: %w", err)
 	}
 	for i := 0; i < c.ring.Shards(); i++ {
-		es := &shardEngine{c: c, idx: i, wake: make(chan struct{}, 1), heap: make([]timerEntry, 0, 256)}
+		es := &shardEngine{c: c, idx: i, wake: make(chan struct{}, 1), heap: make([]timerEntry, 0, 64), fifo: make([]timerEntry, 0, 1024)}
 		c.shards = append(c.shards, es)
 	}
 	for _, es := range c.shards {

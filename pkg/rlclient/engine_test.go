@@ -336,7 +336,7 @@ func TestFakeCancelRetires(t *testing.T) {
 	// nothing in the request table, so no timer can fire for it later.
 	for _, es := range c.shards {
 		es.mu.Lock()
-		n := len(es.heap)
+		n := es.pendingLocked()
 		es.mu.Unlock()
 		if n != 0 {
 			t.Errorf("shard %d still holds %d deadlines", es.idx, n)

@@ -14,7 +14,9 @@ type shardEngine struct {
 	c     *Client
 	idx   int
 	mu    sync.Mutex
-	heap  []timerEntry
+	heap  []timerEntry // deadlines out of order (see schedule)
+	fifo  []timerEntry // deadlines in time order from fhead on
+	fhead int
 	armed time.Time // deadline the timer goroutine sleeps for (zero = none)
 	wake  chan struct{}
 

@@ -5,25 +5,44 @@ import (
 )
 
 // timerEntry is one round deadline; gen detects a request that was retired
-// (and possibly reused) before its deadline: such entries are skipped.
+// (and possibly reused) before its deadline: such entries are skipped. seq
+// is r.tseq when the entry was queued in the FIFO (heap entries do not use
+// it). tseq only grows, also across the request's lives in the pool, so a
+// stale entry never becomes live again; it is atomic because a stale
+// entry may be looked at by the shard the request has left.
 type timerEntry struct {
 	at  time.Time
 	r   *request
 	gen uint64
+	seq uint64
 }
 
+// Deadlines live in two structures (es.mu). Nearly every deadline is a
+// first round's end, start + Unit, and those arrive in time order: they
+// are appended to a FIFO and never moved. A request retired early (the
+// usual case: it is decided long before its deadline) only bumps r.tseq,
+// which makes its FIFO entry stale; stale entries are dropped when they
+// reach the head. A deadline earlier than the FIFO's last one (a replay
+// round, or checks of one shard that took their start time in one order
+// and the lock in the other) goes to a min-heap, removed eagerly (r.hidx).
+// So the common schedule/unschedule pair costs O(1) and no heap sift.
+
 // schedule sets r's next deadline (r.mu is held; lock order r.mu ->
-// es.mu). A request has at most one entry; it is removed when the request
-// ends, so the timer goroutine wakes only for real deadlines, and is kicked
-// only when the new deadline is earlier than the one it sleeps for.
+// es.mu). A request has at most one live entry, so the timer goroutine
+// wakes only for real deadlines (and for a retired request's FIFO entry
+// it had armed for), and is kicked only when the new deadline is earlier
+// than the one it sleeps for.
 func (es *shardEngine) schedule(r *request, at time.Time) {
 	es.mu.Lock()
-	if r.hidx >= 0 {
-		es.removeLocked(r.hidx)
+	es.dropLocked(r)
+	es.trimLocked()
+	if n := len(es.fifo); n == es.fhead || !at.Before(es.fifo[n-1].at) {
+		es.pushFIFOLocked(timerEntry{at: at, r: r, gen: r.gen, seq: r.tseq.Load()})
+	} else {
+		es.heap = append(es.heap, timerEntry{at: at, r: r, gen: r.gen})
+		es.up(len(es.heap) - 1)
 	}
-	es.heap = append(es.heap, timerEntry{at: at, r: r, gen: r.gen})
-	i := es.up(len(es.heap) - 1)
-	kick := i == 0 && (es.armed.IsZero() || at.Before(es.armed))
+	kick := es.armed.IsZero() || at.Before(es.armed)
 	es.mu.Unlock()
 	if kick {
 		select {
@@ -36,10 +55,79 @@ func (es *shardEngine) schedule(r *request, at time.Time) {
 // unschedule drops r's pending deadline (r.mu held).
 func (es *shardEngine) unschedule(r *request) {
 	es.mu.Lock()
+	es.dropLocked(r)
+	es.mu.Unlock()
+}
+
+// dropLocked makes r's pending deadline, if any, dead: removed from the
+// heap, or made stale in the FIFO (es.mu held).
+func (es *shardEngine) dropLocked(r *request) {
 	if r.hidx >= 0 {
 		es.removeLocked(r.hidx)
 	}
-	es.mu.Unlock()
+	r.tseq.Add(1)
+}
+
+// pushFIFOLocked appends e, reusing the array's front once the head has
+// moved past half of it (no allocation in steady state).
+func (es *shardEngine) pushFIFOLocked(e timerEntry) {
+	if len(es.fifo) == cap(es.fifo) && es.fhead > 0 {
+		n := copy(es.fifo, es.fifo[es.fhead:])
+		clear(es.fifo[n:])
+		es.fifo = es.fifo[:n]
+		es.fhead = 0
+	}
+	es.fifo = append(es.fifo, e)
+}
+
+// trimLocked drops stale entries from the FIFO's head (es.mu held).
+func (es *shardEngine) trimLocked() {
+	for es.fhead < len(es.fifo) {
+		e := &es.fifo[es.fhead]
+		if e.seq == e.r.tseq.Load() {
+			return
+		}
+		*e = timerEntry{}
+		es.fhead++
+	}
+	es.fifo = es.fifo[:0]
+	es.fhead = 0
+}
+
+// nextLocked is the earliest live deadline (es.mu held).
+func (es *shardEngine) nextLocked() (time.Time, bool) {
+	es.trimLocked()
+	switch {
+	case es.fhead < len(es.fifo) && (len(es.heap) == 0 || !es.heap[0].at.Before(es.fifo[es.fhead].at)):
+		return es.fifo[es.fhead].at, true
+	case len(es.heap) > 0:
+		return es.heap[0].at, true
+	}
+	return time.Time{}, false
+}
+
+// popLocked removes the earliest live entry; nextLocked said there is
+// one (es.mu held).
+func (es *shardEngine) popLocked() timerEntry {
+	if es.fhead < len(es.fifo) && (len(es.heap) == 0 || !es.heap[0].at.Before(es.fifo[es.fhead].at)) {
+		e := es.fifo[es.fhead]
+		es.fifo[es.fhead] = timerEntry{}
+		es.fhead++
+		e.r.tseq.Add(1)
+		return e
+	}
+	return es.removeLocked(0)
+}
+
+// pendingLocked counts live deadlines (es.mu held; tests).
+func (es *shardEngine) pendingLocked() int {
+	n := len(es.heap)
+	for _, e := range es.fifo[es.fhead:] {
+		if e.seq == e.r.tseq.Load() {
+			n++
+		}
+	}
+	return n
 }
 
 func (es *shardEngine) swap(i, j int) {
@@ -100,9 +188,6 @@ func (es *shardEngine) removeLocked(i int) timerEntry {
 	return e
 }
 
-// popLocked removes the earliest entry (es.mu held).
-func (es *shardEngine) popLocked() timerEntry { return es.removeLocked(0) }
-
 // timerLoop is the shard's only timer: it sleeps until the earliest
 // deadline and runs the due round ends.
 func (es *shardEngine) timerLoop() {
@@ -120,13 +205,14 @@ func (es *shardEngine) timerLoop() {
 		for {
 			now := es.c.clock.Now()
 			es.mu.Lock()
-			if len(es.heap) == 0 {
+			at, ok := es.nextLocked()
+			if !ok {
 				es.armed = time.Time{}
 				es.mu.Unlock()
 				t.Stop()
 				break
 			}
-			if at := es.heap[0].at; at.After(now) {
+			if at.After(now) {
 				es.armed = at
 				es.mu.Unlock()
 				t.ResetAt(at)
