@@ -70,6 +70,8 @@ type Decision struct {
 	// invalidBy is the `invalid` of the zone or tracker whose value could
 	// not be rendered (InvalidInherit for the label).
 	invalidBy InvalidPolicy
+	// start is when deciding began (Engine.Begin; Admission counts from it).
+	start time.Time
 }
 
 // Reset empties d keeping its buffers.
@@ -171,28 +173,37 @@ type Engine struct {
 }
 
 // Decide fills d for r under policy p with service svc (nil = none). It
-// never blocks other requests; ctx cancels the check (client gone).
+// never blocks other requests; ctx cancels the check (client gone). It is
+// Begin, the check, and End.
 func (e *Engine) Decide(ctx context.Context, p *Policy, svc *Service, r *Request, d *Decision) {
+	if e.Begin(p, svc, r, d) {
+		return
+	}
+	e.Checker.Check(ctx, &d.Req, &d.Result)
+	e.End(p, d, ctx.Err() != nil)
+}
+
+// Begin runs the part of Decide that needs no answer from RateLimitly:
+// match, build, and the failure policy of a request that cannot be built.
+// It returns true when d is decided. Otherwise d.Req holds the combined
+// check: the caller runs it into d.Result (Checker.Check, or a check that
+// completes later) and then calls End. Begin never blocks.
+func (e *Engine) Begin(p *Policy, svc *Service, r *Request, d *Decision) bool {
 	d.Reset()
 	if svc == nil {
-		return // unmatched: bypass
+		return true // unmatched: bypass
 	}
 	loc := svc.Match(r)
 	d.Location = loc
 	if loc == nil {
-		return
+		return true
 	}
 	if !loc.Protected() {
 		d.Cause = ratelimitly.CauseUnprotected
-		return
+		return true
 	}
 	d.Shadow = loc.Mode == ModeShadow
-	now := e.Now
-	if now == nil {
-		now = time.Now
-	}
-	start := now()
-	fail := p.RateLimitly.Fail
+	d.start = e.now()
 	if c := Build(loc, r, d); c != ratelimitly.CauseAllow {
 		d.Cause = c
 		if len(d.local) != len(loc.Limits) {
@@ -200,21 +211,42 @@ func (e *Engine) Decide(ctx context.Context, p *Policy, svc *Service, r *Request
 			// limit locally either, so fail: local admits like open.
 			d.local = d.local[:0]
 		}
-	} else {
-		e.Checker.Check(ctx, &d.Req, &d.Result)
-		switch {
-		case d.Result.Valid:
-			d.Verdict, d.Cause = Classify(&d.Result.Resp, len(d.Req.Guards), len(d.Req.Resources))
-		case d.Result.Fail == ratelimitly.CauseAllow:
-			d.Cause = ratelimitly.CauseInternal // a checker must say why it has no decision
-		default:
-			d.Cause = d.Result.Fail
-		}
-		if ctx.Err() != nil && d.Verdict == VerdictNone {
-			d.Cause = ratelimitly.CauseCancelled
-		}
+		e.resolve(p, d)
+		return true
 	}
-	d.Outcome, d.Action = Resolve(d.Verdict, d.Cause, fail, d.Shadow)
+	return false
+}
+
+// End finishes a decision that Begin left to the check, once d.Result
+// holds the check's outcome; cancelled says that the client went away
+// while the check ran.
+func (e *Engine) End(p *Policy, d *Decision, cancelled bool) {
+	switch {
+	case d.Result.Valid:
+		d.Verdict, d.Cause = Classify(&d.Result.Resp, len(d.Req.Guards), len(d.Req.Resources))
+	case d.Result.Fail == ratelimitly.CauseAllow:
+		d.Cause = ratelimitly.CauseInternal // a checker must say why it has no decision
+	default:
+		d.Cause = d.Result.Fail
+	}
+	if cancelled && d.Verdict == VerdictNone {
+		d.Cause = ratelimitly.CauseCancelled
+	}
+	e.resolve(p, d)
+}
+
+func (e *Engine) now() time.Time {
+	if e.Now == nil {
+		return time.Now()
+	}
+	return e.Now()
+}
+
+// resolve applies the failure policy, the invalid-value rule and the local
+// fallback to a protected request's verdict and cause.
+func (e *Engine) resolve(p *Policy, d *Decision) {
+	loc := d.Location
+	d.Outcome, d.Action = Resolve(d.Verdict, d.Cause, p.RateLimitly.Fail, d.Shadow)
 	if d.Cause == ratelimitly.CauseInvalidValue && p.invalidPolicy(d.invalidBy) == InvalidDeny {
 		// A value the client controls cannot switch limits off: deny,
 		// whatever `fail` (which is for an unreachable RateLimitly) says.
@@ -240,7 +272,7 @@ func (e *Engine) Decide(ctx context.Context, p *Policy, svc *Service, r *Request
 	default:
 		d.Zones = grow(d.Zones, len(loc.Limits))
 	}
-	d.Admission = now().Sub(start)
+	d.Admission = e.now().Sub(d.start)
 }
 
 func grow(z []ZoneState, n int) []ZoneState {

@@ -189,7 +189,7 @@ func TestRequestIDPolicy(t *testing.T) {
 				g := New(Config{})
 				g.SetChecker(&countingChecker{fn: fn}, nil)
 				g.Swap(p)
-				d := g.Admit(context.Background(), r)
+				d := admitVia(g, context.Background(), r)
 				fields := d.Forward // on allow: added upstream only when generated
 				if !d.Allow {
 					fields = d.Header
@@ -247,7 +247,7 @@ func TestAccessLineCombined(t *testing.T) {
 	}
 	r := &proxy.Request{Remote: netip.MustParseAddrPort("10.0.0.1:1234"), Local: netip.MustParseAddrPort("127.0.0.1:1"),
 		Head: &head, Path: []byte("/api/x"), Query: []byte("a=1"), Start: time.Now(), Proto: proxy.ProtoHTTP11}
-	d := g.Admit(context.Background(), r)
+	d := admitVia(g, context.Background(), r)
 	g.Done(r, &d, &proxy.Result{Status: 429, BytesOut: 262, End: time.Now()})
 	re := regexp.MustCompile(`^10\.0\.0\.1 - - \[[^\]]+\] "GET /api/x\?a=1 HTTP/1\.1" 429 262 "-" "probe \\x221\\x22" service=web location=api .*deny_zones=per_key retry_after=3 .*request_id=r-1 `)
 	if line := buf.String(); !re.MatchString(line) {

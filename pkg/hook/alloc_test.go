@@ -18,8 +18,8 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
-// Admit and Done allocate nothing in steady state (access log off), for
-// allows and for denies with their answer headers.
+// Admit and Done, and Begin and Done, allocate nothing in steady state
+// (access log off), for allows and for denies with their answer headers.
 func TestAdmitDoneNoAlloc(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -38,5 +38,56 @@ func TestAdmitDoneNoAlloc(t *testing.T) {
 		if n := testing.AllocsPerRun(200, run); n != 0 {
 			t.Errorf("%s: Admit+Done allocate %v per request", c.name, n)
 		}
+		// Begin, with a checker that completes on another goroutine (as
+		// the rlclient Client does) and a Resumer the caller owns.
+		f := startAsyncFake(t, c.fn)
+		g.SetChecker(f, nil)
+		d := new(proxy.Decision)
+		w := &chanResumer{ch: make(chan struct{}, 1)}
+		run = func() {
+			if g.Begin(r, d, w) {
+				t.Fatal("a protected request decided without its check")
+			}
+			<-w.ch
+			g.Done(r, d, res)
+		}
+		run()
+		if n := testing.AllocsPerRun(200, run); n != 0 {
+			t.Errorf("%s: Begin+Done allocate %v per request", c.name, n)
+		}
 	}
 }
+
+// asyncFake is an asyncChecker that answers with fn on its own
+// goroutine, like the rlclient Client's receive goroutine.
+type asyncFake struct {
+	countingChecker
+	jobs chan asyncJob
+}
+
+type asyncJob struct {
+	req *wire.RateRequest
+	out *admission.CheckResult
+	t   *ticket
+}
+
+func startAsyncFake(t *testing.T, fn func(context.Context, *wire.RateRequest, *admission.CheckResult)) *asyncFake {
+	f := &asyncFake{countingChecker: countingChecker{fn: fn}, jobs: make(chan asyncJob, 1)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for j := range f.jobs {
+			f.fn(context.Background(), j.req, j.out)
+			j.t.st.checked()
+		}
+	}()
+	t.Cleanup(func() { close(f.jobs); <-done })
+	return f
+}
+
+func (f *asyncFake) checkAsync(req *wire.RateRequest, out *admission.CheckResult, t *ticket) bool {
+	f.jobs <- asyncJob{req, out, t}
+	return false
+}
+
+func (f *asyncFake) abortCheck(*ticket) {}

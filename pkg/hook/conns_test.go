@@ -75,7 +75,7 @@ func TestGateTLSConnection(t *testing.T) {
 	start := time.Now().Add(-1500 * time.Millisecond) // a connection that lasted 1.5 s
 	req := &proxy.Request{Remote: netip.MustParseAddrPort("192.0.2.7:5000"), Local: netip.MustParseAddrPort("10.0.0.1:443"),
 		Service: svc, Start: start, Proto: proxy.ProtoTLSPassthrough, SNI: []byte("API.example"), ALPN: []byte("h2")}
-	d := g.Admit(context.Background(), req)
+	d := admitVia(g, context.Background(), req)
 	if !d.Allow {
 		t.Fatalf("denied: %+v", d)
 	}
@@ -86,7 +86,7 @@ func TestGateTLSConnection(t *testing.T) {
 	mu.Lock()
 	deny = true
 	mu.Unlock()
-	d = g.Admit(context.Background(), req)
+	d = admitVia(g, context.Background(), req)
 	if d.Allow {
 		t.Fatal("allowed after a deny answer")
 	}
@@ -97,7 +97,7 @@ func TestGateTLSConnection(t *testing.T) {
 	// Another SNI matches the unprotected location: no check.
 	other := *req
 	other.SNI = []byte("www.example")
-	d = g.Admit(context.Background(), &other)
+	d = admitVia(g, context.Background(), &other)
 	g.Done(&other, &d, &proxy.Result{End: time.Now()})
 	if !d.Allow || ck.checks.Load() != 2 {
 		t.Fatalf("other SNI: allow %v, %d checks", d.Allow, ck.checks.Load())

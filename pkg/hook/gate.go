@@ -58,6 +58,14 @@ type Gate struct {
 	lastRejectLog   atomic.Int64
 	rejectsUnlogged atomic.Int64
 	mu              sync.Mutex // serialises Swap/SetChecker
+	// eng runs Begin's Engine.Begin and End (they never call a Checker).
+	eng admission.Engine
+	// pend maps the requests whose check runs (Begin returned false) to
+	// their state, for Cancel.
+	pend struct {
+		mu sync.Mutex
+		m  map[*proxy.Request]*state
+	}
 }
 
 type counter interface{ Inc() }
@@ -110,9 +118,13 @@ func New(cfg Config) *Gate {
 		g.causes = append(g.causes, g.m.Cause(c))
 	}
 	g.pool.New = func() any {
-		return &state{buf: make([]byte, 0, admission.AnswerBufSize), rid: make([]byte, 0, MaxRequestIDLen),
-			fwd: make([]httpparse.Header, 0, 1)}
+		st := &state{buf: make([]byte, 0, admission.AnswerBufSize), rid: make([]byte, 0, MaxRequestIDLen),
+			fwd: make([]httpparse.Header, 0, 1), g: g}
+		st.tk.st = st
+		return st
 	}
+	g.eng = admission.Engine{Local: g.local, Now: g.now}
+	g.pend.m = map[*proxy.Request]*state{}
 	g.checker.Store(&checkerRef{c: noChecker{}})
 	return g
 }
@@ -185,10 +197,35 @@ type state struct {
 	buf    []byte
 	report []byte
 	path   []byte // the normalized path matched and rendered ({path})
+
+	// The asynchronous path (Begin): the request, the proxy's Decision
+	// and Resumer while the check runs, and the check itself.
+	g         *Gate
+	r         *proxy.Request
+	pd        *proxy.Decision
+	res       proxy.Resumer
+	cancelled bool // Cancel came before the check ended (guarded by g.pend.mu)
+	tk        ticket
 }
 
 // Admit implements proxy.Hook.
 func (g *Gate) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
+	st, svc := g.prepare(r)
+	if st.gen == nil {
+		return st.unmatched()
+	}
+	eng := admission.Engine{Checker: st, Local: g.local, Now: g.now}
+	g.inflight.Inc()
+	eng.Decide(ctx, st.gen.pol, svc, &st.areq, &st.dec)
+	g.inflight.Dec()
+	return g.decision(st)
+}
+
+// prepare takes a pooled state for r and fills what every path needs
+// before deciding: the policy generation and checker in force, the
+// normalized path, the admission request, the service and the request
+// id. It returns the policy's service (nil when the policy has none).
+func (g *Gate) prepare(r *proxy.Request) (*state, *admission.Service) {
 	st := g.pool.Get().(*state)
 	st.gen = g.cur.Load()
 	st.ref = g.acquire()
@@ -224,15 +261,18 @@ func (g *Gate) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
 		st.svc = "-"
 	}
 	st.requestID(r.Head)
-	if st.gen == nil {
-		st.dec.Reset()
-		st.info = nil
-		return proxy.Decision{Allow: true, State: st}
-	}
-	eng := admission.Engine{Checker: st, Local: g.local, Now: g.now}
-	g.inflight.Inc()
-	eng.Decide(ctx, st.gen.pol, svc, &st.areq, &st.dec)
-	g.inflight.Dec()
+	return st, svc
+}
+
+// unmatched is the Decision without a policy: admit, count nothing.
+func (st *state) unmatched() proxy.Decision {
+	st.dec.Reset()
+	st.info = nil
+	return proxy.Decision{Allow: true, State: st}
+}
+
+// decision turns st's admission decision into the proxy's.
+func (g *Gate) decision(st *state) proxy.Decision {
 	if st.dec.Location != nil {
 		st.info = st.gen.locs[st.dec.Location]
 	} else if st.info = st.gen.unmatched[st.svc]; st.info == nil {

@@ -166,7 +166,7 @@ func newRigUpstream(t *testing.T, fail string, fn func(context.Context, *wire.Ra
 	r.g.Swap(pol)
 	r.g.SetChecker(r.ck, nil)
 	svcs := ProxyServices(pol)
-	p, err := proxy.New(proxy.Config{Services: svcs, Hook: r.g})
+	p, err := proxy.New(proxy.Config{Services: svcs, Hook: hookFor(r.g)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -512,7 +512,7 @@ func BenchmarkAdmitDone(b *testing.B) {
 			res := &proxy.Result{Status: 200, End: time.Now()}
 			b.ReportAllocs()
 			for b.Loop() {
-				d := g.Admit(ctx, r)
+				d := admitVia(g, ctx, r)
 				g.Done(r, &d, res)
 			}
 		})
@@ -526,7 +526,7 @@ func TestLocalFallbackLogsAndCounts(t *testing.T) {
 	g.log = slog.New(slog.NewTextHandler(&buf, nil))
 	res := &proxy.Result{Status: 200, End: time.Now()}
 	for i := 0; i < 4; i++ { // burst 2: allow, allow, deny, deny
-		d := g.Admit(context.Background(), r)
+		d := admitVia(g, context.Background(), r)
 		if d.Allow != (i < 2) {
 			t.Fatalf("request %d: allow %v", i, d.Allow)
 		}
@@ -562,7 +562,7 @@ func TestDebugDecisionLog(t *testing.T) {
 		cp := *p
 		cp.RateLimitly.Debug = debug
 		g.Swap(&cp)
-		d := g.Admit(context.Background(), r)
+		d := admitVia(g, context.Background(), r)
 		g.Done(r, &d, &proxy.Result{Status: d.Status, End: time.Now()})
 		out := buf.String()
 		has := strings.Contains(out, `"msg":"decision"`) && strings.Contains(out, `"bucket":"k:alice"`) && strings.Contains(out, `"retry_after_ms":2100`)

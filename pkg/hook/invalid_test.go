@@ -55,7 +55,7 @@ func newInvalidRig(t *testing.T, extra string) *rig {
 	r.g.Swap(pol)
 	r.g.SetChecker(r.ck, nil)
 	svcs := ProxyServices(pol)
-	p, err := proxy.New(proxy.Config{Services: svcs, Hook: r.g})
+	p, err := proxy.New(proxy.Config{Services: svcs, Hook: hookFor(r.g)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,7 +26,7 @@ func TestRejectionsCountedAndLogged(t *testing.T) {
 	g.Swap(loadPolicy(t, t.TempDir(), "open", "127.0.0.1:9"))
 	g.SetChecker(&fakeChecker{fn: allowAll}, nil)
 	svc := &proxy.Service{Name: "web", Upstream: "127.0.0.1:9", HeaderTimeout: 30 * time.Millisecond}
-	p, err := proxy.New(proxy.Config{Services: []*proxy.Service{svc}, Hook: g})
+	p, err := proxy.New(proxy.Config{Services: []*proxy.Service{svc}, Hook: hookFor(g)})
 	if err != nil {
 		t.Fatal(err)
 	}

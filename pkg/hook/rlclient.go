@@ -33,6 +33,12 @@ func (a *Client) Check(ctx context.Context, req *wire.RateRequest, out *admissio
 	d := a.pool.Get().(*rlclient.Decision)
 	d.Reset()
 	err := a.C.Check(ctx, req, d)
+	fillResult(d, err, out)
+	a.pool.Put(d)
+}
+
+// fillResult hands the client's outcome to the admission engine.
+func fillResult(d *rlclient.Decision, err error, out *admission.CheckResult) {
 	out.Resp.Guards, out.Resp.Resources = out.Resp.Guards[:0], out.Resp.Resources[:0]
 	if err == nil && d.Cause.Decided() {
 		out.Valid, out.Fail = true, ratelimitly.CauseAllow
@@ -42,7 +48,6 @@ func (a *Client) Check(ctx context.Context, req *wire.RateRequest, out *admissio
 	} else {
 		out.Valid, out.Fail = false, d.Cause // one vocabulary: no translation
 	}
-	a.pool.Put(d)
 }
 
 // Report implements admission.Checker.

@@ -1,0 +1,190 @@
+package hook
+
+import (
+	"context"
+	"sync"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient"
+)
+
+// The Gate is an AsyncHook: the event-loop path admits through Begin.
+var _ proxy.AsyncHook = (*Gate)(nil)
+
+// Begin implements proxy.AsyncHook. It decides at once everything that
+// needs no RateLimitly answer (no policy, no location, an unprotected
+// location, a value that cannot be rendered, no checker); a protected
+// request's check goes out through the checker without blocking (the
+// rlclient Client's CheckAsync; any other checker runs on a goroutine)
+// and its end fills *d and resumes the proxy. The decision, its metrics,
+// access fields and reports in Done are those of Admit.
+func (g *Gate) Begin(r *proxy.Request, d *proxy.Decision, res proxy.Resumer) bool {
+	st, svc := g.prepare(r)
+	if st.gen == nil {
+		*d = st.unmatched()
+		return true
+	}
+	g.inflight.Inc()
+	if g.eng.Begin(st.gen.pol, svc, &st.areq, &st.dec) {
+		g.inflight.Dec()
+		*d = g.decision(st)
+		return true
+	}
+	st.r, st.pd, st.res = r, d, res
+	g.pend.mu.Lock()
+	g.pend.m[r] = st
+	g.pend.mu.Unlock()
+	if !st.tk.start(st.ref.c, &st.dec.Req, &st.dec.Result) {
+		return false // st belongs to the check now: checked resumes the proxy
+	}
+	g.unpend(st)
+	st.r, st.pd, st.res = nil, nil, nil
+	g.eng.End(st.gen.pol, &st.dec, false)
+	g.inflight.Dec()
+	*d = g.decision(st)
+	return true
+}
+
+// Cancel implements proxy.AsyncHook: the client of r went away while its
+// check runs. The check is aborted (an rlclient check ends at once with
+// CauseCancelled, a blocking checker's context is cancelled) and the
+// request ends as Admit's would with a cancelled context; the proxy is
+// resumed as usual, possibly from inside Cancel.
+func (g *Gate) Cancel(r *proxy.Request) {
+	g.pend.mu.Lock()
+	st := g.pend.m[r]
+	if st != nil {
+		st.cancelled = true
+	}
+	g.pend.mu.Unlock()
+	if st != nil {
+		// st cannot be reused meanwhile: that needs Done, which the
+		// proxy calls only after Resume has been handled on its thread.
+		st.tk.abort(st.ref.c)
+	}
+}
+
+// unpend removes st from the pending requests and reports whether Cancel
+// came first.
+func (g *Gate) unpend(st *state) bool {
+	g.pend.mu.Lock()
+	delete(g.pend.m, st.r)
+	cancelled := st.cancelled
+	st.cancelled = false
+	g.pend.mu.Unlock()
+	return cancelled
+}
+
+// checked ends a request whose check ended after Begin returned false:
+// it finishes the decision, fills the proxy's Decision and resumes it.
+func (st *state) checked() {
+	g := st.g
+	cancelled := g.unpend(st)
+	g.eng.End(st.gen.pol, &st.dec, cancelled)
+	g.inflight.Dec()
+	d, res := st.pd, st.res
+	st.r, st.pd, st.res = nil, nil, nil
+	*d = g.decision(st)
+	res.Resume() // st and d are the proxy's from here on
+}
+
+// asyncChecker is a checker that can check without blocking: Client
+// (through rlclient's CheckAsync) and noChecker. Other checkers run their
+// blocking Check on a goroutine.
+type asyncChecker interface {
+	// checkAsync starts the check of req into out. It returns true when
+	// out is filled at once; otherwise t.checked is called exactly once
+	// later, from any goroutine.
+	checkAsync(req *wire.RateRequest, out *admission.CheckResult, t *ticket) bool
+	// abortCheck ends t's check early if it still runs.
+	abortCheck(t *ticket)
+}
+
+// ticket is one check started by Begin: it carries the checker's
+// per-check state and hands the end back to the request (st.checked).
+type ticket struct {
+	st *state
+
+	mu      sync.Mutex
+	pending rlclient.Pending // Client: the running check
+	out     *admission.CheckResult
+	cancel  context.CancelFunc // a blocking checker: cancels its context
+	d       rlclient.Decision  // Client: the answer
+}
+
+// start starts the check with c; see asyncChecker.checkAsync.
+func (t *ticket) start(c admission.Checker, req *wire.RateRequest, out *admission.CheckResult) bool {
+	if ac, ok := c.(asyncChecker); ok {
+		return ac.checkAsync(req, out, t)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.mu.Lock()
+	t.cancel = cancel
+	t.mu.Unlock()
+	go func() {
+		c.Check(ctx, req, out)
+		t.mu.Lock()
+		t.cancel = nil
+		t.mu.Unlock()
+		cancel()
+		t.st.checked()
+	}()
+	return false
+}
+
+// abort ends t's check early if it still runs.
+func (t *ticket) abort(c admission.Checker) {
+	if ac, ok := c.(asyncChecker); ok {
+		ac.abortCheck(t)
+		return
+	}
+	t.mu.Lock()
+	cancel := t.cancel
+	t.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+}
+
+// checkAsync implements asyncChecker with rlclient's CheckAsync.
+func (a *Client) checkAsync(req *wire.RateRequest, out *admission.CheckResult, t *ticket) bool {
+	t.mu.Lock() // CheckDone waits for pending to be stored
+	p, decided, err := a.C.CheckAsync(req, &t.d, t)
+	if decided {
+		t.mu.Unlock()
+		fillResult(&t.d, err, out)
+		return true
+	}
+	t.pending, t.out = p, out
+	t.mu.Unlock()
+	return false
+}
+
+// abortCheck implements asyncChecker.
+func (a *Client) abortCheck(t *ticket) {
+	t.mu.Lock()
+	p := t.pending
+	t.mu.Unlock()
+	a.C.Abort(p) // a check that already ended is left alone
+}
+
+// CheckDone implements rlclient.Completer for Client.checkAsync.
+func (t *ticket) CheckDone(d *rlclient.Decision, err error) {
+	t.mu.Lock()
+	out := t.out
+	t.pending, t.out = rlclient.Pending{}, nil
+	t.mu.Unlock()
+	fillResult(d, err, out)
+	t.st.checked()
+}
+
+// checkAsync implements asyncChecker: no checker, no endpoints.
+func (noChecker) checkAsync(_ *wire.RateRequest, out *admission.CheckResult, _ *ticket) bool {
+	out.Valid, out.Fail = false, ratelimitly.CauseNoEndpoints
+	return true
+}
+
+func (noChecker) abortCheck(*ticket) {}
