@@ -147,35 +147,52 @@ func TestFailureTable(t *testing.T) {
 	}
 	for _, row := range rows {
 		for fi, fail := range []FailPolicy{FailOpen, FailClose, FailLocal} {
-			t.Run(row.name+"/"+fail.String(), func(t *testing.T) {
-				p, svc := testPolicy(t, fail, ModeEnforce)
-				ch := &scriptChecker{res: row.res, mutate: row.mutate}
-				e := &Engine{Checker: ch, Local: NewLocalLimiter(nil, 0)}
-				h := row.h
-				if h == nil {
-					h = hdrs{"x-key": "alice", "x-label": "lbl"}
+			for _, split := range []bool{false, true} {
+				name := row.name + "/" + fail.String()
+				if split {
+					name += "/begin-end"
 				}
-				var d Decision
-				e.Decide(context.Background(), p, svc, testRequest(h), &d)
-				if d.Verdict != row.want.verdict || d.Cause != row.want.cause || d.Outcome != row.want.outcome[fi] || d.Action != row.want.action[fi] {
-					t.Fatalf("got verdict %v cause %v outcome %v action %v; want %v %v %v %v",
-						d.Verdict, d.Cause, d.Outcome, d.Action, row.want.verdict, row.want.cause, row.want.outcome[fi], row.want.action[fi])
-				}
-				if row.want.cause == ratelimitly.CauseInvalidValue && ch.calls != 0 {
-					t.Fatal("an invalid rendered value was sent to RateLimitly")
-				}
-				if fail == FailLocal && row.want.outcome[fi] == OutcomeFailLocal && row.want.cause != ratelimitly.CauseInvalidValue {
-					// The local bucket (burst 2) admits one more, then denies.
-					e.Decide(context.Background(), p, svc, testRequest(h), &d)
-					if d.Action != ActionAdmit {
-						t.Fatalf("second local request: %v", d.Action)
+				t.Run(name, func(t *testing.T) {
+					p, svc := testPolicy(t, fail, ModeEnforce)
+					ch := &scriptChecker{res: row.res, mutate: row.mutate}
+					e := &Engine{Checker: ch, Local: NewLocalLimiter(nil, 0)}
+					h := row.h
+					if h == nil {
+						h = hdrs{"x-key": "alice", "x-label": "lbl"}
 					}
-					e.Decide(context.Background(), p, svc, testRequest(h), &d)
-					if d.Outcome != OutcomeFailLocal || d.Action != ActionDeny || len(d.Zones) != 1 || d.Zones[0].RetryAfterMs == 0 {
-						t.Fatalf("third local request: outcome %v action %v zones %+v", d.Outcome, d.Action, d.Zones)
+					var d Decision
+					decide := func(d *Decision) {
+						if !split {
+							e.Decide(context.Background(), p, svc, testRequest(h), d)
+							return
+						}
+						// What an event loop does: Begin, the check, End.
+						if !e.Begin(p, svc, testRequest(h), d) {
+							ch.Check(context.Background(), &d.Req, &d.Result)
+							e.End(p, d, false)
+						}
 					}
-				}
-			})
+					decide(&d)
+					if d.Verdict != row.want.verdict || d.Cause != row.want.cause || d.Outcome != row.want.outcome[fi] || d.Action != row.want.action[fi] {
+						t.Fatalf("got verdict %v cause %v outcome %v action %v; want %v %v %v %v",
+							d.Verdict, d.Cause, d.Outcome, d.Action, row.want.verdict, row.want.cause, row.want.outcome[fi], row.want.action[fi])
+					}
+					if row.want.cause == ratelimitly.CauseInvalidValue && ch.calls != 0 {
+						t.Fatal("an invalid rendered value was sent to RateLimitly")
+					}
+					if fail == FailLocal && row.want.outcome[fi] == OutcomeFailLocal && row.want.cause != ratelimitly.CauseInvalidValue {
+						// The local bucket (burst 2) admits one more, then denies.
+						decide(&d)
+						if d.Action != ActionAdmit {
+							t.Fatalf("second local request: %v", d.Action)
+						}
+						decide(&d)
+						if d.Outcome != OutcomeFailLocal || d.Action != ActionDeny || len(d.Zones) != 1 || d.Zones[0].RetryAfterMs == 0 {
+							t.Fatalf("third local request: outcome %v action %v zones %+v", d.Outcome, d.Action, d.Zones)
+						}
+					}
+				})
+			}
 		}
 	}
 }
@@ -257,6 +274,23 @@ func TestClientAbortDuringCheck(t *testing.T) {
 	(&Engine{Checker: ch}).Decide(ctx, p, svc, testRequest(hdrs{"x-key": "a"}), &d)
 	if d.Outcome != OutcomeClientAbort || d.Cause != ratelimitly.CauseCancelled || d.Action != ActionDrop || d.Verdict != VerdictNone {
 		t.Fatalf("abort: %v %v %v %v", d.Verdict, d.Outcome, d.Cause, d.Action)
+	}
+	// The same through Begin and End: a cancelled check ends the same way,
+	// and a valid answer that arrived before the cancel still decides.
+	e := &Engine{}
+	if e.Begin(p, svc, testRequest(hdrs{"x-key": "a"}), &d) {
+		t.Fatal("Begin decided a protected request")
+	}
+	d.Result = CheckResult{Fail: ratelimitly.CauseTimeout}
+	e.End(p, &d, true)
+	if d.Outcome != OutcomeClientAbort || d.Cause != ratelimitly.CauseCancelled || d.Action != ActionDrop {
+		t.Fatalf("abort via End: %v %v %v", d.Outcome, d.Cause, d.Action)
+	}
+	e.Begin(p, svc, testRequest(hdrs{"x-key": "a"}), &d)
+	d.Result = validResp(wire.StatusOK, true, okGuard, okRes)
+	e.End(p, &d, true)
+	if d.Cause != ratelimitly.CauseAllow || d.Action != ActionAdmit {
+		t.Fatalf("decided before the cancel: %v %v", d.Cause, d.Action)
 	}
 }
 
