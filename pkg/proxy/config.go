@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxyproto"
 )
@@ -78,6 +79,11 @@ type Request struct {
 	// SNI and ALPN are set for a TLS passthrough connection (Head is nil):
 	// the ClientHello's server name and the client's first ALPN protocol.
 	SNI, ALPN []byte
+	// Loop is the event loop that owns the request's connection (nil on
+	// the goroutine path). An AsyncHook's Begin and Cancel run on its
+	// thread, so a hook can keep per-loop state there (evloop's Watch,
+	// OnTurnEnd and Timer, registered on first use).
+	Loop *evloop.Loop
 }
 
 // Request.Proto values. Each protocol's path sets its own.
