@@ -60,6 +60,10 @@
 //     served with Connection: close.
 //   - Update swaps the configuration for new requests; a request keeps the
 //     configuration it started with.
+//   - A listen address is normally a SO_REUSEPORT group of sockets
+//     (ListenGroup, one per CPU), across which the kernel spreads
+//     connections; ServeGroup, ServeSteeredGroup and ServeAll serve every
+//     socket of a group (group.go).
 package proxy
 
 import (

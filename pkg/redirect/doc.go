@@ -10,7 +10,7 @@
 //	defer r.Close() // closes descriptors only; pins stay for the next proxy
 //	var lc net.ListenConfig
 //	lc.SetMultipathTCP(false) // an MPTCP socket cannot enter a sockmap
-//	ln, _ := lc.Listen(ctx, "tcp", "127.0.0.1:0") // or proxy.Listen
+//	ln, _ := lc.Listen(ctx, "tcp", "127.0.0.1:0") // or proxy.Listen; or lns, _ := proxy.ListenGroup(...), ln = lns[0]
 //	err = r.RegisterListener(ln) // the single sockmap update: steering (or takeover) starts here
 //	upstream, err := r.DialContext(ctx, "tcp", "127.0.0.1:80") // bypasses steering: no loop
 //	err = r.Reload(redirect.Config{Ports: []uint16{80, 8080}}) // live reload (or SetPorts/SetPrefixes)
@@ -18,7 +18,7 @@
 //	still, _ := r.ListenerRegistered(ln) // false once another proxy took over: drain and exit
 //	err = r.Check() // readiness: link still pinned, attached here, running our program
 //	r.UnregisterListener(ln) // graceful stop: new connections go to the service, drain ln
-//	conns, _ := redirect.AcceptQueued(ln) // serve what was queued before closing ln
+//	conns, _ := redirect.AcceptQueued(ln) // serve what was queued before closing ln (each socket of a group)
 //
 // The accepted connection's LocalAddr is the client's original destination
 // (service address and port): use it to choose the service and upstream.
