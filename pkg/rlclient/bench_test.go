@@ -124,6 +124,88 @@ func benchRings(b *testing.B, nodes int) {
 	}
 }
 
+// BenchmarkRingsAsync256 keeps 256 checks in flight through the rings with
+// CheckAsync, as an event loop drives the client: no goroutine waits per
+// check; each completion (on the client's receive goroutine) records the
+// decision and starts the next check. One node, as Rings256.
+func BenchmarkRingsAsync256(b *testing.B) {
+	cl := startBenchCluster(b, 1)
+	c := newTestClient(b, cl.dns.Addr(), clientOpts{shards: runtimeProcs(), policy: ratelimitly.Standard(time.Second)})
+	waitReady(b, c)
+	d := &asyncDriver{c: c, req: testRequest(), lat: newLatencies(b.N), total: int64(b.N), done: make(chan struct{})}
+	d.left.Store(int64(b.N))
+	slots := make([]asyncSlot, 256)
+	b.ReportAllocs()
+	b.ResetTimer()
+	m := startMeter(b, cl)
+	for i := range slots {
+		slots[i].d = d
+		d.start(&slots[i])
+	}
+	<-d.done
+	b.StopTimer()
+	m.report(b)
+	b.ReportMetric(float64(d.failed.Load())/float64(b.N), "failed/op")
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+	d.lat.report(b)
+	st := c.Stats().Ring
+	if st.SendBatches > 0 && st.RecvBatches > 0 {
+		b.ReportMetric(float64(st.Sent)/float64(st.SendBatches), "dgrams/sendmmsg")
+		b.ReportMetric(float64(st.Received)/float64(st.RecvBatches), "dgrams/recvmmsg")
+	}
+}
+
+// asyncDriver runs BenchmarkRingsAsync256's checks: total in all, left
+// not yet started.
+type asyncDriver struct {
+	c              *Client
+	req            *wire.RateRequest
+	lat            *latencies
+	total          int64
+	left, finished atomic.Int64
+	failed         atomic.Int64
+	done           chan struct{}
+}
+
+// asyncSlot is one of the 256 checks in flight (the Completer).
+type asyncSlot struct {
+	d   *asyncDriver
+	dec Decision
+	t0  time.Time
+}
+
+// start starts the next check on s, if any is left; checks decided at
+// once are counted here and the next one started.
+func (d *asyncDriver) start(s *asyncSlot) {
+	for d.left.Add(-1) >= 0 {
+		s.t0 = time.Now()
+		_, decided, err := d.c.CheckAsync(d.req, &s.dec, s)
+		if !decided || d.record(s, err) {
+			return
+		}
+	}
+}
+
+// record counts one outcome; true once the last one is in.
+func (d *asyncDriver) record(s *asyncSlot, err error) bool {
+	if err != nil {
+		d.failed.Add(1)
+	} else {
+		d.lat.add(time.Since(s.t0))
+	}
+	if d.finished.Add(1) == d.total {
+		close(d.done)
+		return true
+	}
+	return false
+}
+
+func (s *asyncSlot) CheckDone(_ *Decision, err error) {
+	if !s.d.record(s, err) {
+		s.d.start(s)
+	}
+}
+
 // BenchmarkNaive256 is the baseline: 256 goroutines, each with its own
 // connected UDP socket, one write and one read system call per datagram,
 // against one node (the same server as BenchmarkRings256).
@@ -231,7 +313,7 @@ func startMeter(b *testing.B, cl *benchCluster) *meter {
 
 // report adds cpu-µs/op (the client process alone), srv-cpu-µs/op (the
 // server child), ctxsw/op (the client's context switches) and syscalls/op
-// (the client's system calls, when perf events are available).
+// (the client's system calls, with RLBENCH_SYSCALLS=1 and perf events).
 func (m *meter) report(b *testing.B) {
 	sys := m.sys.stop()
 	cpu, csw := cpuTime(), ctxSwitches()

@@ -34,6 +34,11 @@ const (
 	// benchServerCPUEnv, if set (e.g. "1"), pins the server child to that
 	// CPU (run the benchmark itself under taskset on another one).
 	benchServerCPUEnv = "RLBENCH_SERVER_CPU"
+	// benchSyscallsEnv=1 turns on syscalls/op. It is off by default: the
+	// active tracepoint adds to the cost of every system call, which
+	// would bill the naive client (ten times more calls) more than the
+	// rings; compare CPU from runs without it.
+	benchSyscallsEnv = "RLBENCH_SYSCALLS"
 )
 
 // benchCluster is a set of rlserver nodes in a child process, published by
@@ -182,13 +187,17 @@ func pinProcess(cpu int) error {
 // (raw_syscalls:sys_enter) with perf_event_open: one counter per thread
 // that exists when it starts, inherited by the threads those create. The
 // server child was started before, so it is not counted. Without perf
-// events (no tracefs, no permission) it counts nothing and reports -1.
+// events (no tracefs, no permission), or without benchSyscallsEnv=1, it
+// counts nothing and reports -1.
 type syscallCounter struct {
 	fds []int
 }
 
 func startSyscallCounter() *syscallCounter {
 	sc := &syscallCounter{}
+	if os.Getenv(benchSyscallsEnv) != "1" {
+		return sc
+	}
 	idb, err := os.ReadFile("/sys/kernel/tracing/events/raw_syscalls/sys_enter/id")
 	if err != nil {
 		return sc
