@@ -131,8 +131,18 @@ func (rd *reader) run() {
 		if err := rd.sock.rc.Read(rd.readFn); err != nil {
 			return // socket closed by the shard loop (retire or Close)
 		}
+		s := rd.sock.sh
+		s.delivering.Add(1)
 		full := rd.b.deliver(rd.sock, rd.h)
 		rd.turn.Unlock()
+		s.delivering.Add(-1)
+		// Send what the turn queued (FlushAsync calls made while
+		// delivering left it to us); after the decrement, so that a
+		// FlushAsync that saw it nonzero had queued first.
+		if s.queued() > 0 {
+			s.c.turnFlushes.Add(1)
+			s.flush()
+		}
 		if full {
 			runtime.Gosched() // read budget spent: let other work run
 		}

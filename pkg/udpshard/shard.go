@@ -22,6 +22,11 @@
 //     and then sends them all in one sendmmsg. This is what makes sends
 //     batch when requests are issued one goroutine at a time on a few
 //     CPUs: with Flush each of them would run its own system call.
+//     While a reader of the shard is handing a read turn to the handler,
+//     FlushAsync leaves the queue to that reader, which sends it when the
+//     turn ends: what the turn's datagrams caused (checks ended and new
+//     ones started from their completions) goes out in one sendmmsg with
+//     no hand-off to the loop.
 //
 // Sends and receives park in the netpoller (syscall.RawConn callbacks
 // return false on EAGAIN), so no goroutine spins or blocks a P in a
@@ -143,6 +148,8 @@ type Stats struct {
 	LoopWakes      uint64 // shard loop iterations for rebind, retire, error delivery
 	FlushWakes     uint64 // shard loop iterations for FlushAsync
 	FlushYields    uint64 // runtime.Gosched calls of the loop while coalescing sends
+	TurnFlushes    uint64 // queue sends by a reader at the end of its read turn
+	TurnFlushHits  uint64 // FlushAsync calls left to a delivering reader (no loop wake-up)
 	GSOSegments    uint64 // datagrams sent inside segmented (UDP_SEGMENT) messages
 	GSOFallbacks   uint64 // sockets on which the kernel refused segmentation
 	Dropped        DropCounts
@@ -154,6 +161,7 @@ type counters struct {
 	queueFull, tooLarge, family, sendErr, closed atomic.Uint64
 	truncated, recvErr, loopWakes                atomic.Uint64
 	flushWakes, flushYields                      atomic.Uint64
+	turnFlushes, turnFlushHits                   atomic.Uint64
 	gsoSegments, gsoFallbacks                    atomic.Uint64
 }
 
@@ -228,6 +236,11 @@ type shard struct {
 	// while such a wake is outstanding, so a batch costs one wake-up.
 	fwake   chan struct{}
 	fkicked atomic.Bool
+	// delivering counts the shard's reader goroutines that are handing
+	// a read turn to the handler; each sends the queue when its turn
+	// ends, so FlushAsync needs no loop wake-up meanwhile (see
+	// reader.run).
+	delivering atomic.Int32
 
 	// owned by the goroutine that is flushing (flushing = true) or, for
 	// the rest, by the loop
@@ -356,11 +369,23 @@ func (r *Ring) Flush(shard int) { r.shards[shard].flush() }
 // grows) and sends them together, so datagrams pushed by many goroutines
 // share sendmmsg calls. Calls before the loop has taken the queue cost no
 // extra wake-up. When the queue already holds MaxBatch datagrams the caller
-// sends them itself, as Flush does.
+// sends them itself, as Flush does. While a reader goroutine of the shard
+// is handing received datagrams to the handler (which is where most
+// checks start or end under load), the reader sends the queue at the end
+// of that read turn instead: no hand-off, and everything the turn's
+// datagrams caused goes out in one sendmmsg.
 func (r *Ring) FlushAsync(shard int) {
 	s := r.shards[shard]
 	if s.queued() >= MaxBatch {
 		s.flush()
+		return
+	}
+	if s.delivering.Load() > 0 {
+		// A reader of the shard is delivering a read turn (this may be
+		// its own handler): it sends the queue when the turn ends. The
+		// datagram was queued before this load, and the reader looks at
+		// the queue after its decrement, so it cannot be missed.
+		s.c.turnFlushHits.Add(1)
 		return
 	}
 	if s.fkicked.Load() || !s.fkicked.CompareAndSwap(false, true) {
@@ -460,6 +485,8 @@ func (r *Ring) Stats() Stats {
 		st.LoopWakes += c.loopWakes.Load()
 		st.FlushWakes += c.flushWakes.Load()
 		st.FlushYields += c.flushYields.Load()
+		st.TurnFlushes += c.turnFlushes.Load()
+		st.TurnFlushHits += c.turnFlushHits.Load()
 		st.GSOSegments += c.gsoSegments.Load()
 		st.GSOFallbacks += c.gsoFallbacks.Load()
 		st.Dropped.QueueFull += c.queueFull.Load()
