@@ -134,9 +134,17 @@ func (n *Node) attachRedirect(p *admission.Policy) error {
 	if err := redirect.EnsureBPFFS("/sys/fs/bpf"); err != nil {
 		return fmt.Errorf("steered services need bpffs: %w", err)
 	}
-	r, err := redirect.Attach(redirectConfig(p))
+	cfg := redirectConfig(p)
+	cfg.Upgrade = n.opts.UpgradeRedirect
+	r, err := redirect.Attach(cfg)
+	if errors.Is(err, redirect.ErrIncompatible) {
+		return fmt.Errorf("attach sk_lookup redirect: %w (rl-tproxy run --upgrade-redirect replaces it in place)", err)
+	}
 	if err != nil {
 		return fmt.Errorf("attach sk_lookup redirect: %w", err)
+	}
+	if r.Upgraded() {
+		n.log.Warn("replaced the pinned sk_lookup program of another build in place", "tag", r.ProgramTag())
 	}
 	n.redirect = r
 	n.m.Registry.MustRegister(r.Collector())

@@ -37,6 +37,9 @@ type Options struct {
 	Admin  string // "" or "off" = no admin listener
 	Log    *slog.Logger
 	Watch  bool // reload when the policy or credentials file changes
+	// UpgradeRedirect replaces a pinned sk_lookup program of another build
+	// in place (redirect.Config.Upgrade) instead of refusing to start.
+	UpgradeRedirect bool
 	// Version and Commit label the build-info metric.
 	Version, Commit string
 	// ServerHooks are test hooks for an embedded server (demo only).

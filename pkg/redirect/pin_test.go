@@ -130,6 +130,9 @@ func TestPinReuseUpgradeDetach(t *testing.T) {
 	// compatible maps (the listener stays registered).
 	cfg.Upgrade = true
 	r3 := attachIn(t, ns, cfg)
+	if !r3.Upgraded() || r2.Upgraded() {
+		t.Errorf("Upgraded: %v after the upgrade, %v after a reuse; want true, false", r3.Upgraded(), r2.Upgraded())
+	}
 	st3 := statusIn(t, ns, root)
 	if !st3.MatchesBinary || st3.LinkID != st1.LinkID {
 		t.Errorf("after upgrade: %+v (link before %d)", st3, st1.LinkID)

@@ -71,6 +71,8 @@ type Redirect struct {
 	prog *ebpf.Program
 	maps bpf.SkLookupMaps
 
+	upgraded bool // Attach replaced a pinned program of another build
+
 	mu     sync.Mutex // serialises map rewrites (ports, prefixes, flags)
 	closed bool
 }
@@ -330,6 +332,7 @@ func (r *Redirect) upgrade(spec *ebpf.CollectionSpec, l link.Link, compatible ma
 	r.prog = objs.Steer
 	r.maps = objs.SkLookupMaps
 	r.tag = progTag(objs.Steer)
+	r.upgraded = true
 	return nil
 }
 
@@ -374,6 +377,10 @@ func (r *Redirect) Dir() string { return r.dir }
 
 // ProgramTag returns the kernel tag of the attached program.
 func (r *Redirect) ProgramTag() string { return r.tag }
+
+// Upgraded reports whether Attach replaced a pinned program (or maps) of
+// another build in place (Config.Upgrade).
+func (r *Redirect) Upgraded() bool { return r.upgraded }
 
 // apply writes cfg's ports, prefixes and loopback policy.
 func (r *Redirect) apply(cfg Config) error {

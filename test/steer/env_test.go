@@ -258,10 +258,11 @@ type proxy struct {
 // startProxy starts `rl-tproxy run` in the node namespace and waits until
 // its steered listeners are registered and /readyz answers 200
 // (RateLimitly discovered, listeners in the sockmap).
-func (e *env) startProxy(name string) *proxy {
+func (e *env) startProxy(name string, extra ...string) *proxy {
 	t := e.t
-	p := &proxy{proc: startProc(t, name, e.inNode("run", "--policy", e.policy, "--admin", "127.0.0.1:0",
-		"--log-format", "json", "--drain-timeout", "10s", "--watch=false"))}
+	args := append([]string{"run", "--policy", e.policy, "--admin", "127.0.0.1:0",
+		"--log-format", "json", "--drain-timeout", "10s", "--watch=false"}, extra...)
+	p := &proxy{proc: startProc(t, name, e.inNode(args...))}
 	t.Cleanup(func() {
 		if t.Failed() {
 			var l []string

@@ -34,6 +34,13 @@ import (
 var binPath string
 
 func TestMain(m *testing.M) {
+	if os.Getenv(foreignEnv) != "" {
+		if err := installForeignProgram(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		os.Exit(0)
+	}
 	dir, err := os.MkdirTemp("", "rl-tproxy-steer-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
