@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -134,3 +135,88 @@ services:
 	r.Service = &proxy.Service{Name: "web"}
 	return g, r
 }
+
+// BenchmarkAdmitEmbedded64 keeps 64 admissions in flight: through Admit,
+// 64 goroutines each blocked on its check (the goroutine path); through
+// Begin, one goroutine that starts 64 checks and handles each Resume as
+// it comes (what one event loop does).
+func BenchmarkAdmitEmbedded64(b *testing.B) {
+	const inflight = 64
+	b.Run("admit", func(b *testing.B) {
+		g, r := embeddedGate(b, "1000000000/s")
+		b.SetParallelism(inflight / runtime.GOMAXPROCS(0))
+		b.ReportAllocs()
+		cpu0 := cpuTime()
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			rr := *r
+			res := &proxy.Result{Status: 200}
+			ctx := context.Background()
+			for pb.Next() {
+				rr.Start = time.Now()
+				res.End = rr.Start.Add(time.Millisecond)
+				d := g.Admit(ctx, &rr)
+				if !d.Allow {
+					b.Error("denied")
+				}
+				g.Done(&rr, &d, res)
+			}
+		})
+		b.StopTimer()
+		b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N)/1e3, "cpu-µs/op")
+	})
+	b.Run("begin", func(b *testing.B) {
+		g, r := embeddedGate(b, "1000000000/s")
+		ready := make(chan int, inflight)
+		slots := make([]benchSlot, inflight)
+		for i := range slots {
+			slots[i] = benchSlot{r: *r, res: proxy.Result{Status: 200}, w: slotResumer{i, ready}}
+		}
+		start := func(i int) {
+			s := &slots[i]
+			s.r.Start = time.Now()
+			if g.Begin(&s.r, &s.d, &s.w) {
+				ready <- i
+			}
+		}
+		b.ReportAllocs()
+		cpu0 := cpuTime()
+		b.ResetTimer()
+		started := 0
+		for i := range min(inflight, b.N) {
+			start(i)
+			started++
+		}
+		for done := 0; done < b.N; done++ {
+			i := <-ready
+			s := &slots[i]
+			if !s.d.Allow {
+				b.Fatal("denied")
+			}
+			s.res.End = s.r.Start.Add(time.Millisecond)
+			g.Done(&s.r, &s.d, &s.res)
+			if started < b.N {
+				start(i)
+				started++
+			}
+		}
+		b.StopTimer()
+		b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N)/1e3, "cpu-µs/op")
+	})
+}
+
+// benchSlot is one connection's admission state in the Begin benchmark.
+type benchSlot struct {
+	r   proxy.Request
+	d   proxy.Decision
+	res proxy.Result
+	w   slotResumer
+}
+
+// slotResumer queues its slot, as a loop queues a resumed connection.
+type slotResumer struct {
+	i     int
+	ready chan int
+}
+
+func (s *slotResumer) Resume() { s.ready <- s.i }
