@@ -1,0 +1,116 @@
+package hook
+
+import (
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+)
+
+// loopConn is what the loop path keeps per connection for admission: the
+// Request and Decision it owns, and a Resumer that hands the request back
+// to its loop (Post, from any goroutine). Everything after Resume runs on
+// the loop thread.
+type loopConn struct {
+	g       *Gate
+	r       *proxy.Request
+	d       proxy.Decision
+	resumed func() // c.onLoop, made once
+	out     chan loopResult
+}
+
+type loopResult struct {
+	d     proxy.Decision
+	cause ratelimitly.Cause
+}
+
+func (c *loopConn) Resume() { c.r.Loop.Post(c.resumed) }
+
+// onLoop runs on the loop thread after Resume: the proxy would answer or
+// forward now; here Done ends the request.
+func (c *loopConn) onLoop() {
+	res := loopResult{d: c.d}
+	if st, ok := c.d.State.(*state); ok {
+		res.cause = st.dec.Cause
+	}
+	c.g.Done(c.r, &c.d, &proxy.Result{Status: 200, End: time.Now()})
+	c.out <- res
+}
+
+// begin starts c's admission on the loop thread.
+func (c *loopConn) begin() {
+	if c.g.Begin(c.r, &c.d, c) {
+		c.onLoop()
+	}
+}
+
+func newLoopConn(g *Gate, r *proxy.Request, l *evloop.Loop) *loopConn {
+	r.Loop = l
+	c := &loopConn{g: g, r: r, out: make(chan loopResult, 1)}
+	c.resumed = c.onLoop
+	return c
+}
+
+func (c *loopConn) wait(t *testing.T) loopResult {
+	t.Helper()
+	select {
+	case res := <-c.out:
+		return res
+	case <-time.After(20 * time.Second):
+		t.Fatal("admission never came back to the loop")
+		return loopResult{}
+	}
+}
+
+func startLoop(t *testing.T) *evloop.Loop {
+	t.Helper()
+	grp, err := evloop.Start(evloop.Config{Loops: 1, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { grp.Close() })
+	return grp.Loops()[0]
+}
+
+// The Gate on a real event loop: Begin runs on the loop thread and
+// returns without waiting for RateLimitly, the answer comes back through
+// Resume and Post, and Cancel from the loop thread resumes the request
+// (from inside Cancel) with the client-gone decision.
+func TestBeginOnEventLoop(t *testing.T) {
+	l := startLoop(t)
+	t.Run("embedded", func(t *testing.T) {
+		g, r := embeddedGate(t, "1/m")
+		c := newLoopConn(g, r, l)
+		for i, want := range []bool{true, false} {
+			r.Start = time.Now()
+			l.Post(c.begin)
+			if res := c.wait(t); res.d.Allow != want {
+				t.Fatalf("request %d: allow %v status %d", i, res.d.Allow, res.d.Status)
+			}
+		}
+	})
+	t.Run("cancel", func(t *testing.T) {
+		g, r, cl := silentGate(t, "open", 2*time.Second)
+		c := newLoopConn(g, r, l)
+		l.Post(c.begin)
+		testkit.WaitFor(t, "check in flight", func() bool { return cl.Stats().InFlight == 1 })
+		l.Post(func() { g.Cancel(r) })
+		res := c.wait(t)
+		if res.d.Allow || res.d.Status != statusClientClosed || res.cause != ratelimitly.CauseCancelled {
+			t.Fatalf("cancelled: allow %v status %d cause %v", res.d.Allow, res.d.Status, res.cause)
+		}
+	})
+	t.Run("horizon", func(t *testing.T) {
+		g, r, _ := silentGate(t, "close", 5*time.Millisecond)
+		c := newLoopConn(g, r, l)
+		l.Post(c.begin)
+		res := c.wait(t)
+		if res.d.Allow || res.d.Status != 429 || res.cause != ratelimitly.CauseTimeout {
+			t.Fatalf("horizon: allow %v status %d cause %v", res.d.Allow, res.d.Status, res.cause)
+		}
+	})
+}
