@@ -2,7 +2,9 @@
 // that, per request, runs the admission engine against the current
 // RateLimitly checker (swapped live on reload), writes the deny answer,
 // sends the latency report the contract allows and records the request's
-// verdict, outcome and cause in the access log and metrics. The rules
+// verdict, outcome and cause in the access log and metrics. It is also a
+// proxy.AsyncHook (async.go): on the event-loop path Begin decides without
+// blocking and the RateLimitly answer resumes the request. The rules
 // themselves live in pkg/admission.
 package hook
 
