@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -212,4 +213,69 @@ func testutilCount(t *testing.T, g *Gate, name string) float64 {
 		}
 	}
 	return sum
+}
+
+// Cancels racing answers: with an embedded RateLimitly answering at
+// once, Cancel comes while the check runs, or after its Resume but before
+// the proxy handled it, or not at all.
+// Every request is resumed exactly once, with a decision, and its Done
+// releases everything (no check in flight, nothing pending).
+func TestBeginCancelRacesAnswers(t *testing.T) {
+	g, r := embeddedGate(t, "1000000000/s")
+	const workers, per = 4, 100
+	var wg sync.WaitGroup
+	errs := make(chan string, workers*per)
+	all := make([][]*countResumer, workers)
+	var cancelled atomic.Int64
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rr := *r
+			for i := range per {
+				res := newCountResumer()
+				all[w] = append(all[w], res)
+				var d proxy.Decision
+				rr.Start = time.Now()
+				if !g.Begin(&rr, &d, res) {
+					switch (i + w) % 3 {
+					case 0: // while the check runs (or as it ends)
+						g.Cancel(&rr)
+						<-res.ch
+					case 1: // resumed, but the loop has not handled it yet
+						<-res.ch
+						g.Cancel(&rr)
+					default:
+						<-res.ch
+					}
+				}
+				g.Done(&rr, &d, &proxy.Result{Status: 200, End: time.Now()})
+				if d.State == nil {
+					errs <- "decision not filled"
+				}
+				if d.Status == statusClientClosed {
+					cancelled.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+	for _, rs := range all {
+		for _, res := range rs {
+			if n := res.count(); n > 1 {
+				t.Errorf("resumed %d times", n)
+			}
+		}
+	}
+	t.Logf("%d of %d requests ended cancelled", cancelled.Load(), workers*per)
+	g.pend.mu.Lock()
+	n := len(g.pend.m)
+	g.pend.mu.Unlock()
+	if n != 0 {
+		t.Errorf("%d requests still pending", n)
+	}
 }
