@@ -132,6 +132,25 @@ func TestListenGroupDefaultsAndErrors(t *testing.T) {
 		closeListeners(g)
 		t.Fatalf("joined a plain listener's address")
 	}
+	// A fixed address another group holds (a second proxy on the same
+	// listen address) is refused, not joined.
+	held, err := ListenGroup(context.Background(), "127.0.0.1:0", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeListeners(held)
+	if g, err := ListenGroup(context.Background(), held[0].Addr().String(), 2); !errors.Is(err, unix.EADDRINUSE) {
+		closeListeners(g)
+		t.Fatalf("ListenGroup on an address another group holds: %v, want EADDRINUSE", err)
+	}
+	// Once that group is closed the address is free again.
+	addr := held[0].Addr().String()
+	closeListeners(held)
+	again, err := ListenGroup(context.Background(), addr, 2)
+	if err != nil {
+		t.Fatalf("ListenGroup on %s after the holder closed: %v", addr, err)
+	}
+	closeListeners(again)
 	// Malformed and foreign addresses fail without leaving sockets open
 	// (TestMain checks descriptors).
 	for _, bad := range []string{"nohostport", "127.0.0.1:99999", "203.0.113.1:0"} {

@@ -40,19 +40,30 @@ func transientAcceptErr(err error) bool {
 // address holds, so the group is new) and the others bind to it. On error
 // it closes what it opened.
 //
-// The kernel lets any socket of the same user, network namespace and
-// address join a group, so a second process listening on the same address
-// shares the connections. A socket closed while others of its group stay
-// open resets the connections waiting in its accept queue (unless the
-// sysctl net.ipv4.tcp_migrate_req is 1): drain a socket's queue before
-// closing it alone.
+// An address with a fixed port that another socket already holds is
+// refused (EADDRINUSE) as a plain listener would be, even when that socket
+// has SO_REUSEPORT: a second proxy on the same address fails to start
+// instead of silently sharing the connections. (A SO_REUSEPORT socket of
+// the same user bound later still joins the group: the kernel allows it.)
+// A socket closed while others of its group stay open resets the
+// connections waiting in its accept queue (unless the sysctl
+// net.ipv4.tcp_migrate_req is 1): drain a socket's queue before closing it
+// alone.
 func ListenGroup(ctx context.Context, addr string, n int) ([]net.Listener, error) {
 	if n <= 0 {
 		n = runtime.GOMAXPROCS(0)
 	}
-	host, _, err := net.SplitHostPort(addr)
+	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", addr, err)
+	}
+	if port != "0" {
+		// Probe without SO_REUSEPORT: it fails on an address in use.
+		probe, err := Listen(ctx, addr)
+		if err != nil {
+			return nil, err
+		}
+		probe.Close()
 	}
 	lc := net.ListenConfig{Control: setReusePort}
 	lc.SetMultipathTCP(false)
