@@ -85,5 +85,10 @@
 // across every socket by a hash of the connection's addresses.
 // ListenerRegistered and UnregisterListener take the registered socket.
 // A new proxy's group never joins the old one (it binds another port), so
-// takeover swaps the slot from one group to the other.
+// takeover swaps the slot from one group to the other. (The alternative, a
+// sockmap slot per CPU chosen by the program, was not taken: a takeover
+// would then be one map update per CPU instead of one atomic update, and
+// selecting by the CPU that handled the SYN puts every connection on one
+// loop when the clients' traffic arrives on one CPU, as with loopback
+// clients pinned to a core.)
 package redirect
