@@ -23,13 +23,13 @@ import (
 )
 
 // The benchmarks that compare clients (Rings256*, Naive256) run their
-// rlserver nodes in a child process (this test binary again, running
-// TestBenchServerProcess), so that the client's CPU time per decision is
+// rlserver nodes in a child process (this test binary again, whose TestMain
+// runs benchServerMain instead of the tests), so that the client's CPU time per decision is
 // the benchmark process's own getrusage and the server's is measured
 // apart. Both clients talk to the same kind of child.
 const (
-	// benchServerEnv holds the number of nodes the child starts; unset,
-	// TestBenchServerProcess does nothing.
+	// benchServerEnv holds the number of nodes the child starts; when it
+	// is set, TestMain runs benchServerMain instead of the tests.
 	benchServerEnv = "RLCLIENT_BENCH_SERVER"
 	// benchServerCPUEnv, if set (e.g. "1"), pins the server child to that
 	// CPU (run the benchmark itself under taskset on another one).
@@ -59,7 +59,7 @@ func startBenchCluster(b *testing.B, nodes int) *benchCluster {
 	if err != nil {
 		b.Fatalf("bench server: %v", err)
 	}
-	cmd := exec.Command(exe, "-test.run", "^TestBenchServerProcess$", "-test.count", "1")
+	cmd := exec.Command(exe)
 	cmd.Env = append(os.Environ(), benchServerEnv+"="+strconv.Itoa(nodes))
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
@@ -123,35 +123,41 @@ func (bc *benchCluster) cpu(b *testing.B) time.Duration {
 	}
 }
 
-// TestBenchServerProcess is the server child of the client benchmarks
-// (see benchServerEnv); run normally it returns at once. It prints the
+// benchServerMain is the server child of the client benchmarks (TestMain
+// runs it instead of the tests when benchServerEnv is set). It prints the
 // nodes' addresses, answers "cpu" lines on stdin with its CPU time, and
-// stops the nodes when stdin closes.
-func TestBenchServerProcess(t *testing.T) {
-	v := os.Getenv(benchServerEnv)
-	if v == "" {
-		return // not a benchmark's child: nothing to serve
+// stops the nodes and returns 0 when stdin closes.
+func benchServerMain(nodesEnv string) int {
+	fail := func(format string, args ...any) int {
+		fmt.Fprintf(os.Stderr, "bench server: "+format+"\n", args...)
+		return 1
 	}
-	nodes, err := strconv.Atoi(v)
+	nodes, err := strconv.Atoi(nodesEnv)
 	if err != nil || nodes < 1 || nodes > 16 {
-		t.Fatalf("%s=%q: want 1..16 nodes", benchServerEnv, v)
+		return fail("%s=%q: want 1..16 nodes", benchServerEnv, nodesEnv)
 	}
 	if c := os.Getenv(benchServerCPUEnv); c != "" {
 		cpu, err := strconv.Atoi(c)
 		if err != nil {
-			t.Fatalf("%s=%q: %v", benchServerCPUEnv, c, err)
+			return fail("%s=%q: %v", benchServerCPUEnv, c, err)
 		}
 		if err := pinProcess(cpu); err != nil {
-			t.Fatal(err)
+			return fail("%v", err)
 		}
 	}
+	var servers []*rlserver.Server
+	defer func() {
+		for _, s := range servers {
+			s.Close()
+		}
+	}()
 	for range nodes {
 		s, err := rlserver.Start(rlserver.Config{Listen: "127.0.0.1:0", Workers: 1,
 			Credentials: []credentials.Credential{testCred()}})
 		if err != nil {
-			t.Fatalf("rlserver: %v", err)
+			return fail("rlserver: %v", err)
 		}
-		defer s.Close()
+		servers = append(servers, s)
 		fmt.Printf("addr %s\n", s.Addr())
 	}
 	sc := bufio.NewScanner(os.Stdin)
@@ -160,6 +166,7 @@ func TestBenchServerProcess(t *testing.T) {
 			fmt.Printf("cpu %d\n", cpuTime().Nanoseconds())
 		}
 	}
+	return 0
 }
 
 // pinProcess moves every thread of the process to cpu (threads started
