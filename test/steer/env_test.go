@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -292,6 +293,7 @@ func (e *env) startProxy(name string, extra ...string) *proxy {
 		})
 	}
 	p.waitLine(t, `"rl-tproxy running"`, 0, msgIs("rl-tproxy running"))
+	e.checkSteeredGroup(p)
 	testkit.WaitWithin(t, waitBound, name+" /readyz 200", func() bool {
 		if p.exited() {
 			t.Fatalf("%s exited: %v\n%s", name, p.waitErr(), p.tail(40))
@@ -413,4 +415,38 @@ next:
 		n++
 	}
 	return n
+}
+
+// checkSteeredGroup checks that p's IPv4 steered listener is a reuseport
+// group of one socket per CPU: its log line says so and ss, in the node
+// namespace, lists that many listening sockets on its address.
+func (e *env) checkSteeredGroup(p *proxy) {
+	t := e.t
+	t.Helper()
+	line, _ := p.waitLine(t, "IPv4 steered listener", 0, func(l string) bool {
+		return msgIs("steered listener registered")(l) && strings.Contains(l, `"addr":"127.0.0.1:`)
+	})
+	m := jsonLog([]string{line})
+	if len(m) != 1 {
+		t.Fatalf("%s: steered listener line %q", p.name, line)
+	}
+	addr, _ := m[0]["addr"].(string)
+	n, _ := m[0]["sockets"].(float64)
+	if want := runtime.GOMAXPROCS(0); int(n) != want {
+		t.Fatalf("%s: steered listener group of %v sockets, want one per CPU (%d): %q", p.name, m[0]["sockets"], want, line)
+	}
+	testkit.NeedTool(t, "ss", "iproute2")
+	out, err := runBounded(t, waitBound, "ip", "netns", "exec", e.pair.Node.Name, "ss", "-Htln", "src", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, addr) {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) != int(n) {
+		t.Fatalf("%s: ss lists %d listening sockets on %s, want %d:\n%s", p.name, len(lines), addr, int(n), out)
+	}
 }
