@@ -37,6 +37,12 @@ type Pending struct {
 // once later, possibly before CheckAsync has returned (from another
 // goroutine); out must stay valid and untouched until then. req is only
 // read during the call.
+//
+// CheckAsync never waits for RateLimitly. Like Check it may send the
+// check's datagrams from the calling goroutine (at low load, or with a
+// full shard queue: see udpshard Flush and FlushAsync); only when the
+// socket's send buffer is full does that send wait, in the netpoller,
+// until the socket takes it.
 func (c *Client) CheckAsync(req *wire.RateRequest, out *Decision, done Completer) (p Pending, decided bool, err error) {
 	out.Reset()
 	c.c.checks.Add(1)
