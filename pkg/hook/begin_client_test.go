@@ -279,3 +279,38 @@ func TestBeginCancelRacesAnswers(t *testing.T) {
 		t.Errorf("%d requests still pending", n)
 	}
 }
+
+// blockingCloser's Close waits until release is closed.
+type blockingCloser struct {
+	entered, release chan struct{}
+}
+
+func (c *blockingCloser) Close() error {
+	close(c.entered)
+	<-c.release
+	return nil
+}
+
+// The Done that drops the last reference to a retired checker does not
+// wait for its Close (which for an rlclient Client can wait for a DNS
+// query): on the loop path Done runs on the loop thread.
+func TestDoneDoesNotWaitForCheckerClose(t *testing.T) {
+	g, r := quietGate(t, "close", allowAll)
+	bc := &blockingCloser{entered: make(chan struct{}), release: make(chan struct{})}
+	g.SetChecker(&countingChecker{fn: allowAll}, bc)
+	d := admitVia(g, context.Background(), r)
+	closed := g.SetChecker(&countingChecker{fn: allowAll}, nil)
+	done := make(chan struct{})
+	go func() {
+		g.Done(r, &d, &proxy.Result{Status: 200, End: time.Now()})
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Done waited for the old checker's Close")
+	}
+	<-bc.entered // closed aside
+	close(bc.release)
+	<-closed
+}

@@ -110,6 +110,7 @@ func TestViaBegin(t *testing.T) {
 		{"TestClientAbortWaitingForUpstreamNoReport", TestClientAbortWaitingForUpstreamNoReport},
 		{"TestDebugDecisionLog", TestDebugDecisionLog},
 		{"TestDenyAnswer", TestDenyAnswer},
+		{"TestDoneDoesNotWaitForCheckerClose", TestDoneDoesNotWaitForCheckerClose},
 		{"TestGateTLSConnection", TestGateTLSConnection},
 		{"TestInvalidDenyThroughProxy", TestInvalidDenyThroughProxy},
 		{"TestLocalFallbackLogsAndCounts", TestLocalFallbackLogsAndCounts},

@@ -47,9 +47,13 @@ func (g *Gate) acquire() *checkerRef {
 	}
 }
 
+// release drops a reference. The last one of a retired checker closes
+// it, aside: release runs in Done, on a connection's goroutine or an
+// event loop's thread, and closing can wait (an rlclient Client waits for
+// a DNS query in flight, up to the resolver timeout).
 func (g *Gate) release(ref *checkerRef) {
 	if ref.refs.Add(-1) == 0 && ref.retired.Load() {
-		ref.close()
+		go ref.close()
 	}
 }
 
