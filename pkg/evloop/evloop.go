@@ -79,9 +79,8 @@ type driver interface {
 	resumeRead(s *Sock)  // from ResumeRead: deliver waiting data later in the turn
 	readPending(s *Sock) // from runLater: deliver waiting data now
 	pauseRead(s *Sock)
-	write(s *Sock, bufs [][]byte) // s has nothing queued, or queue more
-	shutWrite(s *Sock)            // after the queue is empty
-	release(s *Sock)              // close or detach: calls l.finish(s) when no op is in flight
+	shutWrite(s *Sock) // after the queue is empty
+	release(s *Sock)   // close or detach: calls l.finish(s) when no op is in flight
 	watch(w *Watch) error
 	unwatch(w *Watch)
 	close() // at the end of run
@@ -168,6 +167,8 @@ type Loop struct {
 	g       *Group
 	id      int
 	drv     driver
+	ep      *epoll // the driver as its concrete type (Sock.Write)
+	ur      *uring
 	bufSize int
 	base    time.Time
 	log     *slog.Logger
@@ -239,9 +240,11 @@ func (l *Loop) run(be Backend, ready chan<- error) {
 	l.now = l.clock()
 	var err error
 	if be == IOUring {
-		l.drv, err = newUring(l)
+		l.ur, err = newUring(l)
+		l.drv = l.ur
 	} else {
-		l.drv, err = newEpoll(l)
+		l.ep, err = newEpoll(l)
+		l.drv = l.ep
 	}
 	if err != nil {
 		ready <- err

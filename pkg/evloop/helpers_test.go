@@ -180,3 +180,30 @@ func waitStats(t testing.TB, g *Group, what string, cond func(Stats) bool) {
 	t.Helper()
 	testkit.WaitFor(t, what, func() bool { return cond(g.Stats()) })
 }
+
+// splitAddr parses an IPv4 "host:port".
+func splitAddr(t testing.TB, addr string) ([4]byte, int) {
+	t.Helper()
+	a, err := net.ResolveTCPAddr("tcp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return [4]byte(a.IP.To4()), a.Port
+}
+
+// rawClient is a blocking loopback connection driven with plain system
+// calls, so the client side allocates nothing either.
+func rawClient(t testing.TB, addr string) int {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	host, port := splitAddr(t, addr)
+	if err := unix.Connect(fd, &unix.SockaddrInet4{Addr: host, Port: port}); err != nil {
+		t.Fatal(err)
+	}
+	unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	return fd
+}

@@ -97,7 +97,13 @@ func (s *Sock) Write(bufs ...[]byte) {
 	if s.flags&(fClosed|fShutWr) != 0 || s.err != nil {
 		return
 	}
-	s.l.drv.write(s, bufs)
+	// Concrete calls, not the driver interface: bufs must not escape
+	// (the variadic slice then stays on the caller's stack).
+	if u := s.l.ur; u != nil {
+		u.write(s, bufs)
+	} else {
+		s.l.ep.write(s, bufs)
+	}
 }
 
 // PauseRead stops OnRead and OnEOF until ResumeRead. Bytes that arrive

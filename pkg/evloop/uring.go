@@ -29,7 +29,7 @@ const (
 	udPollOut   = udConn // POLL_ADD POLLOUT: connect done, or room to send again
 )
 
-func newUring(l *Loop) (driver, error) {
+func newUring(l *Loop) (*uring, error) {
 	if uringSetupHook != nil {
 		if err := uringSetupHook(); err != nil {
 			return nil, err
