@@ -26,8 +26,8 @@ import (
 // allow contract) plus Done with its latency report, through Admit (the
 // goroutine path: the caller blocks) and through Begin (the event-loop
 // path: the check completes on the client's receive goroutine, which
-// resumes the caller). cpu-µs/op is the process's CPU time (client,
-// server and gate) per admission.
+// resumes the caller). cpu-µs/op and ctxsw/op are the process's CPU time
+// (client, server and gate) and context switches per admission.
 func BenchmarkAdmitEmbedded(b *testing.B) {
 	for _, via := range []string{"admit", "begin"} {
 		b.Run(via, func(b *testing.B) {
@@ -46,7 +46,7 @@ func BenchmarkAdmitEmbedded(b *testing.B) {
 				}
 			}
 			b.ReportAllocs()
-			cpu0 := cpuTime()
+			u0 := getUsage()
 			b.ResetTimer()
 			for b.Loop() {
 				r.Start = time.Now()
@@ -59,7 +59,7 @@ func BenchmarkAdmitEmbedded(b *testing.B) {
 				g.Done(r, &d, res)
 			}
 			b.StopTimer()
-			b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N)/1e3, "cpu-µs/op")
+			u0.report(b)
 		})
 	}
 }
@@ -70,13 +70,26 @@ type chanResumer struct{ ch chan struct{} }
 
 func (c *chanResumer) Resume() { c.ch <- struct{}{} }
 
-// cpuTime is the process's user+system CPU time.
-func cpuTime() time.Duration {
+// usage is the process's CPU time and context switches so far.
+type usage struct {
+	cpu   time.Duration
+	ctxsw int64
+}
+
+func getUsage() usage {
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
-		return 0
+		return usage{}
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return usage{time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), ru.Nvcsw + ru.Nivcsw}
+}
+
+// report reports the CPU time (client, server and gate) and the context
+// switches (voluntary and not: the thread hand-offs) per op since u0.
+func (u0 usage) report(b *testing.B) {
+	u := getUsage()
+	b.ReportMetric(float64(u.cpu-u0.cpu)/float64(b.N)/1e3, "cpu-µs/op")
+	b.ReportMetric(float64(u.ctxsw-u0.ctxsw)/float64(b.N), "ctxsw/op")
 }
 
 // embeddedGate is a quiet Gate whose checker is an rlclient Client of an
@@ -146,7 +159,7 @@ func BenchmarkAdmitEmbedded64(b *testing.B) {
 		g, r := embeddedGate(b, "1000000000/s")
 		b.SetParallelism(inflight / runtime.GOMAXPROCS(0))
 		b.ReportAllocs()
-		cpu0 := cpuTime()
+		u0 := getUsage()
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
 			rr := *r
@@ -163,7 +176,7 @@ func BenchmarkAdmitEmbedded64(b *testing.B) {
 			}
 		})
 		b.StopTimer()
-		b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N)/1e3, "cpu-µs/op")
+		u0.report(b)
 	})
 	b.Run("begin", func(b *testing.B) {
 		g, r := embeddedGate(b, "1000000000/s")
@@ -180,7 +193,7 @@ func BenchmarkAdmitEmbedded64(b *testing.B) {
 			}
 		}
 		b.ReportAllocs()
-		cpu0 := cpuTime()
+		u0 := getUsage()
 		b.ResetTimer()
 		started := 0
 		for i := range min(inflight, b.N) {
@@ -201,7 +214,7 @@ func BenchmarkAdmitEmbedded64(b *testing.B) {
 			}
 		}
 		b.StopTimer()
-		b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N)/1e3, "cpu-µs/op")
+		u0.report(b)
 	})
 }
 
