@@ -55,7 +55,8 @@ func (st *stream) forward(w http.ResponseWriter, r *http.Request, d *proxy.Decis
 		out.Body = http.NoBody
 		timer.arm()
 	} else {
-		out.Body = &bodyReader{r: r.Body, st: st, max: svc.MaxBodyBytes, onEOF: timer.arm}
+		st.body = new(bodyCount)
+		out.Body = &bodyReader{r: r.Body, st: st.body, max: svc.MaxBodyBytes, onEOF: timer.arm}
 	}
 	if d != nil {
 		for _, f := range d.Forward { // the hook's fields replace the client's
@@ -78,7 +79,7 @@ func (st *stream) forward(w http.ResponseWriter, r *http.Request, d *proxy.Decis
 		switch {
 		case r.Context().Err() != nil:
 			st.res.ClientAborted = true
-		case st.tooBig.Load():
+		case st.body != nil && st.body.tooBig.Load():
 			st.fail(w, http.StatusRequestEntityTooLarge)
 		case !headInTime:
 			st.res.UpstreamErr = fmt.Errorf("upstream %s: no response head within %s", svc.Upstream, timer.d)

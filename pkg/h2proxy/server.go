@@ -90,6 +90,17 @@ type h2conn struct {
 	closed chan struct{}
 	once   sync.Once
 	ppUp   connUpstream // upstream connections with this client's PROXY header (proxyheader.go)
+	cv     *conn        // the streams' view of the connection (view)
+	cvOnce sync.Once
+}
+
+// view returns the per-stream view of the connection, built by its first
+// stream and shared by the others (read-only).
+func (c *h2conn) view(srv *Server) *conn {
+	c.cvOnce.Do(func() {
+		c.cv = &conn{srv: srv, svc: c.svc, cfg: c.cfg, remote: addrPort(c.RemoteAddr()), local: addrPort(c.LocalAddr()), hc: c}
+	})
+	return c.cv
 }
 
 func (c *h2conn) Read(p []byte) (int, error) {

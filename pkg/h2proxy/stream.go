@@ -32,15 +32,60 @@ type conn struct {
 }
 
 // stream is one request stream: what the Hook sees and what it is told.
+// Streams are pooled (streams): the Hook contract lets the proxy reuse
+// the Request, Decision and Result once Done returned, and nothing else
+// refers to a stream after its handler returned (the request body's
+// counters, which the upstream's body writer may still touch, live in
+// bodyCount).
 type stream struct {
-	h    *conn
-	head httpparse.Request
-	req  proxy.Request
-	res  proxy.Result
-	grpc bool
-	in   atomic.Int64 // request body bytes (read by the upstream's writer)
+	h     *conn
+	head  httpparse.Request
+	req   proxy.Request
+	dec   proxy.Decision
+	res   proxy.Result
+	grpc  bool
+	body  *bodyCount // nil for a request without a body
+	arena []byte     // the bytes head's slices point into
+}
+
+// bodyCount counts a request body as the upstream reads it.
+type bodyCount struct {
+	in atomic.Int64 // request body bytes (read by the upstream's writer)
 	// tooBig is set when the body went over MaxBodyBytes.
 	tooBig atomic.Bool
+}
+
+var streams = sync.Pool{New: func() any { return new(stream) }}
+
+// maxPooledArena bounds the header bytes a pooled stream keeps.
+const maxPooledArena = 8 << 10
+
+func getStream(h *conn) *stream {
+	st := streams.Get().(*stream)
+	st.h = h
+	return st
+}
+
+func putStream(st *stream) {
+	arena := st.arena[:0]
+	if cap(arena) > maxPooledArena {
+		arena = nil
+	}
+	hs := st.head.Headers[:0]
+	if cap(hs) > 64 {
+		hs = nil
+	}
+	clear(st.head.Headers[:cap(st.head.Headers)])
+	*st = stream{arena: arena}
+	st.head.Headers = hs
+	streams.Put(st)
+}
+
+func (st *stream) bytesIn() int64 {
+	if st.body == nil {
+		return 0
+	}
+	return st.body.in.Load()
 }
 
 func addrPort(a net.Addr) netip.AddrPort {
@@ -73,8 +118,9 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusInternalServerError)
 		return
 	}
-	h := &conn{srv: hd.srv, svc: hc.svc, cfg: hc.cfg, remote: addrPort(hc.RemoteAddr()), local: addrPort(hc.LocalAddr()), hc: hc}
-	st := &stream{h: h}
+	h := hc.view(hd.srv)
+	st := getStream(h)
+	defer putStream(st) // after Done (deferred below)
 	st.build(r)
 	if status, rule := st.check(r); status != 0 {
 		if h.cfg.OnReject != nil {
@@ -92,23 +138,24 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		st.forward(w, r, nil)
 		return
 	}
-	d := hook.Admit(r.Context(), &st.req)
+	st.dec = hook.Admit(r.Context(), &st.req)
+	d := &st.dec
 	defer func() {
 		if st.res.End.IsZero() {
 			st.res.End = h.now()
 		}
-		st.res.BytesIn = st.in.Load()
-		hook.Done(&st.req, &d, &st.res)
+		st.res.BytesIn = st.bytesIn()
+		hook.Done(&st.req, d, &st.res)
 	}()
 	if r.Context().Err() != nil {
 		st.res.ClientAborted = true
 		return
 	}
 	if !d.Allow {
-		st.deny(w, &d)
+		st.deny(w, d)
 		return
 	}
-	st.forward(w, r, &d)
+	st.forward(w, r, d)
 }
 
 // build fills the Hook's view of the stream: :method, :path (split at
@@ -117,23 +164,39 @@ func (st *stream) build(r *http.Request) {
 	h := st.h
 	hd := &st.head
 	hd.Reset()
-	hd.Method = []byte(r.Method)
-	hd.Target = []byte(r.RequestURI)
-	hd.Minor = 1
-	hd.Host = []byte(r.Host)
-	hd.HostHeader = hd.Host
-	hd.ContentLength = r.ContentLength
-	n := 0
-	for _, vs := range r.Header {
-		n += len(vs)
-	}
-	hs := make([]httpparse.Header, 0, n)
+	n, size := 0, len(r.Method)+len(r.RequestURI)+len(r.Host)
 	for k, vs := range r.Header {
-		name := []byte(strings.ToLower(k))
+		n += len(vs)
 		for _, v := range vs {
-			hs = append(hs, httpparse.Header{Name: name, Value: []byte(v)})
+			size += len(k) + len(v)
 		}
 	}
+	// One arena for every byte the head refers to: no allocation per
+	// field once the pooled stream's arena is large enough.
+	if cap(st.arena) < size {
+		st.arena = make([]byte, 0, size)
+	}
+	a := st.arena[:0]
+	a, hd.Method = appendField(a, r.Method, false)
+	a, hd.Target = appendField(a, r.RequestURI, false)
+	a, hd.Host = appendField(a, r.Host, false)
+	hd.Minor = 1
+	hd.HostHeader = hd.Host
+	hd.ContentLength = r.ContentLength
+	hs := hd.Headers[:0]
+	if cap(hs) < n {
+		hs = make([]httpparse.Header, 0, n)
+	}
+	for k, vs := range r.Header {
+		var name []byte
+		a, name = appendField(a, k, true)
+		for _, v := range vs {
+			var val []byte
+			a, val = appendField(a, v, false)
+			hs = append(hs, httpparse.Header{Name: name, Value: val})
+		}
+	}
+	st.arena = a
 	hd.Headers = hs
 	path, query := hd.Target, []byte(nil)
 	if i := bytes.IndexByte(path, '?'); i >= 0 {
@@ -141,6 +204,22 @@ func (st *stream) build(r *http.Request) {
 	}
 	st.req = proxy.Request{Remote: h.remote, Local: h.local, Service: h.svc, Head: hd, Path: path, Query: query, Start: h.now(), Proto: proxy.ProtoH2}
 	st.grpc = isGRPC(r.Header.Get("Content-Type"))
+}
+
+// appendField appends s to a (ASCII-lowercased with lower) and returns a
+// and the appended bytes, capacity-capped so that a later append to the
+// field cannot overwrite its neighbour.
+func appendField(a []byte, s string, lower bool) ([]byte, []byte) {
+	i := len(a)
+	a = append(a, s...)
+	if lower {
+		for j := i; j < len(a); j++ {
+			if c := a[j]; 'A' <= c && c <= 'Z' {
+				a[j] = c + 'a' - 'A'
+			}
+		}
+	}
+	return a, a[i:len(a):len(a)]
 }
 
 // isGRPC reports whether a content type is gRPC's (application/grpc,
@@ -190,7 +269,7 @@ func (st *stream) answer(w http.ResponseWriter, status int, hs []httpparse.Heade
 // end.
 type bodyReader struct {
 	r     interface{ Read([]byte) (int, error) }
-	st    *stream
+	st    *bodyCount
 	max   int64
 	onEOF func()
 }
