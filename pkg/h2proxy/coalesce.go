@@ -18,8 +18,9 @@ import (
 // idle connection's write leaves at once; an idle connection holds no
 // goroutine.
 //
-// Write blocks while maxPending bytes wait (back pressure: a peer that
-// does not read stalls its writers as a full socket buffer would). The
+// Write blocks while maxPending bytes wait besides the batch being
+// written (back pressure: a peer that does not read stalls its writers
+// as a full socket buffer would). The
 // first write error is sticky: every later Write returns it. Close sends
 // what is pending (within flushBound), then closes the connection;
 // done is closed once the connection is closed.
@@ -79,6 +80,7 @@ func (w *coalescer) flush() {
 	for len(w.pending) > 0 && w.err == nil {
 		out := w.pending
 		w.pending = w.spare[:0]
+		w.cond.Broadcast() // room again for writers waiting on a full buffer
 		w.mu.Unlock()
 		_, err := w.Conn.Write(out)
 		w.mu.Lock()
