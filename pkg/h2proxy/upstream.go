@@ -19,7 +19,7 @@ const (
 )
 
 // upstream is the pooled transport of one (address, protocol): an
-// HTTP/2 transport multiplexes streams over few connections (opening
+// h2cPool multiplexes streams over few HTTP/2 connections (opening
 // another when the upstream's stream limit is reached); an http.Transport
 // keeps HTTP/1.1 connections alive.
 type upstream struct {
@@ -87,7 +87,8 @@ func (u *upstreams) get(svc *proxy.Service, cfg *proxy.Config) (*upstream, error
 				PingTimeout:     15 * time.Second,
 			},
 		}
-		up = &upstream{rt: t, closer: t}
+		pool := &h2cPool{t: t, addr: svc.Upstream}
+		up = &upstream{rt: pool, closer: pool}
 	} else {
 		maxIdle := cfg.MaxIdlePerUpstream
 		if maxIdle == 0 {
