@@ -102,6 +102,8 @@ type batchConn struct {
 	serr     error
 	sfail    int // messages skipped because sendmmsg failed on them
 
+	gso gsoState
+
 	readFn, writeFn func(fd uintptr) bool
 	drainFn         func(fd uintptr)
 }
@@ -123,6 +125,7 @@ func newBatchConn(c *net.UDPConn) (*batchConn, error) {
 	b.readFn = b.doRead
 	b.writeFn = b.doWrite
 	b.drainFn = b.doDrain
+	b.gso.fn = b.doWriteGSO
 	return b, nil
 }
 
@@ -157,9 +160,14 @@ func (b *batchConn) recvNow(max int) (int, error) {
 	return b.rn, b.rerr
 }
 
+// mmsg runs recvmmsg or sendmmsg. It is a raw system call (no
+// entersyscall/exitsyscall): with MSG_DONTWAIT on a non-blocking socket it
+// never sleeps (waiting is the netpoller's job), and announcing it to the
+// scheduler only cost CPU: every call woke an idle sysmon, and a call
+// that outlasted a sysmon tick had its P handed to another thread.
 func (b *batchConn) mmsg(fd uintptr, trap uintptr, hdrs *unix.Mmsghdr, n int) (int, unix.Errno) {
 	for {
-		r, _, e := unix.Syscall6(trap, fd, uintptr(unsafe.Pointer(hdrs)), uintptr(n), unix.MSG_DONTWAIT, 0, 0)
+		r, _, e := unix.RawSyscall6(trap, fd, uintptr(unsafe.Pointer(hdrs)), uintptr(n), unix.MSG_DONTWAIT, 0, 0)
 		if e == unix.EINTR {
 			continue
 		}
@@ -208,10 +216,16 @@ func (b *batchConn) setReply(k, i, n int) {
 }
 
 // send transmits send slots 0..k-1, parking in the netpoller while the
-// socket buffer is full. It returns how many datagrams the kernel refused.
-func (b *batchConn) send(k int) (failed int, err error) { return b.sendRange(0, k) }
+// socket buffer is full: answers to one client socket share segmented
+// messages (gso.go). It returns how many datagrams the kernel refused.
+func (b *batchConn) send(k int) (failed int, err error) {
+	if k > 1 && !b.gso.refused {
+		return b.sendGSO(0, k)
+	}
+	return b.sendRange(0, k)
+}
 
-// sendRange transmits send slots off..k-1.
+// sendRange transmits send slots off..k-1, one message per datagram.
 func (b *batchConn) sendRange(off, k int) (failed int, err error) {
 	b.soff, b.sk, b.serr, b.sfail = off, k, nil, 0
 	for b.soff < b.sk {
