@@ -27,6 +27,10 @@ const (
 	// MTU whole (the kernel refuses to fragment it), so only answers that
 	// fit the IPv6 minimum MTU are grouped.
 	gsoMaxSegSize = 1200
+	// gsoMaxBytes bounds the payload of one segmented message: it is one
+	// IP packet until it is segmented (64 KiB), and a larger one would be
+	// refused and turn segmentation off for the socket.
+	gsoMaxBytes = 60000
 	// gsoCmsgSpace is the control buffer of one message: a UDP_SEGMENT
 	// cmsg with a uint16.
 	gsoCmsgSpace = (unix.SizeofCmsghdr + 2 + 7) &^ 7
@@ -67,10 +71,12 @@ func (b *batchConn) buildGSO(off, k int) {
 	g.n, g.off = 0, 0
 	for i := off; i < k; {
 		seg := int(b.siovs[i].Len)
-		j := i + 1
+		j, bytes := i+1, seg
 		if seg > 0 && seg <= gsoMaxSegSize {
 			for j < k && j-i < gsoMaxSegments && int(b.siovs[j-1].Len) == seg &&
-				int(b.siovs[j].Len) <= seg && b.siovs[j].Len > 0 && b.sameDest(i, j) {
+				int(b.siovs[j].Len) <= seg && b.siovs[j].Len > 0 &&
+				bytes+int(b.siovs[j].Len) <= gsoMaxBytes && b.sameDest(i, j) {
+				bytes += int(b.siovs[j].Len)
 				j++
 			}
 		}

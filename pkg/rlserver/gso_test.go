@@ -118,6 +118,16 @@ func TestRepliesSegmentedPerDestination(t *testing.T) {
 	if b.gso.segs.Load() != 10 || b.gso.n != 8 {
 		t.Fatalf("%d datagrams in segmented messages and %d messages, want 10 and 8", b.gso.segs.Load(), b.gso.n)
 	}
+	// 64 answers of 1100 bytes (70400) exceed one IP packet: 54 in a first
+	// message (gsoMaxBytes), 10 in a second, none refused.
+	rs = rs[:0]
+	for range 64 {
+		rs = append(rs, gsoReply{0, 1100})
+	}
+	b = sendReplies(t, nil, rs)
+	if b.gso.refused || b.gso.segs.Load() != 64 || b.gso.n != 2 {
+		t.Fatalf("refused %v, %d segmented in %d messages; want 64 in 2", b.gso.refused, b.gso.segs.Load(), b.gso.n)
+	}
 }
 
 func TestRepliesGSORefusedFallsBack(t *testing.T) {
