@@ -14,6 +14,8 @@ type epoll struct {
 	evfd   int
 	rbuf   []byte // the loop's scratch receive buffer
 	events [256]unix.EpollEvent
+	ts     unix.Timespec
+	noNs   bool // epoll_pwait2 refused: millisecond timeouts
 }
 
 var eventfdOne = [8]byte{1}
@@ -53,11 +55,8 @@ func (e *epoll) wake() {
 }
 
 func (e *epoll) poll(timeout int64) error {
-	ms := -1
-	if timeout >= 0 {
-		ms = int((timeout + 999_999) / 1_000_000)
-	}
-	n, err := unix.EpollWait(e.epfd, e.events[:], ms) // announced: the scheduler may run others
+	n, err := e.wait(timeout)
+	e.l.woke()
 	if err == unix.EINTR {
 		return nil
 	}
@@ -85,6 +84,34 @@ func (e *epoll) poll(timeout int64) error {
 		}
 	}
 	return nil
+}
+
+// wait is epoll_pwait2 (a timeout in ns, so timers are not rounded up
+// to a millisecond), or epoll_wait where the kernel or seccomp refuses
+// it. Both are announced: the scheduler may run others meanwhile.
+func (e *epoll) wait(timeout int64) (int, error) {
+	if !e.noNs {
+		var tsp unsafe.Pointer
+		if timeout >= 0 {
+			e.ts = unix.NsecToTimespec(timeout)
+			tsp = unsafe.Pointer(&e.ts)
+		}
+		n, _, errno := unix.Syscall6(unix.SYS_EPOLL_PWAIT2, uintptr(e.epfd), uintptr(unsafe.Pointer(&e.events[0])),
+			uintptr(len(e.events)), uintptr(tsp), 0, 0)
+		switch errno {
+		case 0:
+			return int(n), nil
+		case unix.ENOSYS, unix.EPERM:
+			e.noNs = true
+		default:
+			return 0, errno
+		}
+	}
+	ms := -1
+	if timeout >= 0 {
+		ms = int((timeout + 999_999) / 1_000_000)
+	}
+	return unix.EpollWait(e.epfd, e.events[:], ms)
 }
 
 func (e *epoll) accept(ln *listener) {

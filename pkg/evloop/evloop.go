@@ -201,7 +201,8 @@ type Loop struct {
 // ID returns the loop's index in its group.
 func (l *Loop) ID() int { return l.id }
 
-// Now returns monotonic nanoseconds, read once per turn.
+// Now returns monotonic nanoseconds, read once per turn right after the
+// wait (so handlers, timers and posted functions of a turn see one time).
 func (l *Loop) Now() int64 { return l.now }
 
 // OnTurnEnd registers fn to run once at the end of every turn, before the
@@ -232,6 +233,10 @@ func (l *Loop) kick() {
 }
 
 func (l *Loop) clock() int64 { return int64(time.Since(l.base)) }
+
+// woke reads the clock once the wait returned, before anything of the
+// turn runs (drivers call it).
+func (l *Loop) woke() { l.now = l.clock() }
 
 func (l *Loop) run(be Backend, ready chan<- error) {
 	defer l.g.wg.Done()
@@ -278,7 +283,6 @@ func (l *Loop) loop() error {
 		if err != nil {
 			return err
 		}
-		l.now = l.clock()
 		l.nTurns.Add(1)
 		l.runTimers()
 		l.runPosted()

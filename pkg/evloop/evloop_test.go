@@ -374,6 +374,26 @@ func TestOnTurnEndAndNow(t *testing.T) {
 	})
 }
 
+// TestNowIsFresh: a handler woken after a wait sees the time of the
+// wake, not of the turn before the wait.
+func TestNowIsFresh(t *testing.T) {
+	eachBackend(t, func(t *testing.T, be Backend) {
+		g := startGroup(t, be, 1)
+		l := g.Loops()[0]
+		now := make(chan int64, 1)
+		addr, _ := accepted(t, g, func() Handler {
+			return &funcHandler{read: func(s *Sock, b []byte) { now <- s.Loop().Now() }}
+		})
+		c := dial(t, addr)
+		on(l, func() {}) // the loop has accepted and waits again
+		before := l.clock()
+		c.Write([]byte("x"))
+		if got := <-now; got < before {
+			t.Fatalf("OnRead saw Now %d, before the write it was already %d", got, before)
+		}
+	})
+}
+
 func errorsIs(err error, target error) bool {
 	for err != nil {
 		if err == target {

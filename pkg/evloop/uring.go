@@ -90,7 +90,9 @@ func (u *uring) close() {
 
 func (u *uring) poll(timeout int64) error {
 	u.flushSends()
-	if err := u.r.enter(timeout); err != nil {
+	err := u.r.enter(timeout)
+	u.l.woke()
+	if err != nil {
 		return err
 	}
 	r := u.r

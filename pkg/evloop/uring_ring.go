@@ -174,9 +174,13 @@ func (r *ring) close() {
 // submits what is queued first.
 func (r *ring) get() *sqe {
 	tail := *r.sqTail
-	if tail-atomic.LoadUint32(r.sqHead) >= r.sqEntries {
+	for i := 0; tail-atomic.LoadUint32(r.sqHead) >= r.sqEntries; i++ {
+		// Full: submit now. The kernel takes every SQE (SUBMIT_ALL) unless
+		// it must first flush overflowed completions; then wait for one.
+		if i > 0 {
+			unix.Syscall6(sysIOUringEnter, uintptr(r.fd), uintptr(r.pending), 1, enterGetEvents, 0, 0)
+		}
 		r.submit()
-		tail = *r.sqTail
 	}
 	idx := tail & r.sqMask
 	s := (*sqe)(unsafe.Add(r.sqes, uintptr(idx)*unsafe.Sizeof(sqe{})))
