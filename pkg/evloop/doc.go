@@ -50,6 +50,7 @@
 //		Backend Backend
 //		BufSize int          // receive buffer size (default 16 KiB)
 //		Logger  *slog.Logger // default slog.Default()
+//		Pin     bool         // bind loop i's thread to the i-th allowed CPU
 //	}
 //	func Start(cfg Config) (*Group, error)
 //	func (g *Group) Loops() []*Loop

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Backend is the kernel interface a loop uses.
@@ -38,6 +40,9 @@ type Config struct {
 	Backend Backend      // default Auto
 	BufSize int          // receive buffer size (default 16 KiB)
 	Logger  *slog.Logger // default slog.Default()
+	// Pin binds loop i's thread to the i-th CPU the process may run on
+	// (modulo their number), so a loop stays on one CPU.
+	Pin bool
 }
 
 // DefaultBufSize is Config.BufSize's default.
@@ -111,10 +116,20 @@ func Start(cfg Config) (*Group, error) {
 	default:
 		return nil, fmt.Errorf("evloop: unknown backend %d", uint8(be))
 	}
+	var cpus []int
+	if cfg.Pin {
+		var err error
+		if cpus, err = allowedCPUs(); err != nil {
+			return nil, err
+		}
+	}
 	g := &Group{backend: be}
 	base := time.Now()
 	for i := 0; i < cfg.Loops; i++ {
-		l := &Loop{g: g, id: i, bufSize: cfg.BufSize, base: base, log: cfg.Logger}
+		l := &Loop{g: g, id: i, bufSize: cfg.BufSize, base: base, log: cfg.Logger, cpu: -1}
+		if cfg.Pin {
+			l.cpu = cpus[i%len(cpus)]
+		}
 		ready := make(chan error, 1)
 		g.wg.Add(1)
 		go l.run(be, ready)
@@ -170,6 +185,7 @@ type Loop struct {
 	ep      *epoll // the driver as its concrete type (Sock.Write)
 	ur      *uring
 	bufSize int
+	cpu     int // pinned to, or -1
 	base    time.Time
 	log     *slog.Logger
 	now     int64
@@ -196,6 +212,24 @@ type Loop struct {
 	nSocks atomic.Int64
 	nBufs  atomic.Int64
 	nTurns atomic.Uint64
+}
+
+// allowedCPUs lists the CPUs the process may run on.
+func allowedCPUs() ([]int, error) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return nil, fmt.Errorf("evloop: sched_getaffinity: %w", err)
+	}
+	var cpus []int
+	for c := 0; c < len(set)*64; c++ {
+		if set.IsSet(c) {
+			cpus = append(cpus, c)
+		}
+	}
+	if len(cpus) == 0 {
+		return nil, errors.New("evloop: no CPU in the affinity mask")
+	}
+	return cpus, nil
 }
 
 // ID returns the loop's index in its group.
@@ -240,10 +274,19 @@ func (l *Loop) woke() { l.now = l.clock() }
 
 func (l *Loop) run(be Backend, ready chan<- error) {
 	defer l.g.wg.Done()
+	// Never unlocked: when the loop returns, its thread exits with it
+	// rather than going back to the scheduler pinned to one CPU.
 	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	l.now = l.clock()
 	var err error
+	if l.cpu >= 0 {
+		var set unix.CPUSet
+		set.Set(l.cpu)
+		if err := unix.SchedSetaffinity(0, &set); err != nil { // 0: this thread
+			ready <- fmt.Errorf("pin to CPU %d: %w", l.cpu, err)
+			return
+		}
+	}
 	if be == IOUring {
 		l.ur, err = newUring(l)
 		l.drv = l.ur

@@ -394,6 +394,35 @@ func TestNowIsFresh(t *testing.T) {
 	})
 }
 
+// TestPin: with Pin each loop's thread may run only on its CPU, and
+// goroutines started elsewhere keep the process's mask.
+func TestPin(t *testing.T) {
+	allowed, err := allowedCPUs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := Start(Config{Loops: 3, Backend: Epoll, Pin: true, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	for i, l := range g.Loops() {
+		var got []int
+		on(l, func() {
+			var set unix.CPUSet
+			unix.SchedGetaffinity(0, &set)
+			for c := 0; c < len(set)*64; c++ {
+				if set.IsSet(c) {
+					got = append(got, c)
+				}
+			}
+		})
+		if want := allowed[i%len(allowed)]; len(got) != 1 || got[0] != want {
+			t.Errorf("loop %d runs on CPUs %v, want [%d]", i, got, want)
+		}
+	}
+}
+
 func errorsIs(err error, target error) bool {
 	for err != nil {
 		if err == target {
