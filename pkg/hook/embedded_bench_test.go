@@ -3,6 +3,7 @@ package hook
 import (
 	"context"
 	"crypto/rand"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 	"github.com/rl-tproxy/rl-tproxy/pkg/embedded"
+	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
@@ -216,6 +218,96 @@ func BenchmarkAdmitEmbedded64(b *testing.B) {
 		b.StopTimer()
 		u0.report(b)
 	})
+}
+
+// BenchmarkAdmitEmbedded64Loop is the Begin side of
+// BenchmarkAdmitEmbedded64 on a real event loop: Begin and Done run on
+// the loop's thread (Request.Loop) and Resume Posts the request back to
+// it, as the loop path of pkg/proxy does.
+func BenchmarkAdmitEmbedded64Loop(b *testing.B) {
+	const inflight = 64
+	g, r := embeddedGate(b, "1000000000/s")
+	grp, err := evloop.Start(evloop.Config{Loops: 1, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer grp.Close()
+	l := grp.Loops()[0]
+	d := &loopBench{g: g, n: b.N, done: make(chan struct{})}
+	d.slots = make([]loopSlot, inflight)
+	for i := range d.slots {
+		s := &d.slots[i]
+		s.r, s.b, s.l = *r, d, l
+		s.r.Loop = l
+		s.resumed = s.onLoop
+	}
+	cl := g.checker.Load().c.(*Client).C
+	st0 := cl.Stats().Ring
+	b.ReportAllocs()
+	u0 := getUsage()
+	b.ResetTimer()
+	l.Post(func() {
+		for i := range d.slots {
+			if d.started < d.n {
+				d.start(&d.slots[i])
+			}
+		}
+	})
+	<-d.done
+	b.StopTimer()
+	u0.report(b)
+	st := cl.Stats().Ring
+	if n := st.SendBatches - st0.SendBatches; n > 0 {
+		b.ReportMetric(float64(st.Sent-st0.Sent)/float64(n), "dgrams/sendmmsg")
+	}
+	if d.denied > 0 {
+		b.Fatalf("%d denied", d.denied)
+	}
+}
+
+// loopBench is the loop-thread state of BenchmarkAdmitEmbedded64Loop.
+type loopBench struct {
+	g                         *Gate
+	slots                     []loopSlot
+	n, started, ended, denied int
+	done                      chan struct{}
+}
+
+type loopSlot struct {
+	l       *evloop.Loop
+	r       proxy.Request
+	d       proxy.Decision
+	res     proxy.Result
+	b       *loopBench
+	resumed func()
+}
+
+func (s *loopSlot) Resume() { s.l.Post(s.resumed) }
+
+func (b *loopBench) start(s *loopSlot) {
+	b.started++
+	s.r.Start = time.Now()
+	if b.g.Begin(&s.r, &s.d, s) {
+		s.onLoop()
+	}
+}
+
+// onLoop ends s's request on the loop thread and starts the next.
+func (s *loopSlot) onLoop() {
+	b := s.b
+	if !s.d.Allow {
+		b.denied++
+	}
+	s.res.End = s.r.Start.Add(time.Millisecond)
+	b.g.Done(&s.r, &s.d, &s.res)
+	b.ended++
+	if b.ended == b.n {
+		close(b.done)
+		return
+	}
+	if b.started < b.n {
+		b.start(s)
+	}
 }
 
 // benchSlot is one connection's admission state in the Begin benchmark.
