@@ -2,6 +2,7 @@ package evloop
 
 import (
 	"bufio"
+	"bytes"
 	"io"
 	"net"
 	"os"
@@ -103,7 +104,7 @@ func TestFloodWithoutReading(t *testing.T) {
 			on(g.Loops()[0], func() { kernelQueued, _ = unix.IoctlGetInt(s.FD(), unix.SIOCINQ) })
 			return kernelQueued > 0
 		})
-		bound := int64(f.limit + 4*DefaultBufSize + 4096*pbufEntries)
+		bound := int64(f.limit + 4*DefaultBufSize + 4096*int(pbufEntries))
 		if m := f.maxHeld.Load(); m > bound {
 			t.Fatalf("held %d bytes in user space, bound %d", m, bound)
 		}
@@ -226,4 +227,35 @@ func TestTurnOverfillsSubmissionQueue(t *testing.T) {
 		}
 		waitStats(t, g, "all closed", func(s Stats) bool { return s.Sockets == 0 && s.Buffers == 0 })
 	})
+}
+
+// TestProvidedBuffersRunDry: with a ring of only two provided buffers,
+// 16 connections echoing 256 KiB at once keep running the ring dry; each
+// starved receive is re-armed when buffers return and every byte comes
+// back.
+func TestProvidedBuffersRunDry(t *testing.T) {
+	if err := probeUring(); err != nil {
+		testkit.Missing(t, "io_uring refused on this machine: %v", err)
+	}
+	defer func(n uint16) { pbufEntries = n }(pbufEntries)
+	pbufEntries = 2
+	g := startGroup(t, IOUring, 1)
+	fd, addr := listenFD(t)
+	listenAll(t, g, fd, func() Handler { return &echo{limit: 64 << 10} })
+	errs := make(chan error, 16)
+	for i := 0; i < 16; i++ {
+		go func() {
+			data := bytes.Repeat([]byte{byte(i)}, 256<<10)
+			errs <- roundTrip(t, dial(t, addr), data)
+		}()
+	}
+	for i := 0; i < 16; i++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := g.Stats(); st.Starved == 0 {
+		t.Fatal("the ring never ran dry: the test did not test ENOBUFS")
+	}
+	waitStats(t, g, "all closed", func(s Stats) bool { return s.Sockets == 0 && s.Buffers == 0 })
 }

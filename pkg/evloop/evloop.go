@@ -60,6 +60,9 @@ type Stats struct {
 	// is idle.
 	Buffers int
 	Turns   uint64
+	// Starved counts io_uring receives that found the provided-buffer
+	// ring empty (ENOBUFS) and waited for buffers to return.
+	Starved uint64
 }
 
 // Group is a set of loops started together.
@@ -155,6 +158,7 @@ func (g *Group) Stats() Stats {
 		st.Sockets += int(l.nSocks.Load())
 		st.Buffers += int(l.nBufs.Load())
 		st.Turns += l.nTurns.Load()
+		st.Starved += l.nStarved.Load()
 	}
 	return st
 }
@@ -209,9 +213,10 @@ type Loop struct {
 	asleep  atomic.Bool
 	stop    atomic.Bool
 
-	nSocks atomic.Int64
-	nBufs  atomic.Int64
-	nTurns atomic.Uint64
+	nSocks   atomic.Int64
+	nBufs    atomic.Int64
+	nTurns   atomic.Uint64
+	nStarved atomic.Uint64
 }
 
 // allowedCPUs lists the CPUs the process may run on.

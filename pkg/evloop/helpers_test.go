@@ -173,6 +173,7 @@ func dial(t testing.TB, addr string) net.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(testkit.WaitBound)) // a hang fails, bounded
 	return c
 }
 

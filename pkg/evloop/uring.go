@@ -22,11 +22,14 @@ type uring struct {
 	starved []*Sock
 }
 
+// pbufEntries is the number of provided receive buffers per loop (a
+// power of two; a variable so that a test can make the ring run dry).
+var pbufEntries uint16 = 256
+
 const (
-	pbufEntries = 256
-	sqEntries   = 1024
-	cqEntries   = 8192
-	udPollOut   = udConn // POLL_ADD POLLOUT: connect done, or room to send again
+	sqEntries = 1024
+	cqEntries = 8192
+	udPollOut = udConn // POLL_ADD POLLOUT: connect done, or room to send again
 )
 
 func newUring(l *Loop) (*uring, error) {
@@ -285,6 +288,7 @@ func (u *uring) recvDone(s *Sock, c cqe) {
 			s.h.OnEOF(s)
 		}
 	case c.res == -int32(unix.ENOBUFS):
+		u.l.nStarved.Add(1)
 		if s.flags&fStarved == 0 {
 			s.flags |= fStarved
 			u.starved = append(u.starved, s)
