@@ -155,6 +155,7 @@ func TestClientHalfCloseWhileUpstreamWorks(t *testing.T) {
 // watcher goroutine: a watcher is back in the pool before its connection
 // can start the next admission.
 func TestWatcherPoolBounded(t *testing.T) {
+	goroutinePathOnly(t)
 	up := fastUpstream(t, fixedResponse)
 	p, addr := startProxy(t, allowHook{}, &Service{Upstream: up}, nil)
 	c := dialClient(t, addr)

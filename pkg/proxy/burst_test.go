@@ -40,6 +40,7 @@ func (h *barrierHook) Done(*Request, *Decision, *Result) {}
 // needed (a connection goroutine and a client-abort watcher each) go away
 // again: the count comes back within 10 % of the baseline (issue 13).
 func TestBurstGoroutinesReturnToBaseline(t *testing.T) {
+	goroutinePathOnly(t)
 	const n = 3000
 	hook := &barrierHook{n: n, all: make(chan struct{})}
 	p, addr := startProxy(t, hook, &Service{Upstream: "127.0.0.1:9"}, func(cfg *Config) {
@@ -126,6 +127,7 @@ func rssKiB() int {
 // watchers' lock: the sweep must not hold its own lock meanwhile (it did,
 // and the first such sweep hung the proxy).
 func TestWatcherSweepAfterBurstTrims(t *testing.T) {
+	goroutinePathOnly(t)
 	const n = trimAfterBurst + 44
 	hook := &barrierHook{n: n, all: make(chan struct{})}
 	p, addr := startProxy(t, hook, &Service{Upstream: "127.0.0.1:9"}, func(cfg *Config) {

@@ -247,6 +247,13 @@ type Config struct {
 	// under a rule (see Rejecter, which a Hook may implement instead; both
 	// are called). For metrics; it must not block.
 	OnReject func(svc *Service, remote netip.AddrPort, rule string, status int)
+	// EventLoops selects the HTTP/1.x data path: 0 serves each client
+	// connection on its own goroutine (conn.go); N > 0 serves them on N
+	// event loops, one OS thread each (pkg/evloop; loop.go). New reads
+	// it (0 takes defaultEventLoops); Update keeps the path the Proxy
+	// was created with. The loops start with the first Serve and stop in
+	// Shutdown.
+	EventLoops int
 
 	watcherIdle   time.Duration // idle watcher lifetime (default DefaultWatcherIdleTimeout; tests)
 	testOnPark    func()        // called after a connection parked

@@ -50,6 +50,9 @@ func TestDrainServesFreshConnection(t *testing.T) {
 			name += "-after-parking"
 		}
 		t.Run(name, func(t *testing.T) {
+			if parked {
+				goroutinePathOnly(t)
+			}
 			var parks chan struct{}
 			var mod func(*Config)
 			if parked {

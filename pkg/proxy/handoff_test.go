@@ -191,6 +191,7 @@ func TestDispatchDrain(t *testing.T) {
 // TestDispatchAfterPark: a fresh connection that parked before sending
 // anything is still classified by its first bytes when they arrive.
 func TestDispatchAfterPark(t *testing.T) {
+	goroutinePathOnly(t)
 	h := &echoHandoff{takes: map[sniff.Kind]bool{sniff.Other: true}}
 	parked := make(chan struct{}, 10)
 	p, addr := startProxy(t, nil, &Service{Upstream: "127.0.0.1:1", IdleTimeout: time.Minute}, func(c *Config) {

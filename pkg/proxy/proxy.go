@@ -64,6 +64,14 @@
 //     (ListenGroup, one per CPU), across which the kernel spreads
 //     connections; ServeGroup, ServeSteeredGroup and ServeAll serve every
 //     socket of a group (group.go).
+//   - Config.EventLoops > 0 serves HTTP/1.x connections on that many event
+//     loops (pkg/evloop; loop.go) with the behaviour above. There, every
+//     client is watched by its loop (no watcher goroutines, no parking: an
+//     idle connection holds neither a goroutine nor a buffer), upstream
+//     pools are per loop (MaxIdlePerUpstream per loop and address), a
+//     pooled upstream connection that gets bytes or an EOF while it idles
+//     is discarded at once, and a Hook's Admit runs on a worker goroutine
+//     whose Decision is posted back to the loop.
 package proxy
 
 import (
@@ -92,7 +100,13 @@ type Proxy struct {
 	trim      trimState
 	drain     chan struct{}  // closed when Shutdown begins (HandoffConn.Drain)
 	wg        sync.WaitGroup // accept loops and connection goroutines
+
+	lg *loopGroup // the event-loop data path (Config.EventLoops > 0), else nil
 }
+
+// defaultEventLoops is the EventLoops of a Config that leaves it 0 (tests
+// set it to run the package's suite on the event-loop path).
+var defaultEventLoops int
 
 // New validates cfg and returns a Proxy. Nothing listens until Serve,
 // ServeSteered or ListenAndServe.
@@ -108,6 +122,12 @@ func New(cfg Config) (*Proxy, error) {
 	p.pools.init()
 	p.watchers.onShrink = p.checkTrim
 	c := cfg
+	if c.EventLoops == 0 {
+		c.EventLoops = defaultEventLoops
+	}
+	if c.EventLoops > 0 {
+		p.lg = newLoopGroup(p, c.EventLoops)
+	}
 	p.cfg.Store(&c)
 	return p, nil
 }
@@ -259,6 +279,9 @@ func (p *Proxy) ServeAll(bound []Bound) error {
 }
 
 func (p *Proxy) serve(ln net.Listener, pick func(*Config, netip.AddrPort) *Service) error {
+	if p.lg != nil {
+		return p.lg.serve(ln, pick)
+	}
 	p.mu.Lock()
 	if p.shutdown.Load() {
 		p.mu.Unlock()
@@ -339,6 +362,9 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		ln.Close()
 	}
 	p.mu.Unlock()
+	if p.lg != nil {
+		return p.lg.shutdown(ctx)
+	}
 
 	done := make(chan struct{})
 	go func() { p.wg.Wait(); close(done) }()
@@ -411,6 +437,9 @@ type Stats struct {
 
 // Stats returns current counts.
 func (p *Proxy) Stats() Stats {
+	if p.lg != nil {
+		return p.lg.stats()
+	}
 	p.mu.Lock()
 	n := len(p.conns)
 	p.mu.Unlock()

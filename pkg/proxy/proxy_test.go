@@ -284,6 +284,7 @@ func TestListenAllServeAll(t *testing.T) {
 }
 
 func TestIdleParking(t *testing.T) {
+	goroutinePathOnly(t)
 	up := keepAliveUpstream(t, 0)
 	parked := make(chan struct{}, 10)
 	p, addr := startProxy(t, nil, &Service{Upstream: up.addr(), IdleTimeout: time.Minute}, func(cfg *Config) {
@@ -334,6 +335,7 @@ func TestIdleParking(t *testing.T) {
 }
 
 func TestParkedIdleTimeout(t *testing.T) {
+	goroutinePathOnly(t)
 	up := keepAliveUpstream(t, 0)
 	parked := make(chan struct{}, 10)
 	_, addr := startProxy(t, nil, &Service{Upstream: up.addr(), IdleTimeout: 100 * time.Millisecond}, func(cfg *Config) {

@@ -84,8 +84,10 @@ func TestUpstreamPool(t *testing.T) {
 				t.Fatal(r.Status)
 			}
 		}
-		if up.count() != 1 {
-			t.Fatalf("upstream connections: %d, want 1", up.count())
+		// Each event loop has its own pool: one connection per loop
+		// at most.
+		if n := up.count(); n != 1 && (defaultEventLoops <= 1 || n > defaultEventLoops) {
+			t.Fatalf("upstream connections: %d, want 1 (per event loop)", n)
 		}
 	})
 	t.Run("retry-once-idempotent", func(t *testing.T) {
@@ -223,8 +225,17 @@ func TestUpstreamHealthAndIdleTimeout(t *testing.T) {
 		if r, body := c.resp("POST"); r.StatusCode != 200 || body != "ok" {
 			t.Fatalf("POST on a checked pool: %d %q", r.StatusCode, body)
 		}
-		if up.count() != 2 || p.Stats().UpstreamDiscarded != 1 {
-			t.Fatalf("upstream connections %d, stats %+v; want 2 and 1 discarded", up.count(), p.Stats())
+		want := uint64(1)
+		if defaultEventLoops > 0 {
+			// A pooled connection stays registered with its loop: the
+			// second one's close is seen (and counted) while it idles.
+			want = 2
+			for end := time.Now().Add(10 * time.Second); p.Stats().UpstreamDiscarded < want && time.Now().Before(end); {
+				runtime.Gosched()
+			}
+		}
+		if up.count() != 2 || p.Stats().UpstreamDiscarded != want {
+			t.Fatalf("upstream connections %d, stats %+v; want 2 and %d discarded", up.count(), p.Stats(), want)
 		}
 	})
 	// A clean connection found expired at reuse (before the prune timer
@@ -290,6 +301,18 @@ func TestUpstreamHealthAndIdleTimeout(t *testing.T) {
 // ageIdle moves the idle-since time of p's pooled upstream connections
 // back by d and returns how many there are.
 func ageIdle(p *Proxy, d time.Duration) int {
+	if p.lg != nil {
+		var n atomic.Int64
+		p.lg.each(func(ls *loopState) {
+			for _, pl := range ls.pools {
+				for _, u := range pl.idle {
+					u.idleSince -= int64(d)
+					n.Add(1)
+				}
+			}
+		})
+		return int(n.Load())
+	}
 	p.pools.mu.Lock()
 	defer p.pools.mu.Unlock()
 	n := 0

@@ -1,0 +1,340 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
+)
+
+// The event-loop data path (Config.EventLoops > 0). Every client
+// connection belongs to one loop (pkg/evloop: one OS thread), which runs
+// its state machine (loopconn.go) from socket events: no goroutine per
+// connection, and no buffer while it is idle (buffers come from the
+// loop's free list while bytes are unread or a request is in flight).
+// Each loop has its own upstream pools (loopup.go); an idle pooled
+// upstream connection stays registered with the loop, so bytes or an EOF
+// arriving while it idles discard it without a peek on the request path.
+// A blocking Hook runs on a worker goroutine (loopadmit.go) and its
+// Decision is posted back to the loop; an upgraded connection and a
+// handed-off one leave the loop for a goroutine (loophand.go).
+
+// loopReadSize is the receive buffer of the loops: the most one OnRead
+// delivers. A connection's buffer keeps at least this much free space
+// while it reads, or it pauses reading.
+const loopReadSize = 16 << 10
+
+// loopMaxPending bounds the bytes queued on one socket before the side
+// that feeds it stops reading (backpressure).
+const loopMaxPending = 256 << 10
+
+// loopGroup is the Proxy's set of loops.
+type loopGroup struct {
+	p     *Proxy
+	n     int
+	mu    sync.Mutex // start, loops
+	g     *evloop.Group
+	loops []*loopState // by Loop.ID
+
+	conns    atomic.Int64 // open client connections (loop-owned or handed off)
+	upIdle   atomic.Int64 // idle pooled upstream connections
+	workers  admitWorkers
+	detached detachedConns
+
+	shutMu  sync.Mutex // one Shutdown at a time
+	stopped bool       // the loops are stopped (a later Shutdown has nothing to do)
+}
+
+func newLoopGroup(p *Proxy, n int) *loopGroup {
+	lg := &loopGroup{p: p, n: n}
+	lg.workers.idleTimeout = DefaultWatcherIdleTimeout
+	return lg
+}
+
+// start starts the loops once; p.mu is held.
+func (lg *loopGroup) start() error {
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	if lg.g != nil {
+		return nil
+	}
+	g, err := evloop.Start(evloop.Config{Loops: lg.n, BufSize: loopReadSize, Logger: lg.p.cfg.Load().Logger})
+	if err != nil {
+		return fmt.Errorf("proxy: start event loops: %w", err)
+	}
+	ls := g.Loops()
+	lg.loops = make([]*loopState, len(ls))
+	for _, l := range ls {
+		lg.loops[l.ID()] = newLoopState(lg, l)
+	}
+	lg.g = g
+	return nil
+}
+
+// each runs fn on every loop's thread and waits for all of them.
+func (lg *loopGroup) each(fn func(ls *loopState)) {
+	lg.mu.Lock()
+	loops := lg.loops
+	lg.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, ls := range loops {
+		wg.Add(1)
+		ls.l.Post(func() { fn(ls); wg.Done() })
+	}
+	wg.Wait()
+}
+
+// loopListener is one listener shared by every loop (a dup of the
+// net.Listener's descriptor).
+type loopListener struct {
+	lg   *loopGroup
+	fd   int
+	pick func(*Config, netip.AddrPort) *Service
+}
+
+// serve is Serve on the loop path: the loops accept on a duplicate of
+// ln's descriptor; this goroutine only waits for ln to be closed (by
+// Shutdown or the caller), then stops the loops accepting on it.
+func (lg *loopGroup) serve(ln net.Listener, pick func(*Config, netip.AddrPort) *Service) error {
+	p := lg.p
+	p.mu.Lock()
+	if p.shutdown.Load() {
+		p.mu.Unlock()
+		ln.Close()
+		return ErrClosed
+	}
+	if err := lg.start(); err != nil {
+		p.mu.Unlock()
+		return err
+	}
+	p.listeners[ln] = struct{}{}
+	p.wg.Add(1)
+	p.mu.Unlock()
+	defer p.wg.Done()
+	defer func() {
+		p.mu.Lock()
+		delete(p.listeners, ln)
+		p.mu.Unlock()
+	}()
+	sc, ok := ln.(syscall.Conn)
+	if !ok {
+		return fmt.Errorf("proxy: listener %s has no descriptor for the event loops", ln.Addr())
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("listener %s: %w", ln.Addr(), err)
+	}
+	fd := -1
+	var derr error
+	if err := raw.Control(func(f uintptr) { fd, derr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return fmt.Errorf("listener %s: %w", ln.Addr(), err)
+	}
+	if derr != nil {
+		return fmt.Errorf("dup listener %s: %w", ln.Addr(), derr)
+	}
+	lst := &loopListener{lg: lg, fd: fd, pick: pick}
+	var lerr error
+	var lmu sync.Mutex
+	lg.each(func(ls *loopState) {
+		if err := ls.l.Listen(fd, lst); err != nil {
+			lmu.Lock()
+			lerr = err
+			lmu.Unlock()
+		}
+	})
+	if lerr == nil {
+		err = lst.acceptGo(ln)
+	}
+	lg.each(func(ls *loopState) { ls.l.Unlisten(fd) })
+	unix.Close(fd)
+	switch {
+	case p.shutdown.Load():
+		return ErrClosed
+	case lerr != nil:
+		return fmt.Errorf("listen on %s: %w", ln.Addr(), lerr)
+	}
+	return fmt.Errorf("accept on %s: %w", ln.Addr(), err)
+}
+
+// acceptGo accepts on ln itself until ln is closed (by Shutdown or the
+// caller), which is how Serve learns that it must stop: the loops take
+// almost every connection first, and the few this goroutine wins are
+// posted to a loop. Transient errors (EMFILE and friends) back off.
+func (a *loopListener) acceptGo(ln net.Listener) error {
+	var backoff time.Duration
+	next := 0
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if a.lg.p.shutdown.Load() {
+				return err
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || transientAcceptErr(err) {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				a.lg.p.cfg.Load().logger().Warn("accept", "err", err, "retry_in", backoff)
+				time.Sleep(backoff)
+				continue
+			}
+			return err
+		}
+		backoff = 0
+		fd, err := dupConnFD(nc)
+		nc.Close()
+		if err != nil {
+			continue
+		}
+		l := a.lg.loops[next%len(a.lg.loops)].l
+		next++
+		l.Post(func() { a.OnAccept(l, fd, nil) })
+	}
+}
+
+// OnAccept takes a new client connection onto the accepting loop.
+func (a *loopListener) OnAccept(l *evloop.Loop, fd int, remote unix.Sockaddr) {
+	lg := a.lg
+	if lg.p.shutdown.Load() {
+		unix.Close(fd)
+		return
+	}
+	ls := lg.loops[l.ID()]
+	c := ls.getConn()
+	c.pick = a.pick
+	if remote == nil {
+		remote, _ = unix.Getpeername(fd)
+	}
+	c.remote = sockaddrPort(remote)
+	if sa, err := unix.Getsockname(fd); err == nil {
+		c.local = sockaddrPort(sa)
+	}
+	unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	s, err := l.Add(fd, c)
+	if err != nil {
+		unix.Close(fd)
+		ls.putConn(c)
+		return
+	}
+	lg.conns.Add(1)
+	ls.link(c)
+	c.s = s
+	c.opened()
+}
+
+func sockaddrPort(sa unix.Sockaddr) netip.AddrPort {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port))
+	case *unix.SockaddrInet6:
+		ap := netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port))
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	return netip.AddrPort{}
+}
+
+// shutdown is Shutdown on the loop path (listeners are closed already).
+func (lg *loopGroup) shutdown(ctx context.Context) error {
+	lg.shutMu.Lock()
+	defer lg.shutMu.Unlock()
+	lg.mu.Lock()
+	started := lg.g != nil
+	lg.mu.Unlock()
+	if !started || lg.stopped {
+		lg.workers.close()
+		lg.p.wg.Wait()
+		return nil
+	}
+	defer func() { lg.stopped = true }()
+	lg.each(func(ls *loopState) { ls.drain() })
+	poll := time.Millisecond
+	timer := time.NewTimer(poll)
+	defer timer.Stop()
+	var err error
+wait:
+	for !lg.idle() {
+		select {
+		case <-ctx.Done():
+			err = ctx.Err()
+			lg.detached.closeAll()
+			lg.each(func(ls *loopState) { ls.closeAll() })
+			for !lg.idle() {
+				time.Sleep(time.Millisecond)
+			}
+			break wait
+		case <-timer.C:
+			poll = min(2*poll, 50*time.Millisecond)
+			timer.Reset(poll)
+		}
+	}
+	lg.p.wg.Wait() // Serve goroutines
+	lg.each(func(ls *loopState) { ls.closePools() })
+	lg.workers.close()
+	lg.mu.Lock()
+	g := lg.g
+	lg.mu.Unlock()
+	if cerr := g.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("proxy: stop event loops: %w", cerr)
+	}
+	return err
+}
+
+// idle reports whether no client connection and no admission worker job
+// is left.
+func (lg *loopGroup) idle() bool { return lg.conns.Load() == 0 && lg.workers.busy.Load() == 0 }
+
+func (lg *loopGroup) stats() Stats {
+	return Stats{Conns: int(lg.conns.Load()), UpstreamIdle: int(lg.upIdle.Load()),
+		UpstreamDiscarded: lg.p.pools.discarded.Load()}
+}
+
+// detachedConns are client connections served by a goroutine after they
+// left their loop (handoff, upgrade tunnel); Shutdown's deadline closes
+// them.
+type detachedConns struct {
+	mu sync.Mutex
+	m  map[net.Conn]struct{}
+}
+
+func (d *detachedConns) add(nc net.Conn) {
+	d.mu.Lock()
+	if d.m == nil {
+		d.m = map[net.Conn]struct{}{}
+	}
+	d.m[nc] = struct{}{}
+	d.mu.Unlock()
+}
+
+func (d *detachedConns) remove(nc net.Conn) {
+	d.mu.Lock()
+	delete(d.m, nc)
+	d.mu.Unlock()
+}
+
+func (d *detachedConns) closeAll() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for nc := range d.m {
+		nc.Close()
+	}
+}
+
+// errLoopTimeout is a timeout on the loop path; isTimeout reports it.
+var errLoopTimeout = fmt.Errorf("i/o timeout: %w", errDeadline)
+
+var errDeadline error = deadlineErr{}
+
+type deadlineErr struct{}
+
+func (deadlineErr) Error() string   { return "deadline exceeded" }
+func (deadlineErr) Timeout() bool   { return true }
+func (deadlineErr) Temporary() bool { return true }
+
+var _ net.Error = deadlineErr{}

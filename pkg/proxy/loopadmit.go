@@ -1,0 +1,297 @@
+package proxy
+
+import (
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
+)
+
+// lreq is the state of one request in flight on a loop, taken from the
+// loop's free list for the request's lifetime (idle connections hold
+// none).
+type lreq struct {
+	c    *lconn
+	cfg  *Config
+	svc  *Service
+	hook Hook
+	head httpparse.Request
+	req  Request
+	dec  Decision
+	res  Result
+	actx admitCtx // Admit's context (blocking Hooks)
+
+	resumeFn func() // r.resume, made once
+	chunk    httpparse.ChunkedDecoder
+	rchunk   httpparse.ChunkedDecoder
+	up       *lup // upstream connection of the exchange
+
+	bodyLeft int64 // Content-Length body bytes still to send
+	bodyIn   int64 // chunked body bytes decoded
+	respLeft int64 // response body bytes still to relay
+	rp       uint8 // response phase
+
+	bodyDone  bool // the request body was sent (or there is none)
+	keep      bool // the client connection stays after this request
+	upKeep    bool // the upstream connection may be pooled after the response
+	admitted  bool // reached the Hook: Done is owed
+	pending   bool // the Hook's Decision is not back yet
+	sent100   bool
+	canRetry  bool
+	retried   bool
+	upBytes   bool // a response byte arrived
+	chunkedRs bool // the response body goes out re-encoded chunked
+}
+
+func (r *lreq) reset() {
+	hs, ch, rch := r.head.Headers, r.chunk, r.rchunk
+	fn := r.resumeFn
+	*r = lreq{resumeFn: fn, chunk: ch, rchunk: rch}
+	r.head.Headers = hs
+	r.head.Reset()
+}
+
+// bodyBuffered reports whether the rest of the request body is already in
+// c's buffer (no more client reads are needed).
+func (r *lreq) bodyBuffered(c *lconn) bool {
+	h := &r.head
+	switch h.BodyMode() {
+	case httpparse.BodyNone:
+		return true
+	case httpparse.BodyLength:
+		if c.state == lcExchange { // the head went out: bodyLeft counts
+			return r.bodyLeft <= int64(c.buf.w-c.buf.r)
+		}
+		return h.ContentLength <= int64(c.buf.w-c.buf.r)
+	}
+	return false
+}
+
+// admit asks the Hook. A blocking Hook runs on a worker goroutine; its
+// Decision comes back to the loop through Post (resume).
+func (c *lconn) admit() {
+	r := c.r
+	r.admitted = true
+	r.pending = true
+	r.actx.reset()
+	c.ls.lg.workers.run(r)
+}
+
+// runAdmit runs on a worker goroutine.
+func (r *lreq) runAdmit() {
+	r.dec = r.hook.Admit(&r.actx, &r.req)
+	r.c.ls.l.Post(r.resumeFn)
+}
+
+// resume runs on the loop when the Decision is back.
+func (r *lreq) resume() {
+	r.c.ls.lg.workers.busy.Add(-1)
+	r.pending = false
+	r.c.admitDone()
+}
+
+func (r *lreq) cancelAdmit() { r.actx.cancel() }
+
+// admitDone acts on the Hook's Decision.
+func (c *lconn) admitDone() {
+	r := c.r
+	if c.state == lcGone || c.s == nil {
+		r.res.ClientAborted = true
+		c.close()
+		return
+	}
+	if !r.dec.Allow {
+		c.deny()
+		return
+	}
+	c.forward()
+}
+
+// admitWorkers is a pool of goroutines that run blocking Hook.Admit
+// calls for the loops (a goroutine per request would allocate). An idle
+// worker exits after idleTimeout; Shutdown ends them all.
+type admitWorkers struct {
+	mu          sync.Mutex
+	idle        []chan *lreq
+	closed      bool
+	busy        atomic.Int64 // admissions handed out and not resumed yet
+	idleTimeout time.Duration
+}
+
+func (w *admitWorkers) run(r *lreq) {
+	w.busy.Add(1)
+	w.mu.Lock()
+	if n := len(w.idle); n > 0 {
+		ch := w.idle[n-1]
+		w.idle[n-1] = nil
+		w.idle = w.idle[:n-1]
+		w.mu.Unlock()
+		ch <- r
+		return
+	}
+	w.mu.Unlock()
+	ch := make(chan *lreq, 1)
+	go w.loop(ch)
+	ch <- r
+}
+
+func (w *admitWorkers) loop(ch chan *lreq) {
+	t := time.NewTimer(w.idleTimeout)
+	defer t.Stop()
+	for {
+		select {
+		case r, ok := <-ch:
+			if !ok {
+				return
+			}
+			r.runAdmit()
+			w.mu.Lock()
+			if w.closed {
+				w.mu.Unlock()
+				return
+			}
+			w.idle = append(w.idle, ch)
+			w.mu.Unlock()
+			t.Reset(w.idleTimeout)
+		case <-t.C:
+			w.mu.Lock()
+			for i, c := range w.idle {
+				if c == ch {
+					copy(w.idle[i:], w.idle[i+1:])
+					w.idle[len(w.idle)-1] = nil
+					w.idle = w.idle[:len(w.idle)-1]
+					w.mu.Unlock()
+					return
+				}
+			}
+			w.mu.Unlock() // taken by run: a job is on its way
+		}
+	}
+}
+
+func (w *admitWorkers) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.closed = true
+	for _, ch := range w.idle {
+		close(ch)
+	}
+	w.idle = nil
+}
+
+// deny answers the Decision's status, fields and body.
+func (c *lconn) deny() {
+	r := c.r
+	h := &r.head
+	d := &r.dec
+	status := d.Status
+	if status < 200 || status > 599 {
+		status = 429
+	}
+	keep := c.keepClient()
+	switch h.BodyMode() {
+	case httpparse.BodyLength:
+		if int64(c.buf.w-c.buf.r) >= h.ContentLength {
+			c.buf.r += int(h.ContentLength)
+			r.res.BytesIn = h.ContentLength
+			r.bodyDone = true
+		} else {
+			keep = false
+		}
+	case httpparse.BodyChunked:
+		keep = false
+	}
+	b := c.ls.scratch[:0]
+	b = appendStatusLine(b, status, nil)
+	for i := range d.Header {
+		b = appendHeaderBytes(b, d.Header[i].Name, d.Header[i].Value)
+	}
+	if d.ContentType != "" {
+		b = append(b, "Content-Type: "...)
+		b = append(b, d.ContentType...)
+		b = append(b, "\r\n"...)
+	}
+	b = append(b, "Content-Length: "...)
+	b = strconv.AppendInt(b, int64(len(d.Body)), 10)
+	b = append(b, "\r\n"...)
+	if !keep {
+		b = append(b, "Connection: close\r\n"...)
+	}
+	b = append(b, "\r\n"...)
+	var body []byte
+	if !httpparse.EqualFold(h.Method, "HEAD") {
+		body = d.Body
+	}
+	c.ls.write2(c.s, b, body)
+	r.res.Status = status
+	r.res.BytesOut = int64(len(b) + len(body))
+	if !keep {
+		c.linger = true
+	}
+	c.complete(keep)
+}
+
+// answer writes a short plain-text answer from the proxy itself.
+func (c *lconn) answer(status int, extra string) {
+	b := c.ls.scratch[:0]
+	b = appendStatusLine(b, status, nil)
+	text := statusBody(status)
+	b = append(b, "Content-Type: text/plain; charset=utf-8\r\nContent-Length: "...)
+	b = strconv.AppendInt(b, int64(len(text)), 10)
+	b = append(b, "\r\n"...)
+	b = append(b, extra...)
+	b = append(b, "\r\n"...)
+	b = append(b, text...)
+	if c.s != nil {
+		c.ls.write2(c.s, b, nil)
+	}
+	if r := c.r; r != nil {
+		r.res.Status = status
+		r.res.BytesOut += int64(len(b))
+	}
+}
+
+// reject answers a parse error with its status and closes.
+func (c *lconn) reject(cfg *Config, svc *Service, err error) {
+	status := 400
+	rule := "malformed"
+	var pe *httpparse.Error
+	if errors.As(err, &pe) {
+		status, rule = pe.Status, pe.Rule
+	}
+	c.rejectRule(cfg, svc, rule, status)
+}
+
+// rejectRule answers status for a violated rule, logs and reports it,
+// and closes the connection gracefully.
+func (c *lconn) rejectRule(cfg *Config, svc *Service, rule string, status int) {
+	cfg.logger().Debug("request rejected", "service", svc.Name, "rule", rule, "status", status, "remote", c.remote)
+	reportReject(cfg, svc, c.remote, rule, status)
+	c.answer(status, "Connection: close\r\n")
+	c.linger = true
+	if c.r != nil && c.r.svc == nil {
+		c.ls.putReq(c.r) // parsed but not started: nothing to report
+		c.r = nil
+	}
+	c.complete(false)
+}
+
+// upstreamFail answers 502 (504 on a timeout) when nothing was sent to
+// the client yet, and closes the client connection.
+func (c *lconn) upstreamFail(err error) {
+	r := c.r
+	r.res.UpstreamErr = err
+	status := 502
+	if isTimeout(err) {
+		status = 504
+	}
+	r.cfg.logger().Debug("upstream failed", "service", r.svc.Name, "upstream", r.svc.Upstream, "err", err)
+	if r.res.Status == 0 {
+		c.answer(status, "Connection: close\r\n")
+	}
+	c.linger = true
+	c.complete(false)
+}

@@ -1,0 +1,514 @@
+package proxy
+
+import (
+	"net/netip"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
+	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
+)
+
+// Client connection states on a loop.
+const (
+	lcFree     uint8 = iota // in the free list (or just closed: handlers stop)
+	lcIdle                  // no request: waiting for the first byte of one
+	lcHead                  // part of a head buffered: waiting for the rest
+	lcAdmit                 // the Hook decides
+	lcUpstream              // admitted: waiting for an upstream connection
+	lcExchange              // request sent upstream (its body maybe still flowing), response awaited or relayed
+	lcFlush                 // the answer is queued: waiting for it to reach the kernel
+	lcClosing               // closing once the queued bytes are out (lingering: the client's bytes are discarded)
+	lcGone                  // the socket is closed; a pending admission still owes its Resume
+	lcDetached              // a goroutine serves it (handoff, upgrade tunnel)
+)
+
+// lingerMax bounds what a lingering close reads and discards.
+const lingerMax = 256 << 10
+
+// lconn is one client connection on a loop. Idle, it holds no buffer and
+// no request state (see lreq): only what identifies it.
+type lconn struct {
+	ls    *loopState
+	timer evloop.Timer
+	lconnVars
+}
+
+type lconnVars struct {
+	s             *evloop.Sock
+	pick          func(*Config, netip.AddrPort) *Service
+	remote, local netip.AddrPort
+	buf           lbuf
+	r             *lreq // the request in flight
+	pinned        *lup  // idle upstream connection of this client (PROXY header)
+	prev, next    *lconn
+
+	state      uint8
+	paused     bool  // reading paused (buffer full, or upstream backpressure)
+	eof        bool  // the client shut down its write side
+	linger     bool  // unread client bytes may remain: close gracefully
+	fresh      bool  // accepted, first request not started
+	sniffed    bool  // protocol dispatch done
+	inServe    bool  // serveBuffered runs (no recursion)
+	nreq       int   //
+	discarded  int   // bytes discarded while lingering
+	freshUntil int64 // loop clock: a drain waits for the first request until then
+	headStart  int64 // loop clock: first byte of the head being read
+	start      time.Time
+	timerAt    int64 // when the timer fires (0: not armed)
+	deadline   int64 // when the current state times out (0: never)
+}
+
+// opened starts serving a just-accepted connection.
+func (c *lconn) opened() {
+	cfg := c.ls.p.cfg.Load()
+	svc := c.pick(cfg, c.local)
+	if svc == nil {
+		cfg.logger().Debug("no service for destination", "local", c.local, "remote", c.remote)
+		c.close()
+		return
+	}
+	now := c.ls.l.Now()
+	c.fresh = true
+	c.freshUntil = now + int64(svc.headerTimeout())
+	c.state = lcIdle
+	if c.ls.draining {
+		c.setDeadline(c.freshUntil)
+		return
+	}
+	c.setDeadline(now + int64(svc.idleTimeout()))
+}
+
+// setDeadline makes the current state time out at at (loop clock). The
+// timer is moved only when at is earlier than where it stands: a later
+// deadline is found when it fires (onTimer re-arms), so most requests
+// change no timer.
+func (c *lconn) setDeadline(at int64) {
+	c.deadline = at
+	if c.timerAt == 0 || at < c.timerAt {
+		c.timerAt = at
+		c.timer.Reset(at)
+	}
+}
+
+func (c *lconn) onTimer() {
+	c.timerAt = 0
+	if c.deadline == 0 || c.state == lcFree {
+		return
+	}
+	if now := c.ls.l.Now(); now < c.deadline {
+		c.timerAt = c.deadline
+		c.timer.Reset(c.deadline)
+		return
+	}
+	c.deadline = 0
+	c.timeout()
+}
+
+// timeout ends the state whose deadline passed.
+func (c *lconn) timeout() {
+	switch c.state {
+	case lcIdle, lcClosing:
+		c.close()
+	case lcHead:
+		cfg := c.ls.p.cfg.Load()
+		svc := c.pick(cfg, c.local)
+		if svc == nil {
+			c.close()
+			return
+		}
+		if !c.sniffed && cfg.Handoff != nil && c.nreq == 0 {
+			c.sniffTimeout(cfg, svc)
+			return
+		}
+		c.rejectRule(cfg, svc, "header-timeout", 408)
+	case lcUpstream:
+		c.r.upDrop()
+		c.upstreamFail(errUpstreamTimeout(c.r.svc.Upstream))
+	case lcExchange:
+		c.exchangeTimeout()
+	case lcFlush:
+		c.abort() // the client does not take its answer
+	}
+}
+
+// OnRead handles client bytes.
+func (c *lconn) OnRead(_ *evloop.Sock, b []byte) {
+	switch c.state {
+	case lcIdle, lcHead:
+		if c.buf.b == nil {
+			c.buf.get(c.ls, bufSize)
+		}
+		if !c.buf.add(b) {
+			c.headTooBig()
+			return
+		}
+		c.serveBuffered()
+	case lcExchange:
+		c.clientData(b)
+	case lcAdmit, lcUpstream, lcFlush:
+		if c.r != nil && !c.r.bodyDone && c.state == lcFlush {
+			return // the exchange ended early: the rest of the body is not needed
+		}
+		c.bufferIn(b)
+	case lcClosing:
+		c.discarded += len(b)
+		if c.discarded > lingerMax {
+			c.close()
+		}
+	}
+}
+
+// bufferIn keeps client bytes that arrive while a request is in flight
+// (body bytes before the upstream is ready, pipelined requests); reading
+// pauses while the buffer cannot take another read.
+func (c *lconn) bufferIn(b []byte) {
+	if c.buf.b == nil {
+		c.buf.get(c.ls, bufSize)
+	}
+	if !c.buf.add(b) {
+		c.abort() // cannot happen while reading pauses in time
+		return
+	}
+	if c.buf.room() < loopReadSize {
+		c.pause()
+	}
+}
+
+func (c *lconn) pause() {
+	if !c.paused && c.s != nil {
+		c.paused = true
+		c.s.PauseRead()
+	}
+}
+
+func (c *lconn) resume() {
+	if c.paused && c.s != nil {
+		c.paused = false
+		c.s.ResumeRead()
+	}
+}
+
+// headTooBig answers a head that does not fit in the buffer.
+func (c *lconn) headTooBig() {
+	cfg := c.ls.p.cfg.Load()
+	if svc := c.pick(cfg, c.local); svc != nil {
+		c.reject(cfg, svc, httpparse.ErrHeaderTooBig)
+		return
+	}
+	c.close()
+}
+
+// OnEOF: the client shut down its write side.
+func (c *lconn) OnEOF(*evloop.Sock) {
+	c.eof = true
+	switch c.state {
+	case lcIdle, lcHead, lcClosing:
+		c.close()
+	case lcAdmit:
+		c.abort() // a FIN during admission is an abort
+	case lcUpstream, lcExchange:
+		if !c.r.bodyDone && !c.r.bodyBuffered(c) {
+			c.abort() // the body will not arrive
+		}
+	}
+}
+
+// OnError: the client connection failed (reset); the loop closes it.
+func (c *lconn) OnError(*evloop.Sock, error) {
+	c.s = nil
+	c.abort()
+}
+
+// OnDrained: every queued byte reached the kernel.
+func (c *lconn) OnDrained(*evloop.Sock) {
+	switch c.state {
+	case lcFlush:
+		c.finishRequest()
+	case lcClosing:
+		if !c.linger {
+			c.close()
+		}
+	case lcExchange:
+		if u := c.r.up; u != nil && u.paused {
+			u.paused = false
+			u.s.ResumeRead()
+		}
+	}
+}
+
+// OnConnect is not used for client connections.
+func (c *lconn) OnConnect(*evloop.Sock, error) {}
+
+// serveBuffered parses and serves the requests buffered on c, one after
+// another, until one has to wait.
+func (c *lconn) serveBuffered() {
+	if c.inServe {
+		return
+	}
+	c.inServe = true
+	defer func() { c.inServe = false }()
+	for {
+		switch c.state {
+		case lcIdle:
+			if c.buf.empty() {
+				c.goIdle()
+				return
+			}
+			c.beginHead()
+		case lcHead:
+			if !c.parseHead() {
+				return
+			}
+		default:
+			return
+		}
+	}
+}
+
+func (c *lconn) beginHead() {
+	c.state = lcHead
+	c.headStart = c.ls.l.Now()
+	c.start = c.ls.p.cfg.Load().now()
+	if c.buf.r > 0 {
+		c.buf.floor = 0
+		c.buf.compact()
+	}
+}
+
+// goIdle waits for the next request without a buffer.
+func (c *lconn) goIdle() {
+	c.state = lcIdle
+	c.buf.put(c.ls)
+	c.resume()
+	if c.ls.draining && !c.fresh {
+		c.close()
+		return
+	}
+	cfg := c.ls.p.cfg.Load()
+	svc := c.pick(cfg, c.local)
+	if svc == nil {
+		c.close()
+		return
+	}
+	c.setDeadline(c.ls.l.Now() + int64(svc.idleTimeout()))
+}
+
+// parseHead parses the buffered head; it reports whether the state
+// changed (false: the head is incomplete, wait for more bytes).
+func (c *lconn) parseHead() bool {
+	cfg := c.ls.p.cfg.Load()
+	svc := c.pick(cfg, c.local)
+	if svc == nil {
+		cfg.logger().Debug("no service for destination", "local", c.local, "remote", c.remote)
+		c.close()
+		return true
+	}
+	if !c.sniffed && cfg.Handoff != nil && c.nreq == 0 {
+		if !c.sniff(cfg, svc) {
+			return c.state != lcHead
+		}
+	}
+	if c.r == nil {
+		c.r = c.ls.getReq(c)
+	}
+	h := &c.r.head
+	err := h.Parse(c.buf.unread(), svc.Limits)
+	if err == httpparse.ErrNeedMore {
+		if need := headNeed(svc.Limits); need > len(c.buf.b) {
+			c.growBuf(need)
+		}
+		if c.buf.room() == 0 {
+			c.reject(cfg, svc, httpparse.ErrHeaderTooBig)
+			return true
+		}
+		c.setDeadline(c.headStart + int64(svc.headerTimeout()))
+		return false
+	}
+	if err != nil {
+		c.reject(cfg, svc, err)
+		return true
+	}
+	c.startRequest(cfg, svc)
+	return true
+}
+
+// growBuf moves the buffered bytes to a buffer of need bytes (limits
+// beyond the default head size).
+func (c *lconn) growBuf(need int) {
+	var nb lbuf
+	nb.get(c.ls, need)
+	nb.add(c.buf.unread())
+	c.buf.put(c.ls)
+	c.buf = nb
+}
+
+// startRequest begins the exchange of the head just parsed.
+func (c *lconn) startRequest(cfg *Config, svc *Service) {
+	r := c.r
+	h := &r.head
+	if h.Upgrade && upgradeIsH2C(h) {
+		h.Upgrade = false // forwarded as a plain request (h2c.go)
+	}
+	c.buf.r += h.HeadLen
+	c.buf.floor = c.buf.r
+	c.nreq++
+	c.fresh = false
+	r.cfg, r.svc, r.hook = cfg, svc, cfg.Hook
+	r.req = Request{Remote: c.remote, Local: c.local, Service: svc, Head: h, Start: c.start, Proto: ProtoHTTP11}
+	if h.Minor == 0 {
+		r.req.Proto = ProtoHTTP10
+	}
+	r.req.Path, r.req.Query = splitTarget(h.Target)
+	r.res = Result{}
+	r.dec = Decision{Allow: true}
+	mode := h.BodyMode()
+	r.bodyDone = mode == httpparse.BodyNone || mode == httpparse.BodyLength && h.ContentLength == 0
+	if svc.MaxBodyBytes > 0 && mode == httpparse.BodyLength && h.ContentLength > svc.MaxBodyBytes {
+		c.rejectRule(cfg, svc, "body-too-large", 413)
+		return
+	}
+	c.deadline = 0
+	if r.hook == nil {
+		c.forward()
+		return
+	}
+	c.state = lcAdmit
+	c.admit()
+}
+
+// keepClient reports whether the client connection may carry another
+// request after this one.
+func (c *lconn) keepClient() bool {
+	h := &c.r.head
+	if h.Close || h.Minor == 0 || c.ls.p.shutdown.Load() || c.eof {
+		return false
+	}
+	svc := c.r.svc
+	return svc.MaxRequestsPerConn <= 0 || c.nreq < svc.MaxRequestsPerConn
+}
+
+// complete ends the request in flight (or a connection-level answer when
+// none is): once the answer reached the kernel, finishRequest reports it
+// and the connection goes on (keep) or closes.
+func (c *lconn) complete(keep bool) {
+	if c.r != nil {
+		c.r.keep = keep
+	} else if !keep {
+		c.closeGraceful()
+		return
+	}
+	c.state = lcFlush
+	c.deadline = 0
+	if c.s == nil || c.s.Pending() == 0 {
+		c.finishRequest()
+		return
+	}
+	c.setDeadline(c.ls.l.Now() + int64(c.r.svc.idleTimeout()))
+}
+
+// finishRequest reports the request to the Hook and serves the next one
+// or closes.
+func (c *lconn) finishRequest() {
+	r := c.r
+	keep := r.keep
+	if r.admitted {
+		r.res.End = r.cfg.now()
+		r.hook.Done(&r.req, &r.dec, &r.res)
+	}
+	c.r = nil
+	c.ls.putReq(r)
+	c.buf.floor = 0
+	if !keep || c.eof {
+		c.closeGraceful()
+		return
+	}
+	c.state = lcIdle
+	if c.ls.draining {
+		c.close()
+		return
+	}
+	c.resume()
+	c.serveBuffered()
+}
+
+// closeGraceful closes after the queued bytes are out; when the client
+// may still be sending (c.linger, or unread bytes), it half-closes and
+// discards what arrives for a bounded time so that the answer is not
+// destroyed by a reset.
+func (c *lconn) closeGraceful() {
+	if c.s == nil {
+		c.close()
+		return
+	}
+	if !c.buf.empty() && !c.eof {
+		c.linger = true
+	}
+	c.buf.put(c.ls)
+	c.state = lcClosing
+	c.resume()
+	if c.linger && !c.eof {
+		c.s.CloseWrite()
+		c.setDeadline(c.ls.l.Now() + int64(time.Second))
+		return
+	}
+	c.linger = false
+	if c.s.Pending() == 0 {
+		c.close()
+		return
+	}
+	c.setDeadline(c.ls.l.Now() + int64(5*time.Second))
+}
+
+// close closes the connection at once and gives everything back.
+func (c *lconn) close() {
+	if c.state == lcFree {
+		return
+	}
+	if c.s != nil {
+		c.s.Close()
+		c.s = nil
+	}
+	if r := c.r; r != nil {
+		if r.pending {
+			c.state = lcGone // the admission's Resume releases c
+			return
+		}
+		if r.admitted {
+			r.res.End = r.cfg.now()
+			r.hook.Done(&r.req, &r.dec, &r.res)
+		}
+		r.upDrop()
+		c.r = nil
+		c.ls.putReq(r)
+	}
+	c.release()
+}
+
+func (c *lconn) release() {
+	c.timer.Stop()
+	if c.pinned != nil {
+		c.pinned.close()
+		c.pinned = nil
+	}
+	c.buf.put(c.ls)
+	c.ls.unlink(c)
+	c.ls.lg.conns.Add(-1)
+	c.ls.putConn(c)
+}
+
+// abort ends a connection whose client went away (reset, a FIN during
+// admission or before its body arrived, or a forced shutdown): the
+// request in flight is marked ClientAborted and its upstream exchange
+// cancelled.
+func (c *lconn) abort() {
+	if r := c.r; r != nil {
+		r.res.ClientAborted = true
+		if c.state == lcExchange || c.state == lcFlush {
+			r.res.UpstreamErr = nil // a failed relay is not the upstream's
+		}
+		if r.pending {
+			r.cancelAdmit()
+		}
+	}
+	c.close()
+}

@@ -1,0 +1,207 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/sniff"
+)
+
+// Connections that leave their loop: one handed off after protocol
+// detection (Config.Handoff), and one upgraded by a 101 (a byte tunnel).
+// Both are served by a goroutine on a net.Conn made from the detached
+// descriptor; the loop gets the connection's state back when it ends.
+
+// sniff classifies the first bytes of a connection; it reports whether
+// the HTTP/1.x path goes on (false: waiting for more bytes, or handed
+// off).
+func (c *lconn) sniff(cfg *Config, svc *Service) bool {
+	kind := sniff.Detect(c.buf.unread())
+	if kind == sniff.NeedMore {
+		if c.buf.room() > 0 {
+			c.setDeadline(c.headStart + int64(svc.headerTimeout()))
+			return false
+		}
+		kind = sniff.HTTP1 // the parser judges a head this long
+	}
+	c.sniffed = true
+	if kind == sniff.HTTP1 || !cfg.Handoff.Takes(kind, svc) {
+		return true
+	}
+	c.handoff(cfg, svc, kind)
+	return false
+}
+
+// sniffTimeout ends a connection whose first bytes did not decide its
+// protocol within the header timeout: a would-be HTTP/1.x request gets
+// 408, anything else is closed.
+func (c *lconn) sniffTimeout(cfg *Config, svc *Service) {
+	if b := c.buf.unread(); len(b) > 0 && b[0] != 0x16 {
+		c.rejectRule(cfg, svc, "header-timeout", 408)
+		return
+	}
+	cfg.logger().Debug("protocol detection timed out", "service", svc.Name, "remote", c.remote)
+	reportReject(cfg, svc, c.remote, "detect-timeout", 0)
+	c.close()
+}
+
+// handoff gives the connection to cfg.Handoff on a goroutine.
+func (c *lconn) handoff(cfg *Config, svc *Service, kind sniff.Kind) {
+	c.state = lcDetached
+	c.deadline = 0
+	if c.r != nil {
+		c.ls.putReq(c.r)
+		c.r = nil
+	}
+	s := c.s
+	c.s = nil
+	hc := &HandoffConn{Kind: kind, Remote: c.remote, Local: c.local, Service: svc, Config: cfg,
+		Start: c.start, HeaderDeadline: c.start.Add(svc.headerTimeout()), Drain: c.ls.p.drain}
+	s.Detach(func(fd int, err error) {
+		if err != nil {
+			c.release()
+			return
+		}
+		go c.serveHandoff(fd, hc)
+	})
+}
+
+// serveHandoff runs on its own goroutine.
+func (c *lconn) serveHandoff(fd int, hc *HandoffConn) {
+	lg := c.ls.lg
+	nc, err := fileConn(fd)
+	if err == nil {
+		lg.detached.add(nc)
+		nc.SetReadDeadline(hc.HeaderDeadline)
+		hc.Conn = nc
+		hc.Buffered = c.buf.b[c.buf.r:c.buf.w]
+		hc.Config.Handoff.ServeConn(hc)
+		nc.Close()
+		lg.detached.remove(nc)
+	}
+	c.ls.l.Post(func() {
+		c.buf.r = c.buf.w
+		c.release()
+	})
+}
+
+// fileConn makes a net.Conn of a detached descriptor (and closes fd).
+func fileConn(fd int) (net.Conn, error) {
+	f := os.NewFile(uintptr(fd), "tcp")
+	nc, err := net.FileConn(f)
+	f.Close()
+	return nc, err
+}
+
+// tunnelJob relays an upgraded connection's bytes both ways.
+type tunnelJob struct {
+	c        *lconn
+	u        *lup
+	cfd, ufd int
+	got      int
+	idle     time.Duration
+}
+
+// upgrade answers a 101 and hands both connections to a tunnel.
+func (c *lconn) upgrade(u *lup, rest []byte) {
+	r := c.r
+	resp := &u.resp
+	if !r.head.Upgrade || !resp.Upgrade {
+		c.upFail(u, errors.New("101 Switching Protocols without an upgrade request"))
+		return
+	}
+	r.res.Status = 101
+	c.toClient(appendResponseHead(c.ls.scratch[:0], resp, r.extraHeaders(), respUpgrade), rest)
+	if !c.buf.empty() {
+		u.s.Write(c.buf.unread())
+		c.buf.r = c.buf.w
+	}
+	r.up, u.c = nil, nil
+	c.state = lcDetached
+	c.deadline = 0
+	t := &tunnelJob{c: c, u: u, cfd: -1, ufd: -1, idle: r.svc.idleTimeout()}
+	cs, us := c.s, u.s
+	c.s, u.s = nil, nil
+	cs.Detach(func(fd int, err error) { t.cfd = fd; t.arrived() })
+	us.Detach(func(fd int, err error) { t.ufd = fd; t.arrived() })
+}
+
+// arrived runs on the loop as each descriptor is detached.
+func (t *tunnelJob) arrived() {
+	t.got++
+	if t.got < 2 {
+		return
+	}
+	if t.cfd < 0 || t.ufd < 0 {
+		if t.cfd >= 0 {
+			unix.Close(t.cfd)
+		}
+		if t.ufd >= 0 {
+			unix.Close(t.ufd)
+		}
+		t.c.r.res.ClientAborted = t.cfd < 0
+		t.done()
+		return
+	}
+	go t.run()
+}
+
+// run relays until both directions end; once one ends, the other gets a
+// bounded grace period.
+func (t *tunnelJob) run() {
+	lg := t.c.ls.lg
+	cn, cerr := fileConn(t.cfd)
+	un, uerr := fileConn(t.ufd)
+	if cerr == nil && uerr == nil {
+		lg.detached.add(cn)
+		lg.detached.add(un)
+		grace := min(t.idle, 10*time.Second)
+		endOne := func(dst net.Conn) {
+			if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+				cw.CloseWrite()
+			}
+			dl := time.Now().Add(grace)
+			cn.SetReadDeadline(dl)
+			un.SetReadDeadline(dl)
+		}
+		in := make(chan int64, 1)
+		go func() {
+			n, _ := io.Copy(un, cn)
+			endOne(un)
+			in <- n
+		}()
+		n, _ := io.Copy(cn, un)
+		endOne(cn)
+		m := <-in
+		lg.detached.remove(cn)
+		lg.detached.remove(un)
+		cn.Close()
+		un.Close()
+		t.c.ls.l.Post(func() {
+			t.c.r.res.BytesOut += n
+			t.c.r.res.BytesIn += m
+			t.done()
+		})
+		return
+	}
+	if cn != nil {
+		cn.Close()
+	}
+	if un != nil {
+		un.Close()
+	}
+	t.c.ls.l.Post(t.done)
+}
+
+// done reports the upgraded request and releases its state (loop).
+func (t *tunnelJob) done() {
+	c := t.c
+	t.u.s = nil
+	t.u.ls.putUp(t.u)
+	c.close()
+}

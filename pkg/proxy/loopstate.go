@@ -1,0 +1,223 @@
+package proxy
+
+import (
+	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
+)
+
+// loopState is what one loop owns: its connections, free lists, upstream
+// pools and the scratch buffer in which heads are built. It is touched
+// only on the loop's thread.
+type loopState struct {
+	lg *loopGroup
+	p  *Proxy
+	l  *evloop.Loop
+
+	conns    lconnList
+	freeConn []*lconn
+	freeReq  []*lreq
+	freeUp   []*lup
+	freeBuf  []*bufArr
+	pools    map[string]*lpool
+	scratch  *bufArr   // heads and re-encoded chunks are built here, then written (Write copies)
+	iov      [2][]byte // Write's arguments without a per-call slice
+	draining bool
+}
+
+// loopFreeMax bounds each free list: what a burst needed beyond it goes
+// to the garbage collector.
+const loopFreeMax = 256
+
+func newLoopState(lg *loopGroup, l *evloop.Loop) *loopState {
+	return &loopState{lg: lg, p: lg.p, l: l, pools: map[string]*lpool{}, scratch: new(bufArr)}
+}
+
+func (ls *loopState) getBuf() *bufArr {
+	if n := len(ls.freeBuf); n > 0 {
+		b := ls.freeBuf[n-1]
+		ls.freeBuf[n-1] = nil
+		ls.freeBuf = ls.freeBuf[:n-1]
+		return b
+	}
+	return new(bufArr)
+}
+
+func (ls *loopState) putBuf(b *bufArr) {
+	if len(ls.freeBuf) < loopFreeMax {
+		ls.freeBuf = append(ls.freeBuf, b)
+	}
+}
+
+// write2 writes a then b (either may be empty) to s in one call.
+func (ls *loopState) write2(s *evloop.Sock, a, b []byte) {
+	if len(b) == 0 {
+		ls.iov[0] = a
+		s.Write(ls.iov[:1]...)
+	} else {
+		ls.iov[0], ls.iov[1] = a, b
+		s.Write(ls.iov[:]...)
+	}
+	ls.iov[0], ls.iov[1] = nil, nil
+}
+
+// lbuf is a connection's read buffer on a loop: an array from the loop's
+// free list while it holds bytes (or a head in use), none otherwise. The
+// unread window is b[r:w]; floor is where compaction may move it (the end
+// of the head of the request in flight, whose fields point into b).
+type lbuf struct {
+	arr         *bufArr
+	big         []byte // a buffer larger than bufArr (Limits beyond the default)
+	b           []byte
+	r, w, floor int
+}
+
+func (b *lbuf) get(ls *loopState, need int) {
+	if b.b != nil {
+		return
+	}
+	if need > bufSize {
+		b.big = make([]byte, need)
+		b.b = b.big
+		return
+	}
+	b.arr = ls.getBuf()
+	b.b = b.arr[:]
+}
+
+// put gives the array back (only when nothing in it is needed).
+func (b *lbuf) put(ls *loopState) {
+	if b.arr != nil {
+		ls.putBuf(b.arr)
+	}
+	*b = lbuf{}
+}
+
+func (b *lbuf) unread() []byte { return b.b[b.r:b.w] }
+func (b *lbuf) empty() bool    { return b.r == b.w }
+
+// compact moves the unread window down to floor.
+func (b *lbuf) compact() {
+	if b.r == b.floor {
+		return
+	}
+	n := copy(b.b[b.floor:], b.b[b.r:b.w])
+	b.r, b.w = b.floor, b.floor+n
+}
+
+// room compacts when that helps and returns the free space after w.
+func (b *lbuf) room() int {
+	if len(b.b)-b.w < loopReadSize && b.r > b.floor {
+		b.compact()
+	}
+	return len(b.b) - b.w
+}
+
+// add appends p (a buffer must be held); false when it does not fit.
+func (b *lbuf) add(p []byte) bool {
+	if len(b.b)-b.w < len(p) {
+		b.compact()
+		if len(b.b)-b.w < len(p) {
+			return false
+		}
+	}
+	b.w += copy(b.b[b.w:], p)
+	return true
+}
+
+// lconnList is an intrusive list of a loop's client connections.
+type lconnList struct{ head *lconn }
+
+func (ls *loopState) link(c *lconn) {
+	c.prev, c.next = nil, ls.conns.head
+	if c.next != nil {
+		c.next.prev = c
+	}
+	ls.conns.head = c
+}
+
+func (ls *loopState) unlink(c *lconn) {
+	if c.prev != nil {
+		c.prev.next = c.next
+	} else if ls.conns.head == c {
+		ls.conns.head = c.next
+	}
+	if c.next != nil {
+		c.next.prev = c.prev
+	}
+	c.prev, c.next = nil, nil
+}
+
+func (ls *loopState) getConn() *lconn {
+	if n := len(ls.freeConn); n > 0 {
+		c := ls.freeConn[n-1]
+		ls.freeConn[n-1] = nil
+		ls.freeConn = ls.freeConn[:n-1]
+		return c
+	}
+	c := &lconn{ls: ls}
+	c.timer.Init(ls.l, c.onTimer)
+	return c
+}
+
+func (ls *loopState) putConn(c *lconn) {
+	c.timer.Stop()
+	c.lconnVars = lconnVars{}
+	if len(ls.freeConn) < loopFreeMax {
+		ls.freeConn = append(ls.freeConn, c)
+	}
+}
+
+func (ls *loopState) getReq(c *lconn) *lreq {
+	var r *lreq
+	if n := len(ls.freeReq); n > 0 {
+		r = ls.freeReq[n-1]
+		ls.freeReq[n-1] = nil
+		ls.freeReq = ls.freeReq[:n-1]
+	} else {
+		r = &lreq{}
+		r.resumeFn = r.resume
+		r.head.Reset()
+	}
+	r.c = c
+	return r
+}
+
+func (ls *loopState) putReq(r *lreq) {
+	r.reset()
+	if len(ls.freeReq) < loopFreeMax {
+		ls.freeReq = append(ls.freeReq, r)
+	}
+}
+
+// drain starts a graceful shutdown on this loop: idle connections close
+// now, except fresh ones (accepted, first request not arrived), which get
+// until their first request's header deadline.
+func (ls *loopState) drain() {
+	ls.draining = true
+	for c := ls.conns.head; c != nil; {
+		next := c.next
+		if c.state == lcIdle {
+			if c.fresh && ls.l.Now() < c.freshUntil {
+				c.setDeadline(c.freshUntil)
+			} else {
+				c.close()
+			}
+		}
+		c = next
+	}
+}
+
+// closeAll closes every connection of the loop (Shutdown's deadline).
+func (ls *loopState) closeAll() {
+	for c := ls.conns.head; c != nil; {
+		next := c.next
+		c.abort()
+		c = next
+	}
+}
+
+// closePools closes the idle upstream connections (end of Shutdown).
+func (ls *loopState) closePools() {
+	for _, pl := range ls.pools {
+		pl.closeAll()
+	}
+}

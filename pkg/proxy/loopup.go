@@ -1,0 +1,436 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
+	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxyproto"
+)
+
+// lup is one upstream connection of a loop. While it idles in its pool
+// (or pinned to its client) it stays registered: any byte or EOF then is
+// a stray response or a close, and discards it at once.
+type lup struct {
+	ls        *loopState
+	s         *evloop.Sock
+	pool      *lpool
+	c         *lconn // the client whose exchange it serves (nil while idle)
+	owner     *lconn // pinned: the client connection it belongs to
+	buf       lbuf
+	resp      httpparse.Response
+	idleSince int64
+	idx       int // position in pool.idle, -1 when not there
+
+	reused, pinned, paused, connecting bool
+	dialing                            bool // a goroutine dials: it owns u until dialed
+	proxyVersion                       proxyproto.Version
+}
+
+// lpool holds one loop's idle connections to one upstream address (LIFO).
+type lpool struct {
+	ls      *loopState
+	addr    string
+	sa      unix.Sockaddr // the address when it is an IP literal (else dialled by name)
+	family  int
+	idle    []*lup
+	timer   evloop.Timer
+	timerAt int64
+	idleFor int64 // UpstreamIdleTimeout in ns
+}
+
+func (ls *loopState) pool(addr string) *lpool {
+	if pl := ls.pools[addr]; pl != nil {
+		return pl
+	}
+	pl := &lpool{ls: ls, addr: addr}
+	if ap, err := netip.ParseAddrPort(addr); err == nil {
+		if a := ap.Addr().Unmap(); a.Is4() {
+			pl.sa, pl.family = &unix.SockaddrInet4{Port: int(ap.Port()), Addr: a.As4()}, unix.AF_INET
+		} else if a.Zone() == "" {
+			pl.sa, pl.family = &unix.SockaddrInet6{Port: int(ap.Port()), Addr: a.As16()}, unix.AF_INET6
+		}
+	}
+	pl.timer.Init(ls.l, pl.prune)
+	ls.pools[addr] = pl
+	return pl
+}
+
+func (ls *loopState) getUp(pl *lpool) *lup {
+	var u *lup
+	if n := len(ls.freeUp); n > 0 {
+		u = ls.freeUp[n-1]
+		ls.freeUp[n-1] = nil
+		ls.freeUp = ls.freeUp[:n-1]
+	} else {
+		u = &lup{ls: ls}
+		u.resp.Reset()
+	}
+	u.pool, u.idx = pl, -1
+	return u
+}
+
+func (ls *loopState) putUp(u *lup) {
+	hs := u.resp.Headers
+	*u = lup{ls: ls}
+	u.resp.Headers = hs
+	u.resp.Reset()
+	if len(ls.freeUp) < loopFreeMax {
+		ls.freeUp = append(ls.freeUp, u)
+	}
+}
+
+// getUpstream hands c an upstream connection for its request: an idle
+// one at once (upReady), or a new one when connected.
+func (c *lconn) getUpstream(fresh bool) {
+	r := c.r
+	svc := r.svc
+	if svc.ProxyProtocol != proxyproto.None {
+		if u := c.takePinned(svc, fresh); u != nil {
+			c.upReady(u)
+			return
+		}
+	} else if c.pinned != nil {
+		c.pinned.close() // the service stopped using PROXY headers (Proxy.Update)
+		c.pinned = nil
+	}
+	pl := c.ls.pool(svc.Upstream)
+	if !fresh && svc.ProxyProtocol == proxyproto.None {
+		if u := pl.take(r.cfg); u != nil {
+			c.upReady(u)
+			return
+		}
+	}
+	u := c.ls.getUp(pl)
+	u.c, r.up = c, u
+	u.connecting = true
+	if svc.ProxyProtocol != proxyproto.None {
+		u.pinned, u.proxyVersion = true, svc.ProxyProtocol
+	}
+	if r.cfg.Dial == nil && pl.sa != nil {
+		u.connect()
+		return
+	}
+	u.dial(r.cfg, svc.upstreamTimeout())
+}
+
+// takePinned returns c's idle pinned connection when it may serve svc.
+func (c *lconn) takePinned(svc *Service, fresh bool) *lup {
+	u := c.pinned
+	if u == nil {
+		return nil
+	}
+	c.pinned = nil
+	if fresh || u.pool.addr != svc.Upstream || u.proxyVersion != svc.ProxyProtocol {
+		u.close()
+		return nil
+	}
+	u.owner = nil
+	u.reused = true
+	return u
+}
+
+// connect opens a non-blocking connection on the loop.
+func (u *lup) connect() {
+	pl := u.pool
+	fd, err := unix.Socket(pl.family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		u.dialFailed(fmt.Errorf("dial upstream %s: %w", pl.addr, err))
+		return
+	}
+	unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	s, err := u.ls.l.Connect(fd, pl.sa, u)
+	if err != nil {
+		unix.Close(fd)
+		u.dialFailed(fmt.Errorf("dial upstream %s: %w", pl.addr, err))
+		return
+	}
+	u.s = s
+}
+
+// dial opens the connection on a goroutine (Config.Dial, or a host name
+// to resolve) and posts the descriptor back to the loop.
+func (u *lup) dial(cfg *Config, timeout time.Duration) {
+	dial := cfg.Dial
+	if dial == nil {
+		dial = defaultDialer.DialContext
+	}
+	addr, l, lg := u.pool.addr, u.ls.l, u.ls.lg
+	lg.workers.busy.Add(1)
+	u.dialing = true
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		nc, err := dial(ctx, "tcp", addr)
+		cancel()
+		fd := -1
+		if err == nil {
+			fd, err = dupConnFD(nc)
+			nc.Close()
+		}
+		if err != nil {
+			err = fmt.Errorf("dial upstream %s: %w", addr, err)
+		}
+		l.Post(func() {
+			lg.workers.busy.Add(-1)
+			u.dialed(fd, err)
+		})
+	}()
+}
+
+// dupConnFD returns a non-blocking duplicate of nc's descriptor.
+func dupConnFD(nc net.Conn) (int, error) {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return -1, fmt.Errorf("connection %T has no descriptor", nc)
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	var derr error
+	if err := raw.Control(func(f uintptr) { fd, derr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return -1, err
+	}
+	if derr != nil {
+		return -1, derr
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	return fd, nil
+}
+
+// dialed takes a dialled descriptor onto the loop.
+func (u *lup) dialed(fd int, err error) {
+	u.dialing = false
+	if err == nil && u.c == nil {
+		unix.Close(fd) // the client went away meanwhile
+	}
+	if err != nil || u.c == nil {
+		u.dialFailed(err)
+		return
+	}
+	s, aerr := u.ls.l.Add(fd, u)
+	if aerr != nil {
+		unix.Close(fd)
+		u.dialFailed(fmt.Errorf("dial upstream %s: %w", u.pool.addr, aerr))
+		return
+	}
+	u.s = s
+	u.OnConnect(s, nil)
+}
+
+// dialFailed gives u back and fails its client's request (if any).
+func (u *lup) dialFailed(err error) {
+	c := u.c
+	u.s = nil
+	u.ls.putUp(u)
+	if c != nil && c.r != nil && c.r.up == u {
+		c.r.up = nil
+		c.upstreamFail(err)
+	}
+}
+
+// OnConnect: a connection opened by Connect is up (or failed).
+func (u *lup) OnConnect(s *evloop.Sock, err error) {
+	u.connecting = false
+	if err != nil {
+		u.dialFailed(fmt.Errorf("dial upstream %s: %w", u.pool.addr, err))
+		return
+	}
+	c := u.c
+	if c == nil {
+		u.close()
+		return
+	}
+	if u.pinned {
+		var b [proxyproto.MaxLen]byte
+		s.Write(proxyproto.Append(b[:0], u.proxyVersion, c.remote, c.local))
+	}
+	c.upReady(u)
+}
+
+// OnRead: response bytes, or stray bytes while u idles.
+func (u *lup) OnRead(_ *evloop.Sock, b []byte) {
+	if u.c == nil {
+		u.discardIdle()
+		return
+	}
+	u.c.upData(u, b)
+}
+
+// OnEOF: the upstream closed its side.
+func (u *lup) OnEOF(*evloop.Sock) {
+	if u.c == nil {
+		u.discardIdle()
+		return
+	}
+	u.c.upEOF(u, nil)
+}
+
+// OnError: the connection failed; the loop closes it.
+func (u *lup) OnError(_ *evloop.Sock, err error) {
+	u.s = nil
+	if u.connecting {
+		u.connecting = false
+		u.dialFailed(fmt.Errorf("dial upstream %s: %w", u.pool.addr, err))
+		return
+	}
+	if u.c == nil {
+		u.discardIdle()
+		return
+	}
+	u.c.upEOF(u, err)
+}
+
+// OnDrained: the request bytes queued for u are out; a client paused for
+// them reads again.
+func (u *lup) OnDrained(*evloop.Sock) {
+	if c := u.c; c != nil && c.state == lcExchange && !c.r.bodyDone {
+		c.resume()
+	}
+}
+
+// discardIdle closes an idle connection that received bytes or an EOF.
+func (u *lup) discardIdle() {
+	if u.owner != nil {
+		u.owner.pinned = nil
+		u.owner = nil
+	} else {
+		u.pool.remove(u)
+	}
+	u.ls.p.pools.discarded.Add(1)
+	u.close()
+}
+
+// close closes u and gives it back (it must be out of its pool).
+func (u *lup) close() {
+	if u.dialing {
+		u.c = nil // dialed gives it back
+		return
+	}
+	if u.s != nil {
+		u.s.Close()
+	}
+	u.buf.put(u.ls)
+	u.ls.putUp(u)
+}
+
+// releaseUp pools u after a clean exchange, pins it to c (PROXY header),
+// or closes it; stray (unread bytes) counts it as discarded.
+func (c *lconn) releaseUp(u *lup, keep, stray bool) {
+	if !keep || !u.buf.empty() {
+		if stray || !u.buf.empty() {
+			c.ls.p.pools.discarded.Add(1)
+		}
+		u.close()
+		return
+	}
+	u.buf.put(c.ls)
+	u.reused = false
+	if u.paused {
+		u.paused = false
+		u.s.ResumeRead()
+	}
+	if u.pinned {
+		u.owner = c
+		c.pinned = u
+		return
+	}
+	u.pool.put(u, c.r.cfg)
+}
+
+// take returns the most recently pooled connection not idle too long.
+func (pl *lpool) take(cfg *Config) *lup {
+	now := pl.ls.l.Now()
+	idleFor := int64(durOr(cfg.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout))
+	for n := len(pl.idle); n > 0; n = len(pl.idle) {
+		u := pl.idle[n-1]
+		pl.remove(u)
+		if now-u.idleSince >= idleFor {
+			u.close()
+			continue
+		}
+		u.reused = true
+		return u
+	}
+	return nil
+}
+
+func (pl *lpool) put(u *lup, cfg *Config) {
+	maxIdle := cfg.MaxIdlePerUpstream
+	if maxIdle == 0 {
+		maxIdle = DefaultMaxIdlePerUpstream
+	}
+	if pl.ls.draining || pl.ls.p.shutdown.Load() || maxIdle < 0 || len(pl.idle) >= maxIdle {
+		u.close()
+		return
+	}
+	now := pl.ls.l.Now()
+	u.idleSince = now
+	u.idx = len(pl.idle)
+	pl.idle = append(pl.idle, u)
+	pl.ls.lg.upIdle.Add(1)
+	pl.idleFor = int64(durOr(cfg.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout))
+	if pl.timerAt == 0 {
+		pl.timerAt = now + pl.idleFor
+		pl.timer.Reset(pl.timerAt)
+	}
+}
+
+func (pl *lpool) remove(u *lup) {
+	i := u.idx
+	if i < 0 || i >= len(pl.idle) || pl.idle[i] != u {
+		return
+	}
+	last := len(pl.idle) - 1
+	pl.idle[i] = pl.idle[last]
+	pl.idle[i].idx = i
+	pl.idle[last] = nil
+	pl.idle = pl.idle[:last]
+	u.idx = -1
+	pl.ls.lg.upIdle.Add(-1)
+}
+
+// prune closes the connections idle too long and re-arms for the oldest.
+func (pl *lpool) prune() {
+	pl.timerAt = 0
+	now := pl.ls.l.Now()
+	oldest := int64(0)
+	for i := 0; i < len(pl.idle); {
+		u := pl.idle[i]
+		if now-u.idleSince >= pl.idleFor {
+			pl.remove(u)
+			u.close()
+			continue
+		}
+		if oldest == 0 || u.idleSince < oldest {
+			oldest = u.idleSince
+		}
+		i++
+	}
+	if len(pl.idle) > 0 {
+		pl.timerAt = oldest + pl.idleFor
+		pl.timer.Reset(pl.timerAt)
+	}
+}
+
+func (pl *lpool) closeAll() {
+	for len(pl.idle) > 0 {
+		u := pl.idle[len(pl.idle)-1]
+		pl.remove(u)
+		u.close()
+	}
+	pl.timer.Stop()
+	pl.timerAt = 0
+}
