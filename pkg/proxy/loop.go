@@ -125,37 +125,29 @@ func (lg *loopGroup) serve(ln net.Listener, pick func(*Config, netip.AddrPort) *
 		delete(p.listeners, ln)
 		p.mu.Unlock()
 	}()
-	sc, ok := ln.(syscall.Conn)
-	if !ok {
-		return fmt.Errorf("proxy: listener %s has no descriptor for the event loops", ln.Addr())
-	}
-	raw, err := sc.SyscallConn()
+	fd, err := dupListener(ln)
 	if err != nil {
-		return fmt.Errorf("listener %s: %w", ln.Addr(), err)
-	}
-	fd := -1
-	var derr error
-	if err := raw.Control(func(f uintptr) { fd, derr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
-		return fmt.Errorf("listener %s: %w", ln.Addr(), err)
-	}
-	if derr != nil {
-		return fmt.Errorf("dup listener %s: %w", ln.Addr(), derr)
+		return err
 	}
 	lst := &loopListener{lg: lg, fd: fd, pick: pick}
 	var lerr error
-	var lmu sync.Mutex
-	lg.each(func(ls *loopState) {
-		if err := ls.l.Listen(fd, lst); err != nil {
-			lmu.Lock()
-			lerr = err
-			lmu.Unlock()
-		}
-	})
+	if fd >= 0 {
+		var lmu sync.Mutex
+		lg.each(func(ls *loopState) {
+			if err := ls.l.Listen(fd, lst); err != nil {
+				lmu.Lock()
+				lerr = err
+				lmu.Unlock()
+			}
+		})
+	}
 	if lerr == nil {
 		err = lst.acceptGo(ln)
 	}
-	lg.each(func(ls *loopState) { ls.l.Unlisten(fd) })
-	unix.Close(fd)
+	if fd >= 0 {
+		lg.each(func(ls *loopState) { ls.l.Unlisten(fd) })
+		unix.Close(fd)
+	}
 	switch {
 	case p.shutdown.Load():
 		return ErrClosed
@@ -163,6 +155,29 @@ func (lg *loopGroup) serve(ln net.Listener, pick func(*Config, netip.AddrPort) *
 		return fmt.Errorf("listen on %s: %w", ln.Addr(), lerr)
 	}
 	return fmt.Errorf("accept on %s: %w", ln.Addr(), err)
+}
+
+// dupListener returns a duplicate of ln's descriptor for the loops, or -1
+// when ln has none (a wrapper): then every connection comes through
+// ln.Accept (acceptGo).
+func dupListener(ln net.Listener) (int, error) {
+	sc, ok := ln.(syscall.Conn)
+	if !ok {
+		return -1, nil
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return -1, fmt.Errorf("listener %s: %w", ln.Addr(), err)
+	}
+	fd := -1
+	var derr error
+	if err := raw.Control(func(f uintptr) { fd, derr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return -1, fmt.Errorf("listener %s: %w", ln.Addr(), err)
+	}
+	if derr != nil {
+		return -1, fmt.Errorf("dup listener %s: %w", ln.Addr(), derr)
+	}
+	return fd, nil
 }
 
 // acceptGo accepts on ln itself until ln is closed (by Shutdown or the
