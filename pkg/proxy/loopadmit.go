@@ -25,6 +25,8 @@ type lreq struct {
 	actx admitCtx // Admit's context (blocking Hooks)
 
 	resumeFn func() // r.resume, made once
+	asyncFn  func() // r.asyncResume, made once
+	async    AsyncHook
 	chunk    httpparse.ChunkedDecoder
 	rchunk   httpparse.ChunkedDecoder
 	up       *lup // upstream connection of the exchange
@@ -48,8 +50,8 @@ type lreq struct {
 
 func (r *lreq) reset() {
 	hs, ch, rch := r.head.Headers, r.chunk, r.rchunk
-	fn := r.resumeFn
-	*r = lreq{resumeFn: fn, chunk: ch, rchunk: rch}
+	fn, afn := r.resumeFn, r.asyncFn
+	*r = lreq{resumeFn: fn, asyncFn: afn, chunk: ch, rchunk: rch}
 	r.head.Headers = hs
 	r.head.Reset()
 }
@@ -70,14 +72,33 @@ func (r *lreq) bodyBuffered(c *lconn) bool {
 	return false
 }
 
-// admit asks the Hook. A blocking Hook runs on a worker goroutine; its
-// Decision comes back to the loop through Post (resume).
+// admit asks the Hook: an AsyncHook through Begin (its Resume comes back
+// to the loop through Post), a blocking Hook on a worker goroutine whose
+// Decision comes back the same way.
 func (c *lconn) admit() {
 	r := c.r
 	r.admitted = true
 	r.pending = true
+	r.req.Loop = c.ls.l
+	if ah, ok := r.hook.(AsyncHook); ok {
+		r.async = ah
+		if ah.Begin(&r.req, &r.dec, r) {
+			r.pending = false
+			c.admitDone()
+		}
+		return
+	}
 	r.actx.reset()
 	c.ls.lg.workers.run(r)
+}
+
+// Resume implements Resumer for AsyncHook.Begin; any goroutine.
+func (r *lreq) Resume() { r.c.ls.l.Post(r.asyncFn) }
+
+// asyncResume runs on the loop when an AsyncHook resumed r.
+func (r *lreq) asyncResume() {
+	r.pending = false
+	r.c.admitDone()
 }
 
 // runAdmit runs on a worker goroutine.
@@ -93,7 +114,15 @@ func (r *lreq) resume() {
 	r.c.admitDone()
 }
 
-func (r *lreq) cancelAdmit() { r.actx.cancel() }
+// cancelAdmit tells the Hook that the client went away; the Decision
+// still comes back (resume or asyncResume) before r is reused.
+func (r *lreq) cancelAdmit() {
+	if r.async != nil {
+		r.async.Cancel(&r.req)
+		return
+	}
+	r.actx.cancel()
+}
 
 // admitDone acts on the Hook's Decision.
 func (c *lconn) admitDone() {

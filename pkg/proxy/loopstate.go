@@ -175,6 +175,7 @@ func (ls *loopState) getReq(c *lconn) *lreq {
 	} else {
 		r = &lreq{}
 		r.resumeFn = r.resume
+		r.asyncFn = r.asyncResume
 		r.head.Reset()
 	}
 	r.c = c

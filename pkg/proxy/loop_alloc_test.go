@@ -1,0 +1,80 @@
+//go:build !race
+
+package proxy
+
+import "testing"
+
+// asyncAllowHook decides every request inside Begin.
+type asyncAllowHook struct{ allowHook }
+
+func (asyncAllowHook) Begin(_ *Request, d *Decision, _ Resumer) bool {
+	*d = Decision{Allow: true}
+	return true
+}
+func (asyncAllowHook) Cancel(*Request) {}
+
+// asyncLaterHook resumes every request from another goroutine.
+type asyncLaterHook struct {
+	allowHook
+	ch chan Resumer
+}
+
+func (h asyncLaterHook) Begin(_ *Request, d *Decision, res Resumer) bool {
+	*d = Decision{Allow: true}
+	h.ch <- res
+	return false
+}
+func (asyncLaterHook) Cancel(*Request) {}
+
+// TestAllocsLoopPath pins the event-loop path at zero allocations per
+// proxied keep-alive GET in steady state: without a Hook, with a blocking
+// Hook (Admit on a worker goroutine), with an AsyncHook deciding in Begin
+// and with one resuming from another goroutine.
+func TestAllocsLoopPath(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	later := asyncLaterHook{ch: make(chan Resumer, 1)}
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for {
+			select {
+			case r := <-later.ch:
+				r.Resume()
+			case <-done:
+				return
+			}
+		}
+	}()
+	for _, tc := range []struct {
+		name string
+		hook Hook
+	}{
+		{"no-hook", nil},
+		{"blocking-hook", allowHook{}},
+		{"async-hook-at-once", asyncAllowHook{}},
+		{"async-hook-resumed", later},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := fastUpstream(t, fixedResponse)
+			_, addr := startProxy(t, tc.hook, &Service{Name: "a", Upstream: up, XForwardedFor: true},
+				func(cfg *Config) { cfg.EventLoops = 1 })
+			bc := newBenchClient(t, addr)
+			for i := 0; i < 100; i++ { // warm the free lists
+				if err := bc.roundTrip(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			allocs := testing.AllocsPerRun(500, func() {
+				if err := bc.roundTrip(); err != nil {
+					t.Fatal(err)
+				}
+			})
+			t.Logf("allocs per proxied request: %.2f", allocs)
+			if allocs > 0 {
+				t.Fatalf("allocs per proxied request %.2f > 0", allocs)
+			}
+		})
+	}
+}

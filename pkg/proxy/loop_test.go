@@ -1,0 +1,137 @@
+package proxy
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"testing"
+)
+
+// asyncTestHook is an AsyncHook: "/now..." is decided inside Begin,
+// anything else is left pending until the test resolves it (resolve) or
+// the client goes away (Cancel, which resumes from inside the call).
+type asyncTestHook struct {
+	*testHook
+	mu       sync.Mutex
+	pending  map[string]asyncPending
+	begun    chan string
+	cancels  chan string
+	admitted int // Admit calls (must stay 0: the loop path uses Begin)
+}
+
+type asyncPending struct {
+	d   *Decision
+	res Resumer
+}
+
+func newAsyncTestHook() *asyncTestHook {
+	return &asyncTestHook{testHook: newTestHook(nil), pending: map[string]asyncPending{},
+		begun: make(chan string, 10), cancels: make(chan string, 10)}
+}
+
+func (h *asyncTestHook) Admit(ctx context.Context, r *Request) Decision {
+	h.mu.Lock()
+	h.admitted++
+	h.mu.Unlock()
+	return h.testHook.Admit(ctx, r)
+}
+
+func (h *asyncTestHook) Begin(r *Request, d *Decision, res Resumer) bool {
+	if r.Loop == nil {
+		panic("Begin without Request.Loop")
+	}
+	h.testHook.pending.Add(1)
+	path := string(r.Path)
+	if len(path) >= 4 && path[:4] == "/now" {
+		*d = Decision{Allow: true}
+		return true
+	}
+	h.mu.Lock()
+	h.pending[path] = asyncPending{d, res}
+	h.mu.Unlock()
+	h.begun <- path
+	return false
+}
+
+func (h *asyncTestHook) Cancel(r *Request) {
+	h.mu.Lock()
+	p, ok := h.pending[string(r.Path)]
+	delete(h.pending, string(r.Path))
+	h.mu.Unlock()
+	h.cancels <- string(r.Path)
+	if ok {
+		*p.d = Decision{Allow: false, Status: 503}
+		p.res.Resume()
+	}
+}
+
+// resolve decides the pending request for path from this goroutine.
+func (h *asyncTestHook) resolve(path string, d Decision) {
+	h.mu.Lock()
+	p := h.pending[path]
+	delete(h.pending, path)
+	h.mu.Unlock()
+	*p.d = d
+	p.res.Resume()
+}
+
+// The loop path admits through AsyncHook.Begin when the Hook has it:
+// decisions made at once, decisions resumed from another goroutine (allow
+// and deny), and a client that goes away while one is pending (Cancel,
+// ClientAborted, the request never forwarded).
+func TestLoopAsyncHook(t *testing.T) {
+	var upMu sync.Mutex
+	var upSeen []string
+	up := httpUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		upMu.Lock()
+		upSeen = append(upSeen, r.URL.Path)
+		upMu.Unlock()
+		w.Write([]byte("up"))
+	}))
+	hook := newAsyncTestHook()
+	_, addr := startProxy(t, hook.testHook, &Service{Upstream: up}, func(cfg *Config) {
+		cfg.Hook = hook
+		cfg.EventLoops = 2
+	})
+	c := dialClient(t, addr)
+	c.send("GET /now HTTP/1.1\r\nHost: x\r\n\r\n")
+	if r, body := c.resp("GET"); r.StatusCode != 200 || body != "up" {
+		t.Fatalf("/now: %d %q", r.StatusCode, body)
+	}
+	c.send("GET /later HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-hook.begun
+	hook.resolve("/later", Decision{Allow: true})
+	if r, body := c.resp("GET"); r.StatusCode != 200 || body != "up" {
+		t.Fatalf("/later: %d %q", r.StatusCode, body)
+	}
+	c.send("GET /deny HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-hook.begun
+	hook.resolve("/deny", Decision{Status: 403, Body: []byte("no")})
+	if r, body := c.resp("GET"); r.StatusCode != 403 || body != "no" {
+		t.Fatalf("/deny: %d %q", r.StatusCode, body)
+	}
+	for range 3 {
+		hook.waitDone(t)
+	}
+
+	g := dialClient(t, addr)
+	g.send("GET /gone HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-hook.begun
+	g.c.Close()
+	if p := <-hook.cancels; p != "/gone" {
+		t.Fatalf("cancelled %q", p)
+	}
+	if d := hook.waitDone(t); !d.clientAborted || d.status != 0 {
+		t.Fatalf("done after a client gone during admission: %+v", d)
+	}
+	upMu.Lock()
+	defer upMu.Unlock()
+	if len(upSeen) != 2 || upSeen[0] != "/now" || upSeen[1] != "/later" {
+		t.Fatalf("upstream saw %v", upSeen)
+	}
+	hook.mu.Lock()
+	defer hook.mu.Unlock()
+	if hook.admitted != 0 {
+		t.Fatalf("Admit called %d times on the loop path", hook.admitted)
+	}
+}
