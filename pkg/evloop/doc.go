@@ -118,7 +118,8 @@
 // fd -1 and the error when a write failed (the loop closed the fd).
 // With io_uring the socket's multishot recv may take bytes before its
 // cancel completes: the callback finds them in s.Unread() and owns them
-// (they come before anything read from the fd).
+// (they come before anything read from the fd). A callback that leaves
+// such bytes untaken is logged as an error: they are lost.
 //
 // No heap allocation happens per read, write or timer event in steady
 // state (see the allocation tests); the loop allocates per connection

@@ -435,6 +435,10 @@ func (l *Loop) finish(s *Sock) {
 			fn(-1, s.err)
 		} else {
 			fn(fd, nil)
+			if len(s.stash) > 0 && s.flags&fUnreadTaken == 0 {
+				l.log.Error("evloop: bytes received before a Detach were dropped: the Detach callback must take Sock.Unread",
+					"bytes", len(s.stash), "fd", fd)
+			}
 		}
 	} else {
 		closeFD(fd)

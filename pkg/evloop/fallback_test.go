@@ -184,3 +184,63 @@ func TestDetachUnderLoad(t *testing.T) {
 		}
 	})
 }
+
+// TestDetachUntakenUnreadIsLogged: io_uring's multishot recv delivers a
+// burst as many completions in one turn; a Detach from the first OnRead
+// leaves the rest in Unread. A callback that does not take them gets an
+// error in the log (the bytes are lost), one that does gets them all.
+func TestDetachUntakenUnreadIsLogged(t *testing.T) {
+	if err := probeUring(); err != nil {
+		testkit.Missing(t, "io_uring refused on this machine: %v", err)
+	}
+	for _, take := range []bool{false, true} {
+		var logs syncBuffer
+		g, err := Start(Config{Loops: 1, Backend: IOUring, BufSize: 4096, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := g.Loops()[0]
+		var seen, unread int
+		done := make(chan struct{})
+		addr, socks := accepted(t, g, func() Handler {
+			return &funcHandler{read: func(s *Sock, b []byte) {
+				seen += len(b)
+				s.Detach(func(fd int, err error) {
+					if take {
+						unread = len(s.Unread())
+					}
+					unix.Close(fd)
+					close(done)
+				})
+			}}
+		})
+		c := dial(t, addr)
+		s := <-socks
+		on(l, func() { s.PauseRead() })
+		on(l, func() {}) // the cancel went in with this turn's submit
+		on(l, func() {})
+		burst := make([]byte, 1<<20)
+		go c.Write(burst)
+		testkit.WaitFor(t, "the burst queued in the kernel", func() bool {
+			var n int
+			on(l, func() {
+				if s.FD() < 0 {
+					t.Fatal("paused socket read and detached")
+				}
+				n, _ = unix.IoctlGetInt(s.FD(), unix.SIOCINQ)
+			})
+			return n >= 32<<10
+		})
+		on(l, func() { s.ResumeRead() })
+		<-done
+		g.Close()
+		logged := strings.Contains(logs.String(), "must take Sock.Unread")
+		switch {
+		case take && (logged || unread == 0):
+			t.Fatalf("Unread taken: %d bytes, logged %v (%q)", unread, logged, logs.String())
+		case !take && !logged:
+			t.Fatalf("Unread left: nothing logged (%q)", logs.String())
+		}
+		t.Logf("take=%v: OnRead saw %d bytes, Unread held %d", take, seen, unread)
+	}
+}

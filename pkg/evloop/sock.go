@@ -54,24 +54,25 @@ type Sock struct {
 }
 
 const (
-	fClosed     = 1 << iota // Close, Detach or failed: no more handler calls
-	fDetach                 // Detach: release once drained
-	fPaused                 // PauseRead
-	fEOF                    // read side ended
-	fShutWr                 // CloseWrite called
-	fShutDone               // shutdown(SHUT_WR) done
-	fConnecting             // Connect in progress
-	fWBlocked               // epoll: waiting for EPOLLOUT
-	fReadable               // unread data may wait (paused, or a long burst)
-	fRdHup                  // epoll: the peer's FIN is queued
-	fLater                  // in l.later
-	fArmed                  // io_uring: a multishot recv is in flight
-	fStarved                // io_uring: recv ended for lack of buffers
-	fConnected              // OnConnect(nil) to deliver
-	fRelease                // io_uring: closing or detaching, waits for completions
-	fCancel                 // io_uring: cancel of everything on the fd queued
-	fRecvCancel             // io_uring: cancel of the recv queued
-	fSendQ                  // io_uring: in the turn's send queue
+	fClosed      = 1 << iota // Close, Detach or failed: no more handler calls
+	fDetach                  // Detach: release once drained
+	fPaused                  // PauseRead
+	fEOF                     // read side ended
+	fShutWr                  // CloseWrite called
+	fShutDone                // shutdown(SHUT_WR) done
+	fConnecting              // Connect in progress
+	fWBlocked                // epoll: waiting for EPOLLOUT
+	fReadable                // unread data may wait (paused, or a long burst)
+	fRdHup                   // epoll: the peer's FIN is queued
+	fLater                   // in l.later
+	fArmed                   // io_uring: a multishot recv is in flight
+	fStarved                 // io_uring: recv ended for lack of buffers
+	fConnected               // OnConnect(nil) to deliver
+	fRelease                 // io_uring: closing or detaching, waits for completions
+	fCancel                  // io_uring: cancel of everything on the fd queued
+	fRecvCancel              // io_uring: cancel of the recv queued
+	fSendQ                   // io_uring: in the turn's send queue
+	fUnreadTaken             // the Detach callback called Unread
 )
 
 // FD returns the socket's file descriptor (-1 once released).
@@ -160,6 +161,14 @@ func (s *Sock) Detach(fn func(fd int, err error)) {
 	s.detach = fn
 	s.l.drv.pauseRead(s)
 	s.l.deferSock(s)
+}
+
+// Unread returns the bytes the loop received for s and had not delivered
+// when a Detach completed (io_uring only: a multishot recv may take bytes
+// before its cancel); call it from the Detach callback, which owns them.
+func (s *Sock) Unread() []byte {
+	s.flags |= fUnreadTaken
+	return s.stash
 }
 
 // deferred runs s's deferred work (Loop.runLater).
@@ -294,7 +303,9 @@ func (l *Loop) Listen(fd int, h AcceptHandler) error {
 }
 
 // Unlisten stops accepting on fd; it does not close fd. Connections the
-// kernel queued stay there (for another loop, or the fd's close).
+// kernel queued stay there (for another loop, or the fd's close). With
+// io_uring the accept is cancelled at the turn's submit: a connection the
+// ring accepted before that still reaches the AcceptHandler.
 func (l *Loop) Unlisten(fd int) {
 	for i, ln := range l.listeners {
 		if ln != nil && ln.fd == fd && !ln.gone {

@@ -313,11 +313,6 @@ func (s *Sock) keep(b []byte) {
 	s.stash = append(s.stash, b...)
 }
 
-// Unread returns the bytes the loop received for s and had not delivered
-// when a Detach completed (io_uring only: a multishot recv may take bytes
-// before its cancel); call it from the Detach callback, which owns them.
-func (s *Sock) Unread() []byte { return s.stash }
-
 func (u *uring) rearmStarved() {
 	for i, s := range u.starved {
 		u.starved[i] = nil
