@@ -261,7 +261,15 @@ func (r *ring) registerPbuf(entries uint16, size int) (*pbufRing, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mmap buffer ring: %w", err)
 	}
-	p := &pbufRing{mem: mem, bufs: make([]byte, int(entries)*size), size: size, entries: entries}
+	// The buffers are mmap'd too, not Go memory: should the kernel write
+	// into one after the ring is gone, it meets an unmapped page (EFAULT),
+	// never memory the Go heap has reused.
+	bufs, err := unix.Mmap(-1, 0, int(entries)*size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		unix.Munmap(mem)
+		return nil, fmt.Errorf("mmap receive buffers: %w", err)
+	}
+	p := &pbufRing{mem: mem, bufs: bufs, size: size, entries: entries}
 	reg := struct {
 		ringAddr    uint64
 		ringEntries uint32
@@ -269,7 +277,7 @@ func (r *ring) registerPbuf(entries uint16, size int) (*pbufRing, error) {
 		resv        [3]uint64
 	}{ringAddr: uint64(uintptr(unsafe.Pointer(&mem[0]))), ringEntries: uint32(entries)}
 	if _, _, e := unix.Syscall6(sysIOUringRegister, uintptr(r.fd), regPbufRing, uintptr(unsafe.Pointer(&reg)), 1, 0, 0); e != 0 {
-		unix.Munmap(mem)
+		p.close()
 		return nil, fmt.Errorf("io_uring_register(PBUF_RING): %w", e)
 	}
 	for i := uint16(0); i < entries; i++ {
@@ -301,7 +309,10 @@ func (p *pbufRing) publish() {
 	p.added = 0
 }
 
-func (p *pbufRing) close() { unix.Munmap(p.mem) }
+func (p *pbufRing) close() {
+	unix.Munmap(p.bufs)
+	unix.Munmap(p.mem)
+}
 
 // uringSetupHook, when set (tests), runs instead of the kernel probe:
 // its error stands for io_uring_setup refusing.
