@@ -164,7 +164,8 @@ func (g *Group) Stats() Stats {
 }
 
 // Close stops every loop, closes the sockets they own (no callbacks run)
-// and waits for the loops to return. Listening and watched fds are not
+// and waits for the loops to return; not from a loop's thread (it would
+// wait for itself). Listening and watched fds are not
 // closed (the caller owns them). It returns the first error a loop died
 // of, if any.
 func (g *Group) Close() error {

@@ -108,8 +108,10 @@ func (s *Sock) Write(bufs ...[]byte) {
 }
 
 // PauseRead stops OnRead and OnEOF until ResumeRead. Bytes that arrive
-// meanwhile stay in the kernel (at most one receive buffer's worth in user
-// space).
+// meanwhile stay in the kernel. User space holds at most what was
+// received before the pause took effect: nothing with epoll; with
+// io_uring what the socket's recv took in the turn of the pause (bounded
+// by the loop's provided-buffer ring), kept for ResumeRead.
 func (s *Sock) PauseRead() {
 	if s.flags&(fClosed|fPaused) != 0 {
 		return
