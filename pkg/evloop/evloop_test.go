@@ -502,3 +502,77 @@ func TestWatch(t *testing.T) {
 }
 
 var _ = bytes.Equal
+
+// TestFamilies: the loop is family-agnostic. An IPv6 echo through a
+// loopback listener, and Connect over a Unix stream socket, whose
+// non-blocking connect succeeds at once (OnConnect(nil) comes in the
+// same turn, after Connect returned).
+func TestFamilies(t *testing.T) {
+	eachBackend(t, func(t *testing.T, be Backend) {
+		g := startGroup(t, be, 1)
+		l := g.Loops()[0]
+		t.Run("ipv6", func(t *testing.T) {
+			ln, err := net.Listen("tcp6", "[::1]:0")
+			if err != nil {
+				testkit.Missing(t, "no IPv6 loopback: %v", err)
+			}
+			defer ln.Close()
+			f, err := ln.(*net.TCPListener).File()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			fd := int(f.Fd())
+			unix.SetNonblock(fd, true)
+			remote := make(chan unix.Sockaddr, 1)
+			on(l, func() {
+				l.Listen(fd, acceptFunc(func(l *Loop, cfd int, sa unix.Sockaddr) {
+					remote <- sa
+					l.Add(cfd, &echo{})
+				}))
+			})
+			if err := roundTrip(t, dial(t, ln.Addr().String()), []byte("over IPv6")); err != nil {
+				t.Fatal(err)
+			}
+			if sa, ok := (<-remote).(*unix.SockaddrInet6); !ok || sa.Addr != [16]byte{15: 1} {
+				t.Fatalf("remote %#v, want ::1", sa)
+			}
+			on(l, func() { l.Unlisten(fd) })
+		})
+		t.Run("unix", func(t *testing.T) {
+			path := t.TempDir() + "/s"
+			ln, err := net.Listen("unix", path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			go func() {
+				c, err := ln.Accept()
+				if err == nil {
+					io.Copy(c, c)
+					c.Close()
+				}
+			}()
+			got := make(chan string, 4)
+			h := &funcHandler{
+				connect: func(s *Sock, err error) {
+					got <- fmt.Sprint("connect ", err)
+					s.Write([]byte("ping"))
+				},
+				read: func(s *Sock, b []byte) { got <- "read " + string(b); s.Close() },
+			}
+			on(l, func() {
+				fd, _ := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+				if _, err := l.Connect(fd, &unix.SockaddrUnix{Name: path}, h); err != nil {
+					got <- err.Error()
+				}
+				got <- "returned"
+			})
+			for _, want := range []string{"returned", "connect <nil>", "read ping"} {
+				if ev := <-got; ev != want {
+					t.Fatalf("event %q, want %q", ev, want)
+				}
+			}
+		})
+	})
+}
