@@ -3,88 +3,10 @@ package udpshard
 import (
 	"runtime"
 	"sync"
-	"syscall"
-	"unsafe"
-
-	"golang.org/x/sys/unix"
 )
 
 // maxDrainTurns bounds the read turns of one Drain call per socket.
 const maxDrainTurns = 16
-
-// rxBatch is the receive state of one recvmmsg: up to MaxBatch datagrams.
-type rxBatch struct {
-	msgs  [MaxBatch]unix.Mmsghdr
-	iov   [MaxBatch]unix.Iovec
-	names [MaxBatch]unix.RawSockaddrInet6
-	bufs  [MaxBatch][recvBufSize]byte
-	n     int
-	err   syscall.Errno
-}
-
-func newRxBatch() *rxBatch {
-	b := &rxBatch{}
-	for i := range b.msgs {
-		b.iov[i].Base = &b.bufs[i][0]
-		b.iov[i].SetLen(recvBufSize)
-		b.msgs[i].Hdr.Iov = &b.iov[i]
-		b.msgs[i].Hdr.SetIovlen(1)
-		b.msgs[i].Hdr.Name = (*byte)(unsafe.Pointer(&b.names[i]))
-	}
-	return b
-}
-
-// recv runs one non-blocking recvmmsg into the buffers. It returns false
-// when the socket has nothing queued (EAGAIN).
-func (b *rxBatch) recv(fd uintptr) bool {
-	for i := range b.msgs {
-		b.msgs[i].Hdr.Namelen = unix.SizeofSockaddrInet6
-		b.msgs[i].Hdr.Flags = 0
-		b.msgs[i].Len = 0
-	}
-	for {
-		n, e := recvmmsg(fd, b.msgs[:])
-		switch e {
-		case 0:
-			b.n, b.err = n, 0
-			return true
-		case unix.EINTR:
-			continue
-		case unix.EAGAIN:
-			b.n, b.err = 0, 0
-			return false
-		default:
-			b.n, b.err = 0, e
-			return true
-		}
-	}
-}
-
-// deliver hands the datagrams of the last recv to h and reports whether
-// the turn was full.
-func (b *rxBatch) deliver(sock *Socket, h Handler) bool {
-	s := sock.sh
-	if b.err != 0 {
-		s.c.recvErr.Add(1)
-		return false
-	}
-	if b.n <= 0 {
-		return false
-	}
-	s.c.recvBatches.Add(1)
-	delivered := 0
-	for i := 0; i < b.n; i++ {
-		m := &b.msgs[i]
-		if m.Hdr.Flags&unix.MSG_TRUNC != 0 {
-			s.c.truncated.Add(1)
-			continue
-		}
-		delivered++
-		h(sock, b.bufs[i][:m.Len], getSockaddr(&b.names[i]))
-	}
-	s.c.received.Add(uint64(delivered))
-	return b.n == MaxBatch
-}
 
 // reader receives datagrams for one socket with recvmmsg, at most MaxBatch
 // per read turn.
@@ -105,8 +27,8 @@ type reader struct {
 	readFn func(fd uintptr) bool
 }
 
-func newReader(sock *Socket, h Handler, gate func(*Socket)) *reader {
-	rd := &reader{sock: sock, h: h, gate: gate, b: newRxBatch()}
+func newReader(sock *Socket, h Handler, gate func(*Socket), b *rxBatch) *reader {
+	rd := &reader{sock: sock, h: h, gate: gate, b: b}
 	rd.readFn = rd.read
 	return rd
 }
@@ -124,6 +46,7 @@ func (rd *reader) read(fd uintptr) bool {
 }
 
 func (rd *reader) run() {
+	defer rd.b.release() // the socket is closed: no read turn follows
 	for {
 		if rd.gate != nil {
 			rd.gate(rd.sock)
@@ -150,10 +73,12 @@ func (rd *reader) run() {
 }
 
 // drainer is a shard's Drain state: its own receive buffers (allocated
-// on first use), so that Drain never delivers from the reader's.
+// on first use, one set per receive mode), so that Drain never delivers
+// from the reader's.
 type drainer struct {
 	mu      sync.Mutex
-	b       *rxBatch
+	bs      [2]*rxBatch      // without, with UDP_GRO
+	b       *rxBatch         // the set of the socket being drained
 	fn      func(fd uintptr) // rc.Control callback (allocated once)
 	fetched bool
 }
@@ -166,8 +91,19 @@ func (d *drainer) drain(sock *Socket) {
 	rd.turn.Lock() // a barrier: wait for the reader's turn in progress, if any
 	//lint:ignore SA2001 the critical section is empty on purpose (barrier)
 	rd.turn.Unlock()
-	if d.b == nil {
-		d.b = newRxBatch()
+	mode := 0
+	if sock.gro {
+		mode = 1
+	}
+	if d.bs[mode] == nil {
+		b, err := newRxBatch(sock.gro)
+		if err != nil {
+			return // no buffers: the reader delivers them when it runs
+		}
+		d.bs[mode] = b
+	}
+	d.b = d.bs[mode]
+	if d.fn == nil {
 		d.fn = func(fd uintptr) { d.fetched = d.b.recv(fd) }
 	}
 	for range maxDrainTurns {
@@ -179,4 +115,15 @@ func (d *drainer) drain(sock *Socket) {
 			return // a short turn emptied the queue
 		}
 	}
+}
+
+// release gives the drain buffers back (Ring.Close, d.mu held).
+func (d *drainer) release() {
+	for i, b := range d.bs {
+		if b != nil {
+			b.release()
+			d.bs[i] = nil
+		}
+	}
+	d.b = nil
 }

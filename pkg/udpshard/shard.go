@@ -43,6 +43,14 @@
 // offload, IPsec route, segment over the path MTU, old kernel) falls back
 // to one message per datagram for good; Config.DisableGSO turns it off.
 //
+// Receive offload. Sockets have UDP_GRO on (Config.DisableGRO turns it
+// off): datagrams a sender segmented (pkg/rlserver answers a read turn's
+// requests from one client socket in one UDP_SEGMENT message) arrive as
+// one buffer, which the reader splits by the segment size the kernel
+// reports and hands over datagram by datagram. The buffers then have room
+// for one IP packet each (64 KiB, groBatch of them per socket, mapped
+// apart from the Go heap so only filled pages are resident).
+//
 // Rebind protocol. Rebind(sock) only marks the shard pending and wakes its
 // loop; it is safe from the handler (the read path). The loop opens and
 // registers a replacement socket first, then switches the shard's current
@@ -115,6 +123,12 @@ type Config struct {
 	// UDP_SEGMENT message (see buildMsgs); a socket on which the kernel
 	// refuses that falls back by itself.
 	DisableGSO bool
+	// DisableGRO keeps UDP_GRO off, so the kernel hands over every
+	// datagram in its own buffer. By default it is on where the kernel
+	// has it: datagrams a sender segmented (as pkg/rlserver does with its
+	// answers) arrive in one buffer per segmented message and are split
+	// here (see rx.go).
+	DisableGRO bool
 	// ReadGate, if set, runs on each socket's reader goroutine before every
 	// read turn and may block: tests use it to hold readers back, as a
 	// stalled or overloaded process would, while datagrams queue up in the
@@ -152,6 +166,7 @@ type Stats struct {
 	TurnFlushHits  uint64 // FlushAsync calls left to a delivering reader (no loop wake-up)
 	GSOSegments    uint64 // datagrams sent inside segmented (UDP_SEGMENT) messages
 	GSOFallbacks   uint64 // sockets on which the kernel refused segmentation
+	GRODatagrams   uint64 // datagrams received inside coalesced (UDP_GRO) buffers
 	Dropped        DropCounts
 }
 
@@ -163,6 +178,7 @@ type counters struct {
 	flushWakes, flushYields                      atomic.Uint64
 	turnFlushes, turnFlushHits                   atomic.Uint64
 	gsoSegments, gsoFallbacks                    atomic.Uint64
+	groDatagrams                                 atomic.Uint64
 }
 
 // Ring is a set of per-CPU UDP shards.
@@ -194,6 +210,7 @@ type Socket struct {
 	local  netip.AddrPort
 	refs   atomic.Int64
 	noGSO  atomic.Bool // the kernel refused a segmented send on this socket
+	gro    bool        // UDP_GRO is on: a received buffer may hold several datagrams
 	closed bool        // guarded by sh.mu
 	rd     *reader
 }
@@ -435,6 +452,9 @@ func (r *Ring) SendCurrent(shard int, to netip.AddrPort, pkt []byte, token uint6
 // stalled or overloaded process) count. It must not be called from the
 // handler.
 func (r *Ring) Drain(shard int) {
+	if r.closed.Load() {
+		return // sockets closed, buffers given back
+	}
 	s := r.shards[shard]
 	var socks [8]*Socket
 	list := socks[:0]
@@ -450,6 +470,9 @@ func (r *Ring) Drain(shard int) {
 	s.mu.Unlock()
 	s.drain.mu.Lock()
 	defer s.drain.mu.Unlock()
+	if r.closed.Load() {
+		return // Close gives the buffers back under this lock
+	}
 	for _, sock := range list {
 		s.drain.drain(sock)
 	}
@@ -489,6 +512,7 @@ func (r *Ring) Stats() Stats {
 		st.TurnFlushHits += c.turnFlushHits.Load()
 		st.GSOSegments += c.gsoSegments.Load()
 		st.GSOFallbacks += c.gsoFallbacks.Load()
+		st.GRODatagrams += c.groDatagrams.Load()
 		st.Dropped.QueueFull += c.queueFull.Load()
 		st.Dropped.TooLarge += c.tooLarge.Load()
 		st.Dropped.Family += c.family.Load()
@@ -519,6 +543,11 @@ func (r *Ring) Close() error {
 		r.wg.Wait() // loops exit; readers exit when their sockets close
 		r.closeAll()
 		r.readers.Wait()
+		for _, s := range r.shards {
+			s.drain.mu.Lock()
+			s.drain.release()
+			s.drain.mu.Unlock()
+		}
 	})
 	return nil
 }
@@ -549,7 +578,25 @@ func (r *Ring) open(s *shard) (*Socket, error) {
 		return nil, err
 	}
 	sock := &Socket{sh: s, file: f, rc: rc, fam: fam, dual: dual, local: local}
-	rd := newReader(sock, r.cfg.Handler, r.cfg.ReadGate)
+	var rb *rxBatch
+	if !r.cfg.DisableGRO {
+		// Buffers for coalesced datagrams first: UDP_GRO goes on only
+		// with room for what it delivers. Without it: one datagram per
+		// buffer.
+		if b, err := newRxBatch(true); err == nil {
+			var serr error
+			err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_GRO, 1) })
+			if err == nil && serr == nil {
+				sock.gro, rb = true, b
+			} else {
+				b.release()
+			}
+		}
+	}
+	if rb == nil {
+		rb, _ = newRxBatch(false) // heap buffers: cannot fail
+	}
+	rd := newReader(sock, r.cfg.Handler, r.cfg.ReadGate, rb)
 	sock.rd = rd
 	r.readers.Add(1)
 	go func() {
