@@ -14,6 +14,8 @@
 #               rl-tproxy rows add on top: policy match, hook, abort watcher)
 #   pkghook     the same with an allow-all Hook (-hook): the hook plumbing and
 #               the client-abort watcher without any policy work
+#   pkgloop, pkglhook  pkgproxy and pkghook on pkg/proxy's event-loop path
+#               (-event-loops 1)
 #   evproto     test/bench/evproto, the event-loop measurement prototype
 #               (no strictness, no admission; a floor, not a product row)
 #   evuring     the same prototype on io_uring (-mode uring)
@@ -265,7 +267,10 @@ fi
 go build -trimpath -o "$work/pkgproxy" ./test/bench/proxy/proxy
 start env GOMAXPROCS=1 "$work/pkgproxy" -listen "127.0.0.1:$PKGP" -upstream "127.0.0.1:$BACKEND"; PID[pkgproxy]=$last
 start env GOMAXPROCS=1 "$work/pkgproxy" -hook -listen "127.0.0.1:$PKGH" -upstream "127.0.0.1:$BACKEND"; PID[pkghook]=$last
-ports=("$BACKEND" "$NGXPROXY" "$NGXLIMIT" "$HAPROXY" "$CADDY" "$RLOPEN" "$PKGP" "$PKGH")
+PKGL=$(free_port); PKGLH=$(free_port)
+start env GOMAXPROCS=1 "$work/pkgproxy" -event-loops 1 -listen "127.0.0.1:$PKGL" -upstream "127.0.0.1:$BACKEND"; PID[pkgloop]=$last
+start env GOMAXPROCS=1 "$work/pkgproxy" -event-loops 1 -hook -listen "127.0.0.1:$PKGLH" -upstream "127.0.0.1:$BACKEND"; PID[pkglhook]=$last
+ports=("$BACKEND" "$NGXPROXY" "$NGXLIMIT" "$HAPROXY" "$CADDY" "$RLOPEN" "$PKGP" "$PKGH" "$PKGL" "$PKGLH")
 if [ "$EVPROTO" = 1 ]; then
   go build -trimpath -o "$work/evproto" ./test/bench/evproto
   start env GOMAXPROCS=1 "$work/evproto" -listen "127.0.0.1:$EVP" -upstream "127.0.0.1:$BACKEND"; PID[evproto]=$last
@@ -281,7 +286,7 @@ if [ -n "$BIN_OLD" ]; then
   wait_http "http://127.0.0.1:$RLADMIN2/readyz"; wait_http "http://127.0.0.1:$RLOPEN2/"; wait_http "http://127.0.0.1:$RLADM2/"
 fi
 
-rows=(direct proxy_pass limit_req haproxy caddy unprotected admission pkgproxy pkghook)
+rows=(direct proxy_pass limit_req haproxy caddy unprotected admission pkgproxy pkghook pkgloop pkglhook)
 URL[direct]="http://127.0.0.1:$BACKEND/";      DESC[direct]="nginx static backend, direct"
 URL[proxy_pass]="http://127.0.0.1:$NGXPROXY/"; DESC[proxy_pass]="nginx proxy_pass, upstream keepalive"
 URL[limit_req]="http://127.0.0.1:$NGXLIMIT/";  DESC[limit_req]="nginx proxy_pass + limit_req (never denies)"
@@ -291,6 +296,8 @@ URL[unprotected]="http://127.0.0.1:$RLOPEN/";  DESC[unprotected]="rl-tproxy, unp
 URL[admission]="http://127.0.0.1:$RLADM/";     DESC[admission]="rl-tproxy + admission (embedded RateLimitly)"
 URL[pkgproxy]="http://127.0.0.1:$PKGP/"; DESC[pkgproxy]="pkg/proxy alone (test/bench/proxy/proxy: no hook, no policy)"
 URL[pkghook]="http://127.0.0.1:$PKGH/"; DESC[pkghook]="pkg/proxy with an allow-all hook (test/bench/proxy/proxy -hook)"
+URL[pkgloop]="http://127.0.0.1:$PKGL/"; DESC[pkgloop]="pkg/proxy on event loops, no hook (-event-loops 1)"
+URL[pkglhook]="http://127.0.0.1:$PKGLH/"; DESC[pkglhook]="pkg/proxy on event loops, allow-all hook (-event-loops 1 -hook)"
 if [ "$EVPROTO" = 1 ]; then
   URL[evproto]="http://127.0.0.1:$EVP/"; DESC[evproto]="prototype: test/bench/evproto (epoll loop, no strictness/admission)"
   URL[evuring]="http://127.0.0.1:$EVU/"; DESC[evuring]="prototype on io_uring: test/bench/evproto -mode uring"

@@ -1,5 +1,7 @@
-// Command proxy runs pkg/proxy with no admission hook in front of one
-// upstream, for test/bench/proxy.sh (throughput and idle-connection memory).
+// Command proxy runs pkg/proxy with no admission hook (or an allow-all one,
+// -hook) in front of one upstream, on either data path (-event-loops), for
+// test/bench/run.sh and test/bench/proxy.sh (throughput and
+// idle-connection memory).
 package main
 
 import (
@@ -20,6 +22,7 @@ func main() {
 	upstream := flag.String("upstream", "127.0.0.1:8081", "upstream address")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile to this file until SIGTERM/SIGINT")
 	allowHook := flag.Bool("hook", false, "set an allow-all Hook (the hook plumbing and client-abort watcher without any policy)")
+	loops := flag.Int("event-loops", 0, "serve on this many event loops (pkg/proxy Config.EventLoops; 0: a goroutine per connection)")
 	flag.Parse()
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -35,7 +38,7 @@ func main() {
 	}
 	svc := &proxy.Service{Name: "bench", Upstream: *upstream, XForwardedFor: true,
 		IdleTimeout: 5 * time.Minute}
-	cfg := proxy.Config{Services: []*proxy.Service{svc}}
+	cfg := proxy.Config{Services: []*proxy.Service{svc}, EventLoops: *loops}
 	if *allowHook {
 		cfg.Hook = allowAll{}
 	}
