@@ -1,10 +1,14 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"sync"
 	"testing"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/sniff"
 )
 
 // asyncTestHook is an AsyncHook: "/now..." is decided inside Begin,
@@ -133,5 +137,37 @@ func TestLoopAsyncHook(t *testing.T) {
 	defer hook.mu.Unlock()
 	if hook.admitted != 0 {
 		t.Fatalf("Admit called %d times on the loop path", hook.admitted)
+	}
+}
+
+// A connection handed off after a burst (64 KiB of opaque bytes sent at
+// once) reaches the Handoff whole: with io_uring the loop may have
+// received more than the first read before the detach (Sock.Unread).
+func TestLoopHandoffBurstWhole(t *testing.T) {
+	h := &echoHandoff{takes: map[sniff.Kind]bool{sniff.Other: true}}
+	_, addr := startProxy(t, nil, &Service{Upstream: "127.0.0.1:1"}, func(c *Config) {
+		c.Handoff = h
+		c.EventLoops = 2
+	})
+	burst := make([]byte, 64<<10)
+	for i := range burst {
+		burst[i] = byte(i%100 + 1) // never the echo's "|"
+	}
+	burst[0] = 0 // never HTTP, never TLS
+	c := dialClient(t, addr)
+	if _, err := c.c.Write(burst); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len("other:")+len(burst)+len("|"))
+	if _, err := io.ReadFull(c.br, got); err != nil {
+		t.Fatalf("read echo: %v", err)
+	}
+	i := bytes.IndexByte(got[len("other:"):], '|')
+	if i < 0 {
+		t.Fatalf("no end of the buffered bytes in the echo")
+	}
+	echoed := append(append([]byte(nil), got[len("other:"):len("other:")+i]...), got[len("other:")+i+1:]...)
+	if !bytes.Equal(echoed, burst) {
+		t.Fatalf("echoed %d bytes, not the %d sent", len(echoed), len(burst))
 	}
 }

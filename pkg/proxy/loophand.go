@@ -67,6 +67,9 @@ func (c *lconn) handoff(cfg *Config, svc *Service, kind sniff.Kind) {
 			c.release()
 			return
 		}
+		if un := s.Unread(); len(un) > 0 { // io_uring: received before the detach
+			c.buf.addGrow(un)
+		}
 		go c.serveHandoff(fd, hc)
 	})
 }
@@ -104,6 +107,7 @@ type tunnelJob struct {
 	u        *lup
 	cfd, ufd int
 	got      int
+	cIn, uIn []byte // bytes the loop received from each side before the detach
 	idle     time.Duration
 }
 
@@ -127,8 +131,8 @@ func (c *lconn) upgrade(u *lup, rest []byte) {
 	t := &tunnelJob{c: c, u: u, cfd: -1, ufd: -1, idle: r.svc.idleTimeout()}
 	cs, us := c.s, u.s
 	c.s, u.s = nil, nil
-	cs.Detach(func(fd int, err error) { t.cfd = fd; t.arrived() })
-	us.Detach(func(fd int, err error) { t.ufd = fd; t.arrived() })
+	cs.Detach(func(fd int, err error) { t.cfd, t.cIn = fd, cs.Unread(); t.arrived() })
+	us.Detach(func(fd int, err error) { t.ufd, t.uIn = fd, us.Unread(); t.arrived() })
 }
 
 // arrived runs on the loop as each descriptor is detached.
@@ -160,6 +164,16 @@ func (t *tunnelJob) run() {
 	if cerr == nil && uerr == nil {
 		lg.detached.add(cn)
 		lg.detached.add(un)
+		if len(t.cIn) > 0 {
+			un.SetWriteDeadline(time.Now().Add(t.idle))
+			un.Write(t.cIn)
+		}
+		if len(t.uIn) > 0 {
+			cn.SetWriteDeadline(time.Now().Add(t.idle))
+			cn.Write(t.uIn)
+		}
+		cn.SetWriteDeadline(time.Time{})
+		un.SetWriteDeadline(time.Time{})
 		grace := min(t.idle, 10*time.Second)
 		endOne := func(dst net.Conn) {
 			if cw, ok := dst.(interface{ CloseWrite() error }); ok {

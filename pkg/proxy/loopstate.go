@@ -123,6 +123,19 @@ func (b *lbuf) add(p []byte) bool {
 	return true
 }
 
+// addGrow appends p, moving the window to a larger buffer when it does
+// not fit (a handoff's bytes received before its detach).
+func (b *lbuf) addGrow(p []byte) {
+	if b.b != nil && b.add(p) {
+		return
+	}
+	nb := make([]byte, 0, b.w-b.r+len(p)+4096)
+	nb = append(nb, b.unread()...)
+	nb = append(nb, p...)
+	b.big, b.b, b.r, b.w, b.floor = nb[:cap(nb)], nb[:cap(nb)], 0, len(nb), 0
+	// b.arr stays with b until put gives it back to the loop
+}
+
 // lconnList is an intrusive list of a loop's client connections.
 type lconnList struct{ head *lconn }
 
