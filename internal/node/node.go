@@ -42,6 +42,9 @@ type Options struct {
 	UpgradeRedirect bool
 	// Version and Commit label the build-info metric.
 	Version, Commit string
+	// EventLoops is proxy.Config.EventLoops: 0 serves HTTP/1.x on a
+	// goroutine per connection, N > 0 on N event loops.
+	EventLoops int
 	// ServerHooks are test hooks for an embedded server (demo only).
 	ServerHooks *rlserver.TestHooks
 	// load replaces admission.Load for reloads (tests).
@@ -170,7 +173,7 @@ func (n *Node) startProxy(ctx context.Context, pol *admission.Policy) error {
 		n.gate.Reject(nil, netip.AddrPort{}, "h2-"+kind, 0)
 	}
 	pcfg := proxy.Config{Services: hook.ProxyServices(pol), Hook: n.gate, Logger: n.log,
-		Handoff: &proxy.HandoffMux{HTTP2: n.h2, TLS: relay, Other: relay}}
+		Handoff: &proxy.HandoffMux{HTTP2: n.h2, TLS: relay, Other: relay}, EventLoops: n.opts.EventLoops}
 	if steeredPorts(pol) != nil {
 		if err := n.attachRedirect(pol); err != nil {
 			return err
