@@ -9,8 +9,10 @@ import (
 
 // A listener group is the set of SO_REUSEPORT sockets bound to one address
 // (ListenGroup): the kernel spreads the address's connections across them,
-// so each event loop accepts on a socket of its own. The goroutine path
-// runs one accept loop per socket.
+// so each event loop accepts on a socket of its own (socket i on loop
+// i mod EventLoops, when the group has at least one socket per loop;
+// otherwise every loop accepts on every socket). The goroutine path runs
+// one accept loop per socket.
 
 // ServeGroup serves every listener of lns for svc, as Serve serves one:
 // lns is normally one SO_REUSEPORT group from ListenGroup. It returns
@@ -41,9 +43,14 @@ func (p *Proxy) serveGroup(lns []net.Listener, pick func(*Config, netip.AddrPort
 	case 1:
 		return p.serve(lns[0], pick)
 	}
+	serve := func(_ int, ln net.Listener) error { return p.serve(ln, pick) }
+	if p.lg != nil && len(lns) >= p.lg.n {
+		// One socket per loop: loop i%n alone accepts on socket i.
+		serve = func(i int, ln net.Listener) error { return p.lg.serveOn(ln, pick, i%p.lg.n) }
+	}
 	errc := make(chan error, len(lns))
-	for _, ln := range lns {
-		go func() { errc <- p.serve(ln, pick) }()
+	for i, ln := range lns {
+		go func() { errc <- serve(i, ln) }()
 	}
 	var first error
 	for range lns {
@@ -59,7 +66,14 @@ func (p *Proxy) serveGroup(lns []net.Listener, pick func(*Config, netip.AddrPort
 }
 
 // ListenGroupSize is the number of sockets a listener group should have
-// for this proxy (ListenAll uses it): one per CPU the runtime uses.
+// for this proxy (ListenAll uses it): one per event loop
+// (Config.EventLoops) or, on the goroutine path, one per CPU the runtime
+// uses.
 func (p *Proxy) ListenGroupSize() int { return p.cfg.Load().groupSize() }
 
-func (c *Config) groupSize() int { return runtime.GOMAXPROCS(0) }
+func (c *Config) groupSize() int {
+	if c.EventLoops > 0 {
+		return c.EventLoops
+	}
+	return runtime.GOMAXPROCS(0)
+}

@@ -3,8 +3,10 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -271,5 +273,70 @@ func TestServeGroup(t *testing.T) {
 	}
 	if err := (&Proxy{}).serveGroup(nil, pickByPort); err == nil {
 		t.Fatalf("empty group served")
+	}
+}
+
+// loopHook admits everything and records which loop served each request.
+type loopHook struct {
+	mu    sync.Mutex
+	loops map[int]int
+}
+
+func (h *loopHook) Admit(_ context.Context, r *Request) Decision {
+	h.mu.Lock()
+	if r.Loop != nil {
+		h.loops[r.Loop.ID()]++
+	}
+	h.mu.Unlock()
+	return Decision{Allow: true}
+}
+
+func (h *loopHook) Done(*Request, *Decision, *Result) {}
+
+// TestServeGroupOnLoops: on the event-loop path a group with a socket per
+// loop is served with each loop accepting on its own socket, and a group
+// smaller than the loops is shared by every loop; either way every
+// request is answered, and Shutdown ends the group with ErrClosed.
+func TestServeGroupOnLoops(t *testing.T) {
+	up := keepAliveUpstream(t, 0)
+	for _, sockets := range []int{2, 4, 1} {
+		t.Run(fmt.Sprint(sockets), func(t *testing.T) {
+			svc := &Service{Name: "web", Upstream: up.addr()}
+			h := &loopHook{loops: map[int]int{}}
+			p, err := New(Config{Services: []*Service{svc}, EventLoops: 2, Hook: h})
+			if err != nil {
+				t.Fatal(err)
+			}
+			lns, err := ListenGroup(context.Background(), "127.0.0.1:0", sockets)
+			if err != nil {
+				t.Fatal(err)
+			}
+			served := make(chan error, 1)
+			go func() { served <- p.ServeGroup(lns, svc) }()
+			for range 64 {
+				c := dialClient(t, lns[0].Addr().String())
+				c.send("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+				if r, _ := c.resp("GET"); r.StatusCode != 200 {
+					t.Fatalf("status %d", r.StatusCode)
+				}
+				c.c.Close()
+			}
+			h.mu.Lock()
+			t.Logf("requests per loop: %v", h.loops)
+			n := 0
+			for _, k := range h.loops {
+				n += k
+			}
+			h.mu.Unlock()
+			if n != 64 {
+				t.Fatalf("%d requests reached the hook from a loop, want 64", n)
+			}
+			if err := p.Shutdown(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-served; err != ErrClosed {
+				t.Fatalf("ServeGroup after Shutdown: %v, want ErrClosed", err)
+			}
+		})
 	}
 }

@@ -105,6 +105,13 @@ type loopListener struct {
 // ln's descriptor; this goroutine only waits for ln to be closed (by
 // Shutdown or the caller), then stops the loops accepting on it.
 func (lg *loopGroup) serve(ln net.Listener, pick func(*Config, netip.AddrPort) *Service) error {
+	return lg.serveOn(ln, pick, -1)
+}
+
+// serveOn is serve with only the loop whose ID is only accepting on ln's
+// descriptor (every loop when only < 0): a listener group gives each loop
+// a socket of its own (group.go).
+func (lg *loopGroup) serveOn(ln net.Listener, pick func(*Config, netip.AddrPort) *Service, only int) error {
 	p := lg.p
 	p.mu.Lock()
 	if p.shutdown.Load() {
@@ -134,6 +141,9 @@ func (lg *loopGroup) serve(ln net.Listener, pick func(*Config, netip.AddrPort) *
 	if fd >= 0 {
 		var lmu sync.Mutex
 		lg.each(func(ls *loopState) {
+			if only >= 0 && ls.l.ID() != only {
+				return
+			}
 			if err := ls.l.Listen(fd, lst); err != nil {
 				lmu.Lock()
 				lerr = err
@@ -145,7 +155,11 @@ func (lg *loopGroup) serve(ln net.Listener, pick func(*Config, netip.AddrPort) *
 		err = lst.acceptGo(ln)
 	}
 	if fd >= 0 {
-		lg.each(func(ls *loopState) { ls.l.Unlisten(fd) })
+		lg.each(func(ls *loopState) {
+			if only < 0 || ls.l.ID() == only {
+				ls.l.Unlisten(fd)
+			}
+		})
 		unix.Close(fd)
 	}
 	switch {

@@ -249,11 +249,18 @@ func TestListenAllServeAll(t *testing.T) {
 	if len(bound) != 2 {
 		t.Fatalf("bound %d listeners", len(bound))
 	}
-	// Each address is a reuseport group of one socket per CPU, all on the
-	// port the first one got.
+	// Each address is a reuseport group of one socket per loop or CPU, all
+	// on the port the first one got.
+	want := runtime.GOMAXPROCS(0)
+	if n := p.Config().EventLoops; n > 0 {
+		want = n
+	}
+	if p.ListenGroupSize() != want {
+		t.Fatalf("ListenGroupSize %d, want %d (EventLoops %d)", p.ListenGroupSize(), want, p.Config().EventLoops)
+	}
 	for _, b := range bound {
-		if len(b.Listeners) != runtime.GOMAXPROCS(0) {
-			t.Fatalf("group of %d sockets, want GOMAXPROCS %d", len(b.Listeners), runtime.GOMAXPROCS(0))
+		if len(b.Listeners) != want {
+			t.Fatalf("group of %d sockets, want %d", len(b.Listeners), want)
 		}
 		for _, ln := range b.Listeners {
 			if ln.Addr().String() != b.Listeners[0].Addr().String() {
