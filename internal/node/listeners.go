@@ -290,18 +290,29 @@ func (n *Node) commitListeners(p *admission.Policy, opened map[string]*listener)
 		if _, ok := want[addr]; !ok {
 			l.closed = true
 			closeListeners(l.lns)
+			// On the event-loop path the loops accept on duplicates of
+			// the sockets, which Serve closes as it returns: wait for
+			// that (bounded) so that the address refuses connections
+			// once the reload is done.
+			select {
+			case <-l.served:
+			case <-time.After(5 * time.Second):
+				n.log.Warn("listener's serve loop still running after close", "addr", addr)
+			}
 			delete(n.listeners, addr)
 			n.publishListeners()
 			n.log.Info("listener closed", "addr", addr, "service", l.svc)
 		}
 	}
 	for addr, l := range opened {
+		l.served = make(chan struct{})
 		n.listeners[addr] = l
 		n.publishListeners()
 		svc := svcs[l.svc]
 		n.log.Info("listening", "service", l.svc, "addr", l.lns[0].Addr().String(), "sockets", len(l.lns), "upstream", svc.Upstream)
 		go func() {
 			err := n.proxy.ServeGroup(l.lns, svc)
+			close(l.served)
 			n.serveEnded("listener "+addr, err, l)
 		}()
 	}

@@ -101,6 +101,7 @@ type listener struct {
 	lns    []net.Listener // one SO_REUSEPORT group (proxy.ListenGroup)
 	svc    string
 	closed bool
+	served chan struct{} // closed when its Serve loop returned
 }
 
 // Start builds and starts everything pol needs and returns the running
