@@ -6,7 +6,6 @@ import (
 	"math/bits"
 	randv2 "math/rand/v2"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
@@ -18,7 +17,7 @@ type request struct {
 	mu    sync.Mutex
 	gen   uint64
 	hidx  int // index in es.heap, -1 = no pending deadline (guarded by es.mu)
-	tseq  atomic.Uint64
+	fpos  uint64
 	id    uint64
 	state uint8
 	c     *Client

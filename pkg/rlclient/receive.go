@@ -17,6 +17,7 @@ type shardEngine struct {
 	heap  []timerEntry // deadlines out of order (see schedule)
 	fifo  []timerEntry // deadlines in time order from fhead on
 	fhead int
+	fbase uint64    // position of fifo[0]
 	armed time.Time // deadline the timer goroutine sleeps for (zero = none)
 	wake  chan struct{}
 

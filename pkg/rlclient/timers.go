@@ -5,27 +5,26 @@ import (
 )
 
 // timerEntry is one round deadline; gen detects a request that was retired
-// (and possibly reused) before its deadline: such entries are skipped. seq
-// is r.tseq when the entry was queued in the FIFO (heap entries do not use
-// it). tseq only grows, also across the request's lives in the pool, so a
-// stale entry never becomes live again; it is atomic because a stale
-// entry may be looked at by the shard the request has left.
+// (and possibly reused) before its deadline: such entries are skipped. A
+// FIFO entry whose r is nil is dead (its request was retired first).
 type timerEntry struct {
 	at  time.Time
 	r   *request
 	gen uint64
-	seq uint64
 }
 
 // Deadlines live in two structures (es.mu). Nearly every deadline is a
 // first round's end, start + Unit, and those arrive in time order: they
 // are appended to a FIFO and never moved. A request retired early (the
-// usual case: it is decided long before its deadline) only bumps r.tseq,
-// which makes its FIFO entry stale; stale entries are dropped when they
-// reach the head. A deadline earlier than the FIFO's last one (a replay
-// round, or checks of one shard that took their start time in one order
-// and the lock in the other) goes to a min-heap, removed eagerly (r.hidx).
-// So the common schedule/unschedule pair costs O(1) and no heap sift.
+// usual case: it is decided long before its deadline) only clears its
+// entry, found through r.fpos (its position + 1; 0 = none), without
+// touching the others; dead entries are dropped when they reach the
+// head. A deadline earlier than the FIFO's last one (a replay round, or
+// checks of one shard that took their start time in one order and the
+// lock in the other) goes to a min-heap, removed eagerly (r.hidx). So the
+// common schedule/unschedule pair costs O(1), no heap sift, and touches
+// no other request's memory. Positions are absolute (es.fbase is the
+// position of es.fifo[0]), so dropping the head keeps them valid.
 
 // schedule sets r's next deadline (r.mu is held; lock order r.mu ->
 // es.mu). A request has at most one live entry, so the timer goroutine
@@ -37,7 +36,7 @@ func (es *shardEngine) schedule(r *request, at time.Time) {
 	es.dropLocked(r)
 	es.trimLocked()
 	if n := len(es.fifo); n == es.fhead || !at.Before(es.fifo[n-1].at) {
-		es.pushFIFOLocked(timerEntry{at: at, r: r, gen: r.gen, seq: r.tseq.Load()})
+		es.pushFIFOLocked(timerEntry{at: at, r: r, gen: r.gen})
 	} else {
 		es.heap = append(es.heap, timerEntry{at: at, r: r, gen: r.gen})
 		es.up(len(es.heap) - 1)
@@ -59,37 +58,43 @@ func (es *shardEngine) unschedule(r *request) {
 	es.mu.Unlock()
 }
 
-// dropLocked makes r's pending deadline, if any, dead: removed from the
-// heap, or made stale in the FIFO (es.mu held).
+// dropLocked removes r's pending deadline, if any: from the heap, or by
+// clearing its FIFO entry (es.mu held).
 func (es *shardEngine) dropLocked(r *request) {
 	if r.hidx >= 0 {
 		es.removeLocked(r.hidx)
 	}
-	r.tseq.Add(1)
+	if r.fpos != 0 {
+		if i := r.fpos - 1 - es.fbase; i < uint64(len(es.fifo)) && es.fifo[i].r == r {
+			es.fifo[i].r = nil
+		}
+		r.fpos = 0
+	}
 }
 
 // pushFIFOLocked appends e, reusing the array's front once the head has
-// moved past half of it (no allocation in steady state).
+// moved on (no allocation in steady state).
 func (es *shardEngine) pushFIFOLocked(e timerEntry) {
 	if len(es.fifo) == cap(es.fifo) && es.fhead > 0 {
 		n := copy(es.fifo, es.fifo[es.fhead:])
 		clear(es.fifo[n:])
 		es.fifo = es.fifo[:n]
+		es.fbase += uint64(es.fhead)
 		es.fhead = 0
 	}
 	es.fifo = append(es.fifo, e)
+	e.r.fpos = es.fbase + uint64(len(es.fifo)) // position + 1
 }
 
-// trimLocked drops stale entries from the FIFO's head (es.mu held).
+// trimLocked drops dead entries from the FIFO's head (es.mu held).
 func (es *shardEngine) trimLocked() {
 	for es.fhead < len(es.fifo) {
-		e := &es.fifo[es.fhead]
-		if e.seq == e.r.tseq.Load() {
+		if es.fifo[es.fhead].r != nil {
 			return
 		}
-		*e = timerEntry{}
 		es.fhead++
 	}
+	es.fbase += uint64(len(es.fifo))
 	es.fifo = es.fifo[:0]
 	es.fhead = 0
 }
@@ -113,7 +118,7 @@ func (es *shardEngine) popLocked() timerEntry {
 		e := es.fifo[es.fhead]
 		es.fifo[es.fhead] = timerEntry{}
 		es.fhead++
-		e.r.tseq.Add(1)
+		e.r.fpos = 0
 		return e
 	}
 	return es.removeLocked(0)
@@ -123,7 +128,7 @@ func (es *shardEngine) popLocked() timerEntry {
 func (es *shardEngine) pendingLocked() int {
 	n := len(es.heap)
 	for _, e := range es.fifo[es.fhead:] {
-		if e.seq == e.r.tseq.Load() {
+		if e.r != nil {
 			n++
 		}
 	}
