@@ -295,6 +295,12 @@ func (l *Loop) Listen(fd int, h AcceptHandler) error {
 			return fmt.Errorf("evloop: listen fd %d: already listening", fd)
 		}
 	}
+	if v, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || v == 0 {
+		if err == nil {
+			err = unix.EINVAL
+		}
+		return fmt.Errorf("evloop: listen fd %d: not a listening socket: %w", fd, err)
+	}
 	ln := &listener{l: l, fd: fd, h: h, idx: len(l.listeners)}
 	l.listeners = append(l.listeners, ln)
 	if err := l.drv.listen(ln); err != nil {

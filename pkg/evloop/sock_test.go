@@ -276,6 +276,11 @@ func TestUnlisten(t *testing.T) {
 				if err := l.Listen(fd, nil); err == nil {
 					t.Error("listening twice on one fd accepted")
 				}
+				sfd, _ := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+				if err := l.Listen(sfd, nil); err == nil {
+					t.Error("Listen accepted a socket that does not listen")
+				}
+				unix.Close(sfd)
 				l.Unlisten(fd)
 			})
 		}
