@@ -110,7 +110,6 @@ type ring struct {
 	cqHead, cqTail *uint32
 	cqMask         uint32
 	cqes           unsafe.Pointer
-	pending        uint32 // SQEs queued since the last enter
 	sqEntries      uint32
 	mem, sqeMem    []byte
 	ts             unix.Timespec
@@ -170,40 +169,38 @@ func (r *ring) close() {
 	unix.Close(r.fd)
 }
 
+// unsubmitted is the number of queued SQEs the kernel has not consumed
+// (it advances the head as it takes them), exact even after an enter
+// that was interrupted.
+func (r *ring) unsubmitted() uint32 { return *r.sqTail - atomic.LoadUint32(r.sqHead) }
+
 // get returns the next free SQE, zeroed; when the queue is full it
 // submits what is queued first.
 func (r *ring) get() *sqe {
-	tail := *r.sqTail
-	for i := 0; tail-atomic.LoadUint32(r.sqHead) >= r.sqEntries; i++ {
+	for i := 0; r.unsubmitted() >= r.sqEntries; i++ {
 		// Full: submit now. The kernel takes every SQE (SUBMIT_ALL) unless
 		// it must first flush overflowed completions; then wait for one.
 		if i > 0 {
-			unix.Syscall6(sysIOUringEnter, uintptr(r.fd), uintptr(r.pending), 1, enterGetEvents, 0, 0)
+			unix.Syscall6(sysIOUringEnter, uintptr(r.fd), uintptr(r.unsubmitted()), 1, enterGetEvents, 0, 0)
 		}
 		r.submit()
 	}
+	tail := *r.sqTail
 	idx := tail & r.sqMask
 	s := (*sqe)(unsafe.Add(r.sqes, uintptr(idx)*unsafe.Sizeof(sqe{})))
 	*s = sqe{}
 	*(*uint32)(unsafe.Add(r.sqArray, uintptr(idx)*4)) = idx
 	atomic.StoreUint32(r.sqTail, tail+1)
-	r.pending++
 	return s
 }
 
 // submit hands the queued SQEs to the kernel without waiting (raw: it
-// does not block).
+// does not block). Errors are left to the turn's enter.
 func (r *ring) submit() {
-	for r.pending > 0 {
-		n, _, e := unix.RawSyscall6(sysIOUringEnter, uintptr(r.fd), uintptr(r.pending), 0, enterGetEvents, 0, 0)
-		if e != 0 && e != unix.EINTR && e != unix.EAGAIN && e != unix.EBUSY {
-			return // the next enter reports it
-		}
-		if e == 0 {
-			r.pending -= min(uint32(n), r.pending)
-		}
-		if e == unix.EBUSY || e == unix.EAGAIN {
-			return // completions first; the turn's enter retries
+	for i := 0; i < 4 && r.unsubmitted() > 0; i++ {
+		_, _, e := unix.RawSyscall6(sysIOUringEnter, uintptr(r.fd), uintptr(r.unsubmitted()), 0, enterGetEvents, 0, 0)
+		if e != unix.EINTR {
+			return
 		}
 	}
 }
@@ -223,19 +220,15 @@ func (r *ring) enter(timeout int64) error {
 		flags |= enterExtArg
 		arg, argSz = uintptr(unsafe.Pointer(&r.arg)), unsafe.Sizeof(r.arg)
 	}
-	var n uintptr
 	var e unix.Errno
 	if minComplete == 0 {
-		n, _, e = unix.RawSyscall6(sysIOUringEnter, uintptr(r.fd), uintptr(r.pending), 0, flags, arg, argSz)
+		_, _, e = unix.RawSyscall6(sysIOUringEnter, uintptr(r.fd), uintptr(r.unsubmitted()), 0, flags, arg, argSz)
 	} else {
-		n, _, e = unix.Syscall6(sysIOUringEnter, uintptr(r.fd), uintptr(r.pending), minComplete, flags, arg, argSz)
+		_, _, e = unix.Syscall6(sysIOUringEnter, uintptr(r.fd), uintptr(r.unsubmitted()), minComplete, flags, arg, argSz)
 	}
 	switch e {
-	case 0:
-		r.pending -= min(uint32(n), r.pending)
-		return nil
-	case unix.EINTR, unix.ETIME, unix.EAGAIN, unix.EBUSY:
-		return nil
+	case 0, unix.EINTR, unix.ETIME, unix.EAGAIN, unix.EBUSY:
+		return nil // what was not submitted goes with the next enter
 	}
 	return fmt.Errorf("io_uring_enter: %w", e)
 }
