@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -31,9 +32,6 @@ func (st *stream) forward(w http.ResponseWriter, r *http.Request, d *proxy.Decis
 		st.fail(w, http.StatusBadGateway)
 		return
 	}
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	timer := &headTimer{d: durOr(svc.UpstreamTimeout, proxy.DefaultUpstreamTimeout), cancel: cancel}
 	out := &http.Request{
 		Method:        r.Method,
 		URL:           &url.URL{Scheme: "http", Host: svc.Upstream, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery},
@@ -53,10 +51,9 @@ func (st *stream) forward(w http.ResponseWriter, r *http.Request, d *proxy.Decis
 	// empty DATA frame.
 	if r.Body == nil || r.Body == http.NoBody || (r.ContentLength == 0 && len(r.Trailer) == 0) {
 		out.Body = http.NoBody
-		timer.arm()
 	} else {
 		st.body = new(bodyCount)
-		out.Body = &bodyReader{r: r.Body, st: st.body, max: svc.MaxBodyBytes, onEOF: timer.arm}
+		out.Body = &bodyReader{r: r.Body, st: st.body, max: svc.MaxBodyBytes}
 	}
 	if d != nil {
 		for _, f := range d.Forward { // the hook's fields replace the client's
@@ -66,11 +63,15 @@ func (st *stream) forward(w http.ResponseWriter, r *http.Request, d *proxy.Decis
 			out.Header.Add(string(f.Name), string(f.Value))
 		}
 	}
-	out = out.WithContext(ctx)
+	// The client's stream context: a client that resets or goes away
+	// resets the upstream stream. The response head's timeout is the
+	// transport's (ResponseHeaderTimeout, from the end of the request
+	// body), and a relay that ends early closes the response body, which
+	// resets the upstream stream too.
+	out = out.WithContext(r.Context())
 	st.res.Upstream = svc.Upstream
 	upStart := h.now()
 	res, err := up.rt.RoundTrip(out)
-	headInTime := timer.stop()
 	if err == nil {
 		st.res.UpstreamStatus = res.StatusCode
 		st.res.UpstreamTTFB = h.now().Sub(upStart)
@@ -81,8 +82,9 @@ func (st *stream) forward(w http.ResponseWriter, r *http.Request, d *proxy.Decis
 			st.res.ClientAborted = true
 		case st.body != nil && st.body.tooBig.Load():
 			st.fail(w, http.StatusRequestEntityTooLarge)
-		case !headInTime:
-			st.res.UpstreamErr = fmt.Errorf("upstream %s: no response head within %s", svc.Upstream, timer.d)
+		case isHeadTimeout(err):
+			st.res.UpstreamErr = fmt.Errorf("upstream %s: no response head within %s", svc.Upstream,
+				durOr(svc.UpstreamTimeout, proxy.DefaultUpstreamTimeout))
 			st.fail(w, http.StatusGatewayTimeout)
 		default:
 			st.res.UpstreamErr = fmt.Errorf("upstream %s: %w", svc.Upstream, err)
@@ -92,6 +94,17 @@ func (st *stream) forward(w http.ResponseWriter, r *http.Request, d *proxy.Decis
 	}
 	defer func() { _ = res.Body.Close() }()
 	st.relay(w, r, res, d)
+}
+
+// isHeadTimeout reports whether a RoundTrip error is the transport's
+// response-head timeout (not a dial that timed out: that is a 502).
+func isHeadTimeout(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return false
+	}
+	var te interface{ Timeout() bool }
+	return errors.As(err, &te) && te.Timeout()
 }
 
 // outHeader is the upstream request's header: the client's fields (the

@@ -288,3 +288,73 @@ func TestUpstreamGOAWAY(t *testing.T) {
 		t.Errorf("upstream connections opened: %d, want 2 (a new one after the GOAWAY)", opened)
 	}
 }
+
+// TestUpstreamHeadTimeout: an upstream that never answers gets the
+// service's upstream timeout (counted from the end of the request body):
+// the client gets 504 (a gRPC client DEADLINE_EXCEEDED), the result
+// names the timeout, and the upstream's request is cancelled, over both
+// upstream protocols.
+func TestUpstreamHeadTimeout(t *testing.T) {
+	for _, proto := range []string{h2proxy.ProtoH2C, h2proxy.ProtoHTTP1} {
+		t.Run(proto, func(t *testing.T) {
+			upLn, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			cancelled := 0
+			var p http.Protocols
+			p.SetHTTP1(true)
+			p.SetUnencryptedHTTP2(true)
+			us := &http.Server{Protocols: &p, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				// Read the body first: an HTTP/1.1 server notices a closed
+				// connection only once the body was read.
+				_, _ = io.Copy(io.Discard, r.Body)
+				<-r.Context().Done() // never answers; the proxy must give up
+				mu.Lock()
+				cancelled++
+				mu.Unlock()
+			})}
+			go func() { _ = us.Serve(upLn) }()
+			defer us.Close()
+			h := &rec{}
+			svc := &proxy.Service{Name: "s", Upstream: upLn.Addr().String(), UpstreamProtocol: proto, UpstreamTimeout: 100 * time.Millisecond}
+			_, addr := startProxy(t, svc, h)
+			cl := h2cClient()
+			cl.Timeout = 30 * time.Second // a proxy that never gives up fails the test
+			defer cl.CloseIdleConnections()
+			res, err := cl.Get("http://" + addr + "/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = res.Body.Close()
+			if res.StatusCode != http.StatusGatewayTimeout {
+				t.Fatalf("status %d, want 504", res.StatusCode)
+			}
+			req, _ := http.NewRequest("POST", "http://"+addr+"/pkg.Svc/Call", strings.NewReader("\x00\x00\x00\x00\x00"))
+			req.Header.Set("Content-Type", "application/grpc")
+			res, err = cl.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, res.Body)
+			_ = res.Body.Close()
+			if got := res.Header.Get("Grpc-Status") + res.Trailer.Get("Grpc-Status"); got != "4" {
+				t.Errorf("gRPC call: grpc-status %q, want 4 (DEADLINE_EXCEEDED)", got)
+			}
+			testkit.WaitFor(t, "2 Done", func() bool { return h.doneCount() == 2 })
+			h.mu.Lock()
+			for _, d := range h.dones {
+				if d.UpstreamErr == nil || !strings.Contains(d.UpstreamErr.Error(), "no response head") {
+					t.Errorf("result error %v", d.UpstreamErr)
+				}
+			}
+			h.mu.Unlock()
+			testkit.WaitFor(t, "the upstream's requests to be cancelled", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return cancelled == 2
+			})
+		})
+	}
+}

@@ -2,7 +2,6 @@ package h2proxy
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"net"
 	"net/http"
@@ -264,14 +263,12 @@ func (st *stream) answer(w http.ResponseWriter, status int, hs []httpparse.Heade
 	st.res.End = st.h.now()
 }
 
-// bodyReader is the request body as the upstream reads it: counted,
-// bounded by MaxBodyBytes, and arming the response-head timeout at its
-// end.
+// bodyReader is the request body as the upstream reads it: counted and
+// bounded by MaxBodyBytes.
 type bodyReader struct {
-	r     interface{ Read([]byte) (int, error) }
-	st    *bodyCount
-	max   int64
-	onEOF func()
+	r   interface{ Read([]byte) (int, error) }
+	st  *bodyCount
+	max int64
 }
 
 var errBodyTooLarge = errors.New("request body over max_body_bytes")
@@ -285,39 +282,7 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 	if b.max <= 0 {
 		b.st.in.Add(int64(n))
 	}
-	if err != nil && b.onEOF != nil {
-		b.onEOF()
-	}
 	return n, err
 }
 
 func (b *bodyReader) Close() error { return nil }
-
-// headTimer cancels an exchange whose response head does not arrive within
-// the upstream timeout after the request body ended (a streaming request
-// may legitimately wait for its response head until its body ends).
-type headTimer struct {
-	mu      sync.Mutex
-	d       time.Duration
-	cancel  context.CancelFunc
-	t       *time.Timer
-	stopped bool
-}
-
-func (t *headTimer) arm() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if !t.stopped && t.t == nil {
-		t.t = time.AfterFunc(t.d, t.cancel)
-	}
-}
-
-func (t *headTimer) stop() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.stopped = true
-	if t.t != nil {
-		return t.t.Stop()
-	}
-	return true
-}

@@ -81,6 +81,7 @@ func (u *upstreams) get(svc *proxy.Service, cfg *proxy.Config) (*upstream, error
 			DialContext:            dialTimed,
 			DisableCompression:     true,
 			IdleConnTimeout:        idle,
+			ResponseHeaderTimeout:  timeout, // counted from the end of the request body
 			MaxResponseHeaderBytes: 1 << 20,
 			HTTP2: &http.HTTP2Config{
 				SendPingTimeout: 30 * time.Second, // health check of a silent connection
@@ -103,6 +104,7 @@ func (u *upstreams) get(svc *proxy.Service, cfg *proxy.Config) (*upstream, error
 			MaxIdleConnsPerHost:    max(maxIdle, 0),
 			DisableKeepAlives:      maxIdle < 0,
 			IdleConnTimeout:        idle,
+			ResponseHeaderTimeout:  timeout,
 			MaxResponseHeaderBytes: 1 << 20,
 		}
 		up = &upstream{rt: t, closer: t}
