@@ -303,6 +303,9 @@ func TestFakeSteeringRebinds(t *testing.T) {
 	if c.ring.LocalAddr(0) == before {
 		t.Error("source port unchanged")
 	}
+	// A check returns at its decision, which another node's answer can
+	// make before node 0 has read its copy: wait for all 20.
+	testkit.WaitFor(t, "node 0 got every request", func() bool { return nodes[0].count(wire.KindRateRequest) >= 20 })
 	ports := map[uint16]bool{}
 	for _, s := range nodes[0].received() {
 		ports[s.from.Port()] = true
