@@ -428,7 +428,7 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "machine: $(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)), kernel $(uname -r), load $load_before"
 echo "$WRK, $ROUNDS alternating rounds; servers on CPU $SERVER_CPU, wrk on CPU $CLIENT_CPU"
 measure "${rows[@]}"
-serial_rows=(direct proxy_pass unprotected admission)
+serial_rows=(direct proxy_pass unprotected admission pkgproxy pkgloop)
 [ "$EVPROTO" = 1 ] && serial_rows+=(evproto evuring)
 [ "$SERIAL" = 1 ] && measure_serial "${serial_rows[@]}"
 if [ -n "${URL[steered]:-}" ]; then
@@ -479,7 +479,7 @@ if [ "$FLAME" = 1 ]; then
 fi
 
 declare -A IDLE
-idle_rows=(proxy_pass unprotected)
+idle_rows=(proxy_pass unprotected pkgproxy pkgloop)
 [ "$EVPROTO" = 1 ] && idle_rows+=(evproto evuring)
 if [ "$IDLE_CONNS" -gt 0 ]; then
   go build -trimpath -o "$work/idleconns" ./test/bench/proxy/idleconns
