@@ -17,8 +17,11 @@
 # from /proc over exactly the h2load run; the upstream nginx is shared and
 # not counted). Writes $OUT (Markdown).
 #
+# With BASE_BIN set (another rl-tproxy build, e.g. an older commit's), a
+# row rl_h2c_base runs it beside the others for a before/after in one run.
+#
 # Env: DURATION=10 (s) CONNS=16 STREAMS=10 ROUNDS=3 SERVER_CPU=1
-#      CLIENT_CPU=0 OUT=docs/bench/h2.md BIN=bin/rl-tproxy
+#      CLIENT_CPU=0 OUT=docs/bench/h2.md BIN=bin/rl-tproxy BASE_BIN=
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -30,6 +33,7 @@ SERVER_CPU=${SERVER_CPU:-1}
 CLIENT_CPU=${CLIENT_CPU:-0}
 OUT=${OUT:-docs/bench/h2.md}
 BIN=${BIN:-bin/rl-tproxy}
+BASE_BIN=${BASE_BIN:-}
 if [ "$(nproc)" -lt 2 ]; then SERVER_CPU=0 CLIENT_CPU=0; fi
 H2LOAD="h2load -t1 -c$CONNS -m$STREAMS -D$DURATION"
 
@@ -38,6 +42,10 @@ for tool in nginx h2load curl taskset python3; do
 done
 [ -x "$BIN" ] || { echo "h2.sh: $BIN missing (make build)" >&2; exit 1; }
 BIN=$(realpath "$BIN")
+if [ -n "$BASE_BIN" ]; then
+  [ -x "$BASE_BIN" ] || { echo "h2.sh: BASE_BIN $BASE_BIN missing" >&2; exit 1; }
+  BASE_BIN=$(realpath "$BASE_BIN")
+fi
 
 work=$(mktemp -d)
 pids=()
@@ -120,6 +128,21 @@ services:
     locations: [{name: open}]
 EOF
 "$BIN" check --policy "$work/policy.yaml" >/dev/null
+RLBASE=$(free_port); RLBASEADMIN=$(free_port)
+cat >"$work/policy-base.yaml" <<EOF
+ratelimitly:
+  embedded: true
+  request_policy: {name: standard, unit: 20ms}
+  fail: close
+defaults:
+  limits: {h2_max_concurrent_streams: 128}
+services:
+  - name: h2c-base
+    listen: 127.0.0.1:$RLBASE
+    upstream: 127.0.0.1:$UP2
+    upstream_protocol: h2c
+    locations: [{name: open}]
+EOF
 
 start() { taskset -c "$SERVER_CPU" "$@" & last=$!; pids+=("$last"); }
 declare -A URL DESC PID
@@ -135,6 +158,13 @@ URL[rl_h2c_adm]="http://127.0.0.1:$RLADM/"; DESC[rl_h2c_adm]="rl-tproxy h2 + adm
 URL[nginx_h1]="http://127.0.0.1:$NH1/";    DESC[nginx_h1]="nginx http2 + proxy_pass HTTP/1.1 keepalive"
 URL[rl_h1]="http://127.0.0.1:$RLH1/";      DESC[rl_h1]="rl-tproxy h2, unprotected, upstream_protocol http1"
 rows=(direct nginx_grpc rl_h2c rl_h2c_adm nginx_h1 rl_h1)
+if [ -n "$BASE_BIN" ]; then
+  start env GOMAXPROCS=1 "$BASE_BIN" run --policy "$work/policy-base.yaml" --admin "127.0.0.1:$RLBASEADMIN" --log-level warn --watch=false
+  PID[rl_h2c_base]=$last
+  URL[rl_h2c_base]="http://127.0.0.1:$RLBASE/"
+  DESC[rl_h2c_base]="rl-tproxy h2 → h2c, unprotected, BASE_BIN ($(basename "$BASE_BIN"))"
+  rows=(direct nginx_grpc rl_h2c_base rl_h2c rl_h2c_adm nginx_h1 rl_h1)
+fi
 for r in "${rows[@]}"; do wait_h2 "${URL[$r]}"; done
 
 cpu_ticks() { # utime+stime of a pid and its children (nginx master + worker)
@@ -187,5 +217,6 @@ ref1=$(median_row nginx_h1 | awk '{print $1}')
   echo "- servers \`taskset -c $SERVER_CPU\`: nginx $(nginx -v 2>&1 | sed 's/.*\///') 1 worker each (front and upstream), rl-tproxy GOMAXPROCS=1; body 612 bytes; access logs off"
   echo "- $ROUNDS alternating rounds; each row shows its median round. CPU µs/req is the front process's (nginx master + worker, or rl-tproxy whole) utime+stime over the h2load run divided by succeeded requests; the shared upstream nginx is not counted"
   echo "- ratio: rl_h2c / rl_h2c_adm against nginx_grpc (both speak h2c upstream); rl_h1 against nginx_h1 (both HTTP/1.1 upstream)"
+  if [ -n "$BASE_BIN" ]; then echo "- rl_h2c_base: the same service on \`BASE_BIN\` (another build), to compare builds in one run"; fi
 } >"$OUT"
 echo "wrote $OUT" >&2
