@@ -43,6 +43,7 @@ type coalescer struct {
 
 const (
 	maxPending        = 256 << 10
+	maxSpare          = 32 << 10 // larger buffers are not kept for the next batch
 	closeFlushTimeout = 5 * time.Second
 )
 
@@ -84,7 +85,8 @@ func (w *coalescer) flush() {
 		w.mu.Unlock()
 		_, err := w.Conn.Write(out)
 		w.mu.Lock()
-		if cap(out) <= maxPending {
+		w.spare = nil // never the array pending now uses
+		if cap(out) <= maxSpare {
 			w.spare = out[:0]
 		}
 		if err != nil {
@@ -94,6 +96,9 @@ func (w *coalescer) flush() {
 		w.cond.Broadcast()
 	}
 	w.running = false
+	if cap(w.pending) > maxSpare { // an idle connection keeps small buffers only
+		w.pending = nil
+	}
 	closing := w.closing
 	w.mu.Unlock()
 	if closing {

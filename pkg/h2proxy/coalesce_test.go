@@ -147,3 +147,41 @@ func TestCoalescerCloseStuckPeer(t *testing.T) {
 		t.Fatal("a stuck peer held the connection open")
 	}
 }
+
+// TestCoalescerLargeBatches: batches larger than the pending bound,
+// written while the previous batch is still being sent, arrive intact
+// (the buffer being sent is never the one writers append to), and an idle
+// connection keeps no large buffer.
+func TestCoalescerLargeBatches(t *testing.T) {
+	a, b := net.Pipe()
+	w := newCoalescer(a)
+	got := make(chan []byte, 1)
+	go func() {
+		data, _ := io.ReadAll(b)
+		got <- data
+	}()
+	var want bytes.Buffer
+	sizes := []int{maxPending + 100, 1000, 70000, 5, 2*maxPending + 3, 64 << 10}
+	for i := range 36 {
+		p := pattern(i, sizes[i%len(sizes)])
+		want.Write(p)
+		if _, err := w.Write(p); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+	}
+	testkit.WaitFor(t, "the writer to go idle", func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return !w.running
+	})
+	w.mu.Lock()
+	if cap(w.pending) > maxSpare || cap(w.spare) > maxSpare {
+		t.Errorf("idle connection keeps %d + %d bytes of buffer", cap(w.pending), cap(w.spare))
+	}
+	w.mu.Unlock()
+	_ = w.Close()
+	if data := <-got; !bytes.Equal(data, want.Bytes()) {
+		t.Fatalf("peer read %d bytes, want %d (or corrupted)", len(data), want.Len())
+	}
+	<-w.done
+}
