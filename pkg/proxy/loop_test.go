@@ -1,9 +1,11 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"sync"
 	"testing"
@@ -170,4 +172,45 @@ func TestLoopHandoffBurstWhole(t *testing.T) {
 	if !bytes.Equal(echoed, burst) {
 		t.Fatalf("echoed %d bytes, not the %d sent", len(echoed), len(burst))
 	}
+}
+
+// An upgraded connection whose both sides send a burst at once (the
+// upstream right behind its 101, the client right behind its request)
+// loses no byte when the loop hands both descriptors to the tunnel: with
+// io_uring the loop may have received part of each burst already.
+func TestLoopUpgradeBurstBothWays(t *testing.T) {
+	const n = 64 << 10
+	fromUp, fromClient := make([]byte, n), make([]byte, n)
+	for i := range n {
+		fromUp[i], fromClient[i] = byte(i%251), byte(i%241)
+	}
+	got := make(chan []byte, 1)
+	up := newRawUpstream(t, func(_ int, c net.Conn) {
+		br := bufio.NewReader(c)
+		if _, err := readRequestHead(br); err != nil {
+			return
+		}
+		c.Write(append([]byte("HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: Upgrade\r\n\r\n"), fromUp...))
+		b := make([]byte, n)
+		_, err := io.ReadFull(br, b)
+		if err != nil {
+			b = nil
+		}
+		got <- b
+	})
+	_, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(cfg *Config) { cfg.EventLoops = 2 })
+	c := dialClient(t, addr)
+	c.send("GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: x\r\nConnection: Upgrade\r\n\r\n" + string(fromClient))
+	r, err := http.ReadResponse(c.br, nil)
+	if err != nil || r.StatusCode != 101 {
+		t.Fatalf("%v %v", r, err)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(c.br, b); err != nil || !bytes.Equal(b, fromUp) {
+		t.Fatalf("client got the upstream's burst wrong (%v)", err)
+	}
+	if b := <-got; !bytes.Equal(b, fromClient) {
+		t.Fatalf("upstream got %d bytes of the client's burst, not all %d in order", len(b), n)
+	}
+	c.c.Close()
 }
