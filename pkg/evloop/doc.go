@@ -111,12 +111,14 @@
 // receive buffer's worth of data in user space.
 //
 // Close discards queued bytes: to close after a response, call
-// CloseWrite and Close in OnDrained (or after the peer's EOF). Detach
+// CloseWrite and Close in OnDrained (or after the peer's EOF). CloseWrite
+// during a Connect shuts the write side once connected. Detach
 // leaves the loop without closing: fn runs on the loop thread once the
 // queued bytes reached the kernel and no operation is in flight on the
 // fd, with the non-blocking fd (for os.NewFile + net.FileConn), or with
-// fd -1 and the error when a write failed (the loop closed the fd).
-// With io_uring the socket's multishot recv may take bytes before its
+// fd -1 and the error when a write failed (the loop closed the fd), or
+// with fd -1 and ErrClosed when the group closed before the queued bytes
+// were written. With io_uring the socket's multishot recv may take bytes before its
 // cancel completes: the callback finds them in s.Unread() and owns them
 // (they come before anything read from the fd). A callback that leaves
 // such bytes untaken is logged as an error: they are lost.

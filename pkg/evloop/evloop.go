@@ -380,6 +380,9 @@ func (l *Loop) runPosted() {
 func (l *Loop) shutdown() {
 	for _, s := range l.socks {
 		if s != nil {
+			if s.detach != nil && s.err == nil && (s.Pending() > 0 || s.sending) {
+				s.err = ErrClosed // its queued bytes are dropped: the handoff failed
+			}
 			s.flags |= fClosed
 			s.dropOut()
 			l.drv.release(s)

@@ -73,6 +73,7 @@ const (
 	fRecvCancel              // io_uring: cancel of the recv queued
 	fSendQ                   // io_uring: in the turn's send queue
 	fUnreadTaken             // the Detach callback called Unread
+	fOneShot                 // io_uring: single-shot recv (not TCP, see uring.add)
 )
 
 // FD returns the socket's file descriptor (-1 once released).
@@ -136,7 +137,9 @@ func (s *Sock) CloseWrite() {
 		return
 	}
 	s.flags |= fShutWr
-	if s.Pending() == 0 && !s.sending {
+	// Not while connecting: shutdown on a socket in SYN_SENT disconnects
+	// it. connected() shuts it once the connect is done.
+	if s.Pending() == 0 && !s.sending && s.flags&fConnecting == 0 {
 		s.l.drv.shutWrite(s)
 	}
 }
@@ -397,6 +400,9 @@ func (s *Sock) connected() bool {
 		return false
 	}
 	s.h.OnConnect(s, nil)
+	if s.flags&(fClosed|fShutWr|fShutDone) == fShutWr && s.Pending() == 0 && !s.sending {
+		s.l.drv.shutWrite(s) // CloseWrite during the connect
+	}
 	return s.flags&fClosed == 0
 }
 

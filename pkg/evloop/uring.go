@@ -208,6 +208,12 @@ func (u *uring) armWatch(w *Watch) {
 func (u *uring) unwatch(w *Watch) { u.cancel(udWatch|uint64(w.idx), -1) }
 
 func (u *uring) add(s *Sock) error {
+	// A multishot recv on an AF_UNIX stream socket can miss the peer's
+	// shutdown (after a short read the kernel waits for a wakeup that came
+	// already): those sockets get a single-shot recv per arrival.
+	if d, err := unix.GetsockoptInt(s.fd, unix.SOL_SOCKET, unix.SO_DOMAIN); err == nil && d == unix.AF_UNIX {
+		s.flags |= fOneShot
+	}
 	if s.flags&fConnecting != 0 {
 		u.pollOut(s)
 	} else {
@@ -258,6 +264,9 @@ func (u *uring) arm(s *Sock) {
 	}
 	q := u.r.get()
 	q.opcode, q.fd, q.ioprio, q.flags = opRecv, int32(s.fd), recvMultishot, sqeBufferSelect
+	if s.flags&fOneShot != 0 {
+		q.ioprio = 0
+	}
 	q.userData = s.ud(udSock)
 	s.flags = s.flags&^(fStarved|fRecvCancel) | fArmed
 	s.inflight++
