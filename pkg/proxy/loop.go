@@ -52,6 +52,8 @@ type loopGroup struct {
 
 	shutMu  sync.Mutex // one Shutdown at a time
 	stopped bool       // the loops are stopped (a later Shutdown has nothing to do)
+
+	testAfterForce func() // tests: called after Shutdown's deadline closed every connection
 }
 
 func newLoopGroup(p *Proxy, n int) *loopGroup {
@@ -294,6 +296,9 @@ wait:
 			err = ctx.Err()
 			lg.detached.closeAll()
 			lg.each(func(ls *loopState) { ls.closeAll() })
+			if lg.testAfterForce != nil {
+				lg.testAfterForce()
+			}
 			for !lg.idle() {
 				time.Sleep(time.Millisecond)
 			}

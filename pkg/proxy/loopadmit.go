@@ -41,6 +41,7 @@ type lreq struct {
 	upKeep    bool // the upstream connection may be pooled after the response
 	admitted  bool // reached the Hook: Done is owed
 	pending   bool // the Hook's Decision is not back yet
+	cancelled bool // Cancel (or the Admit context's cancel) was called
 	sent100   bool
 	canRetry  bool
 	retried   bool

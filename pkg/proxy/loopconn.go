@@ -506,7 +506,8 @@ func (c *lconn) abort() {
 		if c.state == lcExchange || c.state == lcFlush {
 			r.res.UpstreamErr = nil // a failed relay is not the upstream's
 		}
-		if r.pending {
+		if r.pending && !r.cancelled {
+			r.cancelled = true // at most once per Begin (AsyncHook)
 			r.cancelAdmit()
 		}
 	}
