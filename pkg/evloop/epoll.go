@@ -50,18 +50,28 @@ func (e *epoll) close() {
 	unix.Close(e.epfd)
 }
 
+// parkFD is a duplicate of the epoll fd: the set is readable when one
+// of its fds has an event.
+func (e *epoll) parkFD() (int, func(), func(), error) {
+	fd, err := unix.FcntlInt(uintptr(e.epfd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1, nil, nil, fmt.Errorf("dup epoll fd: %w", err)
+	}
+	return fd, nil, nil, nil
+}
+
 func (e *epoll) wake() {
 	unix.Write(e.evfd, eventfdOne[:])
 }
 
-func (e *epoll) poll(timeout int64) error {
+func (e *epoll) poll(timeout int64) (bool, error) {
 	n, err := e.wait(timeout)
 	e.l.woke()
 	if err == unix.EINTR {
-		return nil
+		return false, nil
 	}
 	if err != nil {
-		return fmt.Errorf("epoll_wait: %w", err)
+		return false, fmt.Errorf("epoll_wait: %w", err)
 	}
 	l := e.l
 	for i := 0; i < n; i++ {
@@ -83,7 +93,7 @@ func (e *epoll) poll(timeout int64) error {
 			}
 		}
 	}
-	return nil
+	return n > 0, nil
 }
 
 // wait is epoll_pwait2 (a timeout in ns, so timers are not rounded up

@@ -43,6 +43,11 @@ type Config struct {
 	// Pin binds loop i's thread to the i-th CPU the process may run on
 	// (modulo their number), so a loop stays on one CPU.
 	Pin bool
+	// BlockingWait makes a loop wait for its next turn inside
+	// epoll_wait/io_uring_enter, holding its P (the behaviour before
+	// parking in the netpoller; for measurements). By default an idle
+	// loop parks in Go's netpoller, so other goroutines run at once.
+	BlockingWait bool
 }
 
 // DefaultBufSize is Config.BufSize's default.
@@ -78,8 +83,12 @@ type Group struct {
 // driver is a backend: it owns the kernel side of one loop.
 type driver interface {
 	// poll submits what the turn queued, waits up to timeout ns (< 0:
-	// no bound, 0: no wait) and dispatches what came to the loop.
-	poll(timeout int64) error
+	// no bound, 0: no wait) and dispatches what came to the loop; it
+	// reports whether anything came.
+	poll(timeout int64) (bool, error)
+	// parkFD returns a new fd (the parker owns it) that is readable when
+	// the loop has work, and hooks to run around a parked wait.
+	parkFD() (fd int, before, after func(), err error)
 	wake() // any goroutine
 	listen(ln *listener) error
 	unlisten(ln *listener)
@@ -129,7 +138,7 @@ func Start(cfg Config) (*Group, error) {
 	g := &Group{backend: be}
 	base := time.Now()
 	for i := 0; i < cfg.Loops; i++ {
-		l := &Loop{g: g, id: i, bufSize: cfg.BufSize, base: base, log: cfg.Logger, cpu: -1}
+		l := &Loop{g: g, id: i, bufSize: cfg.BufSize, base: base, log: cfg.Logger, cpu: -1, block: cfg.BlockingWait}
 		if cfg.Pin {
 			l.cpu = cpus[i%len(cpus)]
 		}
@@ -191,6 +200,8 @@ type Loop struct {
 	ur      *uring
 	bufSize int
 	cpu     int // pinned to, or -1
+	block   bool    // Config.BlockingWait
+	pk      *parker // nil with BlockingWait
 	base    time.Time
 	log     *slog.Logger
 	now     int64
@@ -304,6 +315,13 @@ func (l *Loop) run(be Backend, ready chan<- error) {
 		ready <- err
 		return
 	}
+	if !l.block {
+		if err := l.startParker(); err != nil {
+			l.drv.close()
+			ready <- fmt.Errorf("park in the netpoller: %w", err)
+			return
+		}
+	}
 	ready <- nil
 	err = l.loop()
 	l.shutdown()
@@ -327,7 +345,12 @@ func (l *Loop) loop() error {
 				timeout = 0
 			}
 		}
-		err := l.drv.poll(timeout)
+		var err error
+		if timeout != 0 && l.pk != nil {
+			err = l.pk.wait()
+		} else {
+			_, err = l.drv.poll(timeout)
+		}
 		l.asleep.Store(false)
 		if err != nil {
 			return err
@@ -391,8 +414,23 @@ func (l *Loop) shutdown() {
 	l.mu.Lock()
 	l.dead = true
 	l.posted = nil
+	if l.pk != nil {
+		l.pk.close()
+	}
 	l.drv.close()
 	l.mu.Unlock()
+}
+
+func (l *Loop) startParker() error {
+	fd, before, after, err := l.drv.parkFD()
+	if err != nil {
+		return err
+	}
+	if l.pk, err = newParker(l, fd); err != nil {
+		return err
+	}
+	l.pk.before, l.pk.after = before, after
+	return nil
 }
 
 // slot puts s into the table.

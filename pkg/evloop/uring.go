@@ -17,6 +17,7 @@ type uring struct {
 	r       *ring
 	pb      *pbufRing
 	evfd    int
+	parkfd  int    // the parker's eventfd, or -1 (BlockingWait)
 	page    []byte // mmap'd: the eventfd READ's target
 	sendq   []*Sock
 	starved []*Sock
@@ -60,7 +61,7 @@ func newUring(l *Loop) (*uring, error) {
 		r.close()
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
-	u := &uring{l: l, r: r, pb: pb, evfd: evfd, page: page}
+	u := &uring{l: l, r: r, pb: pb, evfd: evfd, parkfd: -1, page: page}
 	u.armWake()
 	return u, nil
 }
@@ -71,7 +72,36 @@ func (u *uring) armWake() {
 	q.addr, q.len = uint64(uintptr(unsafe.Pointer(&u.page[0]))), 8
 }
 
-func (u *uring) wake() { unix.Write(u.evfd, eventfdOne[:]) }
+// parkFD is an eventfd registered with the ring: with DEFER_TASKRUN the
+// kernel signals it when completion work arrives for the loop (completions
+// are posted only by the loop's next io_uring_enter). It is signalled
+// only while the loop parks (IORING_CQ_EVENTFD_DISABLED otherwise), so a
+// busy loop does not wake the netpoller.
+func (u *uring) parkFD() (int, func(), func(), error) {
+	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		return -1, nil, nil, fmt.Errorf("eventfd: %w", err)
+	}
+	if err := u.r.registerEventfd(fd); err != nil {
+		unix.Close(fd)
+		return -1, nil, nil, err
+	}
+	u.r.eventfdEnabled(false)
+	u.parkfd = fd
+	return fd, func() { u.r.eventfdEnabled(true) }, func() { u.r.eventfdEnabled(false) }, nil
+}
+
+// wake ends the loop's wait: a parked loop through the parker's eventfd
+// (a READ of the wake eventfd completing in an io-wq worker does not
+// always signal the ring's registered eventfd), a loop blocked in
+// io_uring_enter through the READ on the wake eventfd.
+func (u *uring) wake() {
+	if u.parkfd >= 0 {
+		unix.Write(u.parkfd, eventfdOne[:])
+		return
+	}
+	unix.Write(u.evfd, eventfdOne[:])
+}
 
 // close ends the sockets still waiting for completions (Group.Close),
 // then the ring. Buffers the kernel writes are mmap'd, not Go memory.
@@ -91,16 +121,18 @@ func (u *uring) close() {
 	unix.Close(u.evfd)
 }
 
-func (u *uring) poll(timeout int64) error {
+func (u *uring) poll(timeout int64) (bool, error) {
 	u.flushSends()
 	err := u.r.enter(timeout)
 	u.l.woke()
 	if err != nil {
-		return err
+		return false, err
 	}
 	r := u.r
 	head := *r.cqHead
-	for tail := atomic.LoadUint32(r.cqTail); head != tail; head++ {
+	tail := atomic.LoadUint32(r.cqTail)
+	got := head != tail || r.pending()
+	for ; head != tail; head++ {
 		c := *r.peek(head)
 		atomic.StoreUint32(r.cqHead, head+1)
 		u.complete(c)
@@ -109,7 +141,7 @@ func (u *uring) poll(timeout int64) error {
 		u.pb.publish()
 		u.rearmStarved()
 	}
-	return nil
+	return got, nil
 }
 
 func (u *uring) complete(c cqe) {

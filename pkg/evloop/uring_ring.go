@@ -28,6 +28,10 @@ const (
 	setupSubmitAll    = 1 << 7
 	setupSingleIssuer = 1 << 12
 	setupDeferTask    = 1 << 13
+	setupTaskrunFlag  = 1 << 9
+
+	sqCQOverflow = 1 << 1 // IORING_SQ_CQ_OVERFLOW
+	sqTaskrun    = 1 << 2 // IORING_SQ_TASKRUN: completion work waits for an enter
 
 	enterGetEvents = 1 << 0
 	enterExtArg    = 1 << 3
@@ -47,6 +51,9 @@ const (
 	cqeFMore   = 1 << 1
 
 	regPbufRing = 22
+	regEventfd  = 4
+
+	cqEventfdDisabled = 1 << 0
 	offSQEs     = 0x10000000
 
 	pollIn  = 0x1
@@ -110,13 +117,15 @@ type ring struct {
 	cqHead, cqTail *uint32
 	cqMask         uint32
 	cqes           unsafe.Pointer
+	cqFlags        *uint32
+	sqFlags        *uint32
 	sqEntries      uint32
 	mem, sqeMem    []byte
 	ts             unix.Timespec
 	arg            getEventsArg
 }
 
-const ringFlags = setupSingleIssuer | setupDeferTask | setupSubmitAll | setupCQSize
+const ringFlags = setupSingleIssuer | setupDeferTask | setupTaskrunFlag | setupSubmitAll | setupCQSize
 
 // newRing sets a ring up for the calling thread (SINGLE_ISSUER: the loop
 // thread is its only submitter).
@@ -156,6 +165,8 @@ func newRing(entries, cqEntries uint32) (*ring, error) {
 	r.cqTail = (*uint32)(unsafe.Add(base, p.cqOff.tail))
 	r.cqMask = *(*uint32)(unsafe.Add(base, p.cqOff.ringMask))
 	r.cqes = unsafe.Add(base, p.cqOff.cqes)
+	r.cqFlags = (*uint32)(unsafe.Add(base, p.cqOff.flags))
+	r.sqFlags = (*uint32)(unsafe.Add(base, p.sqOff.flags))
 	return r, nil
 }
 
@@ -231,6 +242,35 @@ func (r *ring) enter(timeout int64) error {
 		return nil // what was not submitted goes with the next enter
 	}
 	return fmt.Errorf("io_uring_enter: %w", e)
+}
+
+// registerEventfd has the kernel signal fd when completions (or, with
+// DEFER_TASKRUN, completion work) arrive.
+func (r *ring) registerEventfd(fd int) error {
+	v := int32(fd)
+	if _, _, e := unix.Syscall6(sysIOUringRegister, uintptr(r.fd), regEventfd, uintptr(unsafe.Pointer(&v)), 1, 0, 0); e != 0 {
+		return fmt.Errorf("io_uring_register(EVENTFD): %w", e)
+	}
+	return nil
+}
+
+// eventfdEnabled turns the registered eventfd's signalling on or off
+// (IORING_CQ_EVENTFD_DISABLED; only the loop thread writes the flags).
+func (r *ring) eventfdEnabled(on bool) {
+	f := atomic.LoadUint32(r.cqFlags)
+	if on {
+		f &^= cqEventfdDisabled
+	} else {
+		f |= cqEventfdDisabled
+	}
+	atomic.StoreUint32(r.cqFlags, f)
+}
+
+// pending reports whether the kernel holds completion work or overflowed
+// completions that the next enter delivers (an enter runs a bounded
+// number of deferred task works and leaves the rest, signalling nothing).
+func (r *ring) pending() bool {
+	return atomic.LoadUint32(r.sqFlags)&(sqTaskrun|sqCQOverflow) != 0
 }
 
 // cqe returns the completion at head, if any.
