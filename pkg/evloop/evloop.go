@@ -199,7 +199,7 @@ type Loop struct {
 	ep      *epoll // the driver as its concrete type (Sock.Write)
 	ur      *uring
 	bufSize int
-	cpu     int // pinned to, or -1
+	cpu     int     // pinned to, or -1
 	block   bool    // Config.BlockingWait
 	pk      *parker // nil with BlockingWait
 	base    time.Time

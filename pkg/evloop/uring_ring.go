@@ -54,7 +54,7 @@ const (
 	regEventfd  = 4
 
 	cqEventfdDisabled = 1 << 0
-	offSQEs     = 0x10000000
+	offSQEs           = 0x10000000
 
 	pollIn  = 0x1
 	pollOut = 0x4
