@@ -9,7 +9,7 @@ COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 FUZZTIME ?= 20000x
 
-.PHONY: all build generate generate-check test test-unit test-loops test-alloc test-fuzz lint deps demo bench soak clean
+.PHONY: all build generate generate-check test test-unit test-alloc test-fuzz lint deps demo bench soak clean
 
 all: build
 
@@ -39,13 +39,6 @@ lint:
 test-unit:
 	$(GO) test -race -count=1 -timeout 40m ./...
 
-# pkg/proxy's suite and the end-to-end, fault and steer tests again on the
-# event-loop data path (Config.EventLoops; run --event-loops): the variable
-# reaches pkg/proxy's TestMain and the rl-tproxy binaries the tests start.
-test-loops:
-	RL_TPROXY_EVENT_LOOPS=2 $(GO) test -race -count=1 -timeout 20m ./pkg/proxy/
-	RL_TPROXY_EVENT_LOOPS=2 $(GO) test -count=1 -timeout 30m ./test/e2e/ ./test/fault/ ./test/steer/
-
 # The allocation tests (files tagged //go:build !race) without -race.
 test-alloc:
 	@test/allocs.sh
@@ -54,7 +47,7 @@ test-alloc:
 test-fuzz:
 	@test/fuzz.sh $(FUZZTIME)
 
-test: deps generate-check lint test-unit test-loops test-alloc test-fuzz
+test: deps generate-check lint test-unit test-alloc test-fuzz
 
 demo: build
 	$(BIN) demo --policy examples/policy.yaml

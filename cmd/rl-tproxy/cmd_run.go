@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"strconv"
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/node"
@@ -32,7 +30,7 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	drain := fs.Duration("drain-timeout", 20*time.Second, "longest graceful drain on SIGTERM/SIGINT")
 	watch := fs.Bool("watch", true, "reload when the policy or credentials file changes (inotify on their directories)")
 	upgrade := fs.Bool("upgrade-redirect", false, "replace a pinned sk_lookup program of another build in place (keeping the sockmap, ports and counters) instead of refusing to start")
-	loops := fs.Int("event-loops", envInt("RL_TPROXY_EVENT_LOOPS"), "serve HTTP/1.x on N event loops (one thread each; 0: a goroutine per connection); default $RL_TPROXY_EVENT_LOOPS, else 0")
+	loops := fs.Int("event-loops", 0, "serve HTTP/1.x on N event loops, one thread each (0: one per CPU)")
 	if done, code := parseFlags(fs, args, stdout); done {
 		return code
 	}
@@ -78,11 +76,4 @@ func printLoadError(w io.Writer, cmd, path string, err error) {
 		return
 	}
 	fmt.Fprintf(w, "rl-tproxy %s: %v\n", cmd, err)
-}
-
-// envInt reads a flag's default from the environment (0 when unset or
-// not a number).
-func envInt(name string) int {
-	n, _ := strconv.Atoi(os.Getenv(name))
-	return n
 }

@@ -42,8 +42,8 @@ type Options struct {
 	UpgradeRedirect bool
 	// Version and Commit label the build-info metric.
 	Version, Commit string
-	// EventLoops is proxy.Config.EventLoops: 0 serves HTTP/1.x on a
-	// goroutine per connection, N > 0 on N event loops.
+	// EventLoops is proxy.Config.EventLoops: the number of event loops
+	// that serve HTTP/1.x (0: one per CPU).
 	EventLoops int
 	// ServerHooks are test hooks for an embedded server (demo only).
 	ServerHooks *rlserver.TestHooks

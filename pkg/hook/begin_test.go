@@ -38,7 +38,7 @@ func admitVia(g *Gate, ctx context.Context, r *proxy.Request) proxy.Decision {
 
 // beginHook is the Gate whose Admit does what the event-loop path does
 // with an AsyncHook: Begin, then wait for Resume, and Cancel when the
-// client goes away (the goroutine path's ctx). Every other method is the
+// client goes away (Admit's ctx). Every other method is the
 // Gate's.
 type beginHook struct{ *Gate }
 
@@ -77,9 +77,6 @@ func admitBegin(g *Gate, ctx context.Context, r *proxy.Request) proxy.Decision {
 		}
 		return d
 	}
-	// As the Gate's Admit does before its check waits (the loop path
-	// watches every client anyway).
-	proxy.WatchClient(ctx)
 	select {
 	case <-w.ch:
 	case <-ctx.Done():
@@ -122,7 +119,6 @@ func TestViaBegin(t *testing.T) {
 		{"TestSetCheckerDrainsOld", TestSetCheckerDrainsOld},
 		{"TestSwapInflightKeepsGeneration", TestSwapInflightKeepsGeneration},
 		{"TestSwapLogsPolicyWarnings", TestSwapLogsPolicyWarnings},
-		{"TestWatchOnlyWhereAbortMatters", TestWatchOnlyWhereAbortMatters},
 	}
 	// Every test of the package is in the list (or in notTwice, or
 	// tests Begin itself), so a new test runs both ways.

@@ -25,8 +25,8 @@ import (
 
 // BenchmarkAdmitEmbedded measures one whole admission (render, encode,
 // seal, UDP round trip to an embedded rlserver on loopback, open, decode,
-// allow contract) plus Done with its latency report, through Admit (the
-// goroutine path: the caller blocks) and through Begin (the event-loop
+// allow contract) plus Done with its latency report, through Admit (a
+// blocking caller: HTTP/2, the loops' admission workers) and through Begin (the event-loop
 // path: the check completes on the client's receive goroutine, which
 // resumes the caller). cpu-µs/op and ctxsw/op are the process's CPU time
 // (client, server and gate) and context switches per admission.
@@ -152,7 +152,7 @@ services:
 }
 
 // BenchmarkAdmitEmbedded64 keeps 64 admissions in flight: through Admit,
-// 64 goroutines each blocked on its check (the goroutine path); through
+// 64 goroutines each blocked on its check (blocking callers); through
 // Begin, one goroutine that starts 64 checks and handles each Resume as
 // it comes (what one event loop does).
 func BenchmarkAdmitEmbedded64(b *testing.B) {

@@ -282,7 +282,7 @@ func (g *Gate) decision(st *state) proxy.Decision {
 	}
 	switch st.dec.Action {
 	case admission.ActionAdmit:
-		return proxy.Decision{Allow: true, Forward: st.fwd, State: st, WatchClient: needsWatch(st.dec.Location)}
+		return proxy.Decision{Allow: true, Forward: st.fwd, State: st}
 	case admission.ActionDeny:
 		a := st.info.answer
 		hs, buf := a.Render(st.hdrs[:0], st.buf[:0], st.dec.Zones)
@@ -298,26 +298,10 @@ func (g *Gate) decision(st *state) proxy.Decision {
 	return proxy.Decision{Status: 500, Body: internalBody, ContentType: "text/plain; charset=utf-8", State: st}
 }
 
-// WatchesOnDemand implements proxy.OnDemandWatcher: the proxy watches a
-// client only while its check waits (Check) and, after an allow, only
-// where the outcome or a report depends on it (needsWatch).
-func (g *Gate) WatchesOnDemand() {}
-
-// needsWatch reports whether an allowed request at loc must be watched
-// until its response ends: a protected location's outcome (allow or
-// client_abort, with its admission latency and verdict) and a report
-// (never after a client that went away) depend on noticing an abort. An
-// unprotected location without a report, or no location, is a bypass:
-// an abort there is still seen by a failed write, not polled for.
-func needsWatch(loc *admission.Location) bool {
-	return loc != nil && (loc.Protected() || loc.Report != nil)
-}
-
 // Check implements admission.Checker for the request's Engine: it asks
-// the proxy to watch the client (a client that goes away cancels ctx)
-// and then asks the request's checker.
+// the request's checker (the proxy cancels ctx when the client goes
+// away).
 func (st *state) Check(ctx context.Context, req *wire.RateRequest, out *admission.CheckResult) {
-	proxy.WatchClient(ctx)
 	st.ref.c.Check(ctx, req, out)
 }
 

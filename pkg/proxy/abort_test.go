@@ -151,34 +151,6 @@ func TestClientHalfCloseWhileUpstreamWorks(t *testing.T) {
 	c.expectClosed()
 }
 
-// One connection's requests, one after the other, are watched by one
-// watcher goroutine: a watcher is back in the pool before its connection
-// can start the next admission.
-func TestWatcherPoolBounded(t *testing.T) {
-	goroutinePathOnly(t)
-	up := fastUpstream(t, fixedResponse)
-	p, addr := startProxy(t, allowHook{}, &Service{Upstream: up}, nil)
-	c := dialClient(t, addr)
-	const n = 300
-	req := "GET / HTTP/1.1\r\nHost: x\r\n\r\n"
-	var all string
-	for i := 0; i < n; i++ {
-		all += req // pipelined: the next admission starts at once
-	}
-	c.send(all)
-	for i := 0; i < n; i++ {
-		if r, _ := c.resp("GET"); r.StatusCode != 200 {
-			t.Fatalf("status %d", r.StatusCode)
-		}
-	}
-	p.watchers.mu.Lock()
-	started := p.watchers.started
-	p.watchers.mu.Unlock()
-	if started != 1 {
-		t.Fatalf("%d watcher goroutines for one connection", started)
-	}
-}
-
 func TestClientAbort(t *testing.T) {
 	t.Run("mid-body", func(t *testing.T) {
 		gotBody := make(chan int, 1)
@@ -250,36 +222,6 @@ func hookWaitAdmit(t *testing.T, h *testHook, n int) {
 
 // A client that goes away while admission waits is noticed even when its
 // request body is already queued unread.
-// TestClientAbortDuringAdmissionAfterParkDelay: the abort watcher keeps
-// watching after the idle wait's short park deadline (ParkIdleAfter) has
-// passed, although the head arrived whole with that wait's read.
-func TestClientAbortDuringAdmissionAfterParkDelay(t *testing.T) {
-	entered := make(chan struct{})
-	hook := newTestHook(func(ctx context.Context, r *Request) Decision {
-		time.Sleep(20 * time.Millisecond) // scenario: admission outlasts ParkIdleAfter
-		close(entered)
-		select {
-		case <-ctx.Done():
-		case <-time.After(20 * time.Second):
-		}
-		return Decision{Allow: true}
-	})
-	up := newRawUpstream(t, func(int, net.Conn) {})
-	_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, func(cfg *Config) {
-		cfg.ParkIdleAfter = time.Millisecond
-	})
-	c := dialClient(t, addr)
-	c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-	<-entered
-	c.c.Close()
-	if d := hook.waitDone(t); !d.clientAborted || d.status != 0 {
-		t.Fatalf("done %+v", d)
-	}
-	if up.count() != 0 {
-		t.Fatal("aborted request reached the upstream")
-	}
-}
-
 func TestClientAbortDuringAdmissionWithBody(t *testing.T) {
 	entered := make(chan struct{})
 	hook := newTestHook(func(ctx context.Context, r *Request) Decision {

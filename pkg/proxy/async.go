@@ -1,10 +1,10 @@
 package proxy
 
-// AsyncHook is an optional interface of a Hook for the event-loop path
-// (Config.EventLoops > 0): a loop thread must never block, so admission
+// AsyncHook is an optional interface of a Hook for the event loops that
+// serve HTTP/1.x: a loop thread must never block, so admission
 // is split into Begin, which never blocks, and a later Resume.
 //
-// A Hook without this interface still works on the loop path: the proxy
+// A Hook without this interface still works on the loops: the proxy
 // runs Admit on a worker goroutine and hands the Decision back to the
 // loop. Done is called as for Admit, exactly once for every request that
 // reached Begin, after the response ended or failed.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"runtime"
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
@@ -39,19 +40,6 @@ type Hook interface {
 	Done(r *Request, d *Decision, res *Result)
 }
 
-// OnDemandWatcher is an optional interface of a Hook that says when a
-// client that goes away matters, so that the proxy watches the client
-// socket (a watcher goroutine, a poll and deadline changes per request,
-// see watch.go) only then. Its Admit calls WatchClient(ctx), on Admit's
-// goroutine, before it waits on anything that a client going away should
-// cancel; its allowing Decisions set WatchClient when the outcome or a
-// report depends on noticing an abort until the response ends. Without a
-// watcher, an abort is noticed only by a failed read or write. A Hook
-// without this interface has every request watched.
-type OnDemandWatcher interface {
-	WatchesOnDemand()
-}
-
 // Rejecter is an optional interface of a Hook. The proxy calls Reject for
 // every request it answers itself under a rule: a strictness rule (rule
 // names from httpparse, 400/414/417/431/501/505), "header-timeout" (408)
@@ -59,7 +47,7 @@ type OnDemandWatcher interface {
 // answer because its first bytes picked no protocol within the header
 // timeout ("detect-timeout", status 0, with Config.Handoff set). Most of these never reach Admit; a chunked
 // body found too large or malformed after admission also gets Done. Reject
-// runs on the connection's goroutine before the answer is written, so it
+// runs on the connection's loop thread before the answer is written, so it
 // must not block; it also runs for requests whose Service is the only
 // thing known (no Request is built).
 type Rejecter interface {
@@ -79,8 +67,8 @@ type Request struct {
 	// SNI and ALPN are set for a TLS passthrough connection (Head is nil):
 	// the ClientHello's server name and the client's first ALPN protocol.
 	SNI, ALPN []byte
-	// Loop is the event loop that owns the request's connection (nil on
-	// the goroutine path). An AsyncHook's Begin and Cancel run on its
+	// Loop is the event loop that owns the request's connection (nil for
+	// the HTTP/2 and passthrough paths). An AsyncHook's Begin and Cancel run on its
 	// thread, so a hook can keep per-loop state there (evloop's Watch,
 	// OnTurnEnd and Timer, registered on first use).
 	Loop *evloop.Loop
@@ -118,10 +106,6 @@ type Decision struct {
 	Forward []httpparse.Header
 	// State is opaque to the proxy and handed back in Done.
 	State any
-	// WatchClient asks, from a Hook that implements OnDemandWatcher, that
-	// the client be watched after an allow until the response ends (other
-	// Hooks get that for every request).
-	WatchClient bool
 }
 
 // Result is the outcome of one request.
@@ -233,10 +217,6 @@ type Config struct {
 	// UpstreamIdleTimeout closes pooled connections idle this long
 	// (default 30s).
 	UpstreamIdleTimeout time.Duration
-	// ParkIdleAfter: a keep-alive connection idle this long gives up its
-	// goroutine and waits in a shared epoll set (saves memory per idle
-	// connection). 0 = DefaultParkIdleAfter; negative = never park.
-	ParkIdleAfter time.Duration
 	// Handoff, if set, serves connections whose first bytes are not
 	// HTTP/1.x (HTTP/2, TLS, other protocols); see Handoff. nil: every
 	// connection is HTTP/1.x and no detection runs.
@@ -247,24 +227,20 @@ type Config struct {
 	// under a rule (see Rejecter, which a Hook may implement instead; both
 	// are called). For metrics; it must not block.
 	OnReject func(svc *Service, remote netip.AddrPort, rule string, status int)
-	// EventLoops selects the HTTP/1.x data path: 0 serves each client
-	// connection on its own goroutine (conn.go); N > 0 serves them on N
-	// event loops, one OS thread each (pkg/evloop; loop.go). New reads
-	// it (0 takes defaultEventLoops); Update keeps the path the Proxy
-	// was created with. The loops start with the first Serve and stop in
-	// Shutdown.
+	// EventLoops is the number of event loops (pkg/evloop; loop.go), one
+	// OS thread each, that serve the HTTP/1.x connections; 0 (or less)
+	// means one per CPU the runtime uses (runtime.GOMAXPROCS). New reads
+	// it; Update keeps the loops the Proxy was created with. The loops
+	// start with the first Serve and stop in Shutdown.
 	EventLoops int
-
-	watcherIdle   time.Duration // idle watcher lifetime (default DefaultWatcherIdleTimeout; tests)
-	testOnPark    func()        // called after a connection parked
-	testParkSweep time.Duration // parked idle-timeout sweep interval (default 1s)
 }
 
-func (c *Config) parkIdleAfter() time.Duration {
-	if c.ParkIdleAfter == 0 {
-		return DefaultParkIdleAfter
+// loops is the number of event loops EventLoops asks for.
+func (c *Config) loops() int {
+	if c.EventLoops > 0 {
+		return c.EventLoops
 	}
-	return c.ParkIdleAfter
+	return runtime.GOMAXPROCS(0)
 }
 
 func (c *Config) validate() error {

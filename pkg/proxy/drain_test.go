@@ -44,27 +44,7 @@ func waitConns(t *testing.T, p *Proxy, n int) {
 // (bounded by the header timeout).
 func TestDrainServesFreshConnection(t *testing.T) {
 	up := httpUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("done")) }))
-	for _, parked := range []bool{false, true} {
-		name := "first-request-served"
-		if parked {
-			name += "-after-parking"
-		}
-		t.Run(name, func(t *testing.T) {
-			if parked {
-				goroutinePathOnly(t)
-			}
-			var parks chan struct{}
-			var mod func(*Config)
-			if parked {
-				parks = make(chan struct{}, 2)
-				mod = func(cfg *Config) {
-					cfg.ParkIdleAfter = time.Millisecond
-					cfg.testOnPark = func() { parks <- struct{}{} }
-				}
-			}
-			testDrainFresh(t, up, mod, parks)
-		})
-	}
+	t.Run("first-request-served", func(t *testing.T) { testDrainFresh(t, up) })
 	t.Run("silent-closed-after-header-timeout", func(t *testing.T) {
 		p, addr, served := startDrainProxy(t, &Service{Name: "w", Upstream: up, HeaderTimeout: 20 * time.Millisecond}, nil)
 		silent := dialClient(t, addr)
@@ -79,19 +59,15 @@ func TestDrainServesFreshConnection(t *testing.T) {
 	})
 }
 
-// testDrainFresh: an idle and a fresh connection (both parked when parks
-// is not nil) when the drain starts; the fresh one's request is served.
-func testDrainFresh(t *testing.T, up string, mod func(*Config), parks chan struct{}) {
-	p, addr, served := startDrainProxy(t, &Service{Name: "w", Upstream: up}, mod)
+// testDrainFresh: an idle and a fresh connection when the drain starts;
+// the fresh one's request is served.
+func testDrainFresh(t *testing.T, up string) {
+	p, addr, served := startDrainProxy(t, &Service{Name: "w", Upstream: up}, nil)
 	idle := dialClient(t, addr)
 	idle.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 	idle.resp("GET")
 	fresh := dialClient(t, addr)
 	waitConns(t, p, 2)
-	if parks != nil {
-		<-parks
-		<-parks
-	}
 	shut := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -4,15 +4,13 @@ import (
 	"errors"
 	"net"
 	"net/netip"
-	"runtime"
 )
 
 // A listener group is the set of SO_REUSEPORT sockets bound to one address
 // (ListenGroup): the kernel spreads the address's connections across them,
 // so each event loop accepts on a socket of its own (socket i on loop
 // i mod EventLoops, when the group has at least one socket per loop;
-// otherwise every loop accepts on every socket). The goroutine path runs
-// one accept loop per socket.
+// otherwise every loop accepts on every socket).
 
 // ServeGroup serves every listener of lns for svc, as Serve serves one:
 // lns is normally one SO_REUSEPORT group from ListenGroup. It returns
@@ -66,14 +64,5 @@ func (p *Proxy) serveGroup(lns []net.Listener, pick func(*Config, netip.AddrPort
 }
 
 // ListenGroupSize is the number of sockets a listener group should have
-// for this proxy (ListenAll uses it): one per event loop
-// (Config.EventLoops) or, on the goroutine path, one per CPU the runtime
-// uses.
-func (p *Proxy) ListenGroupSize() int { return p.cfg.Load().groupSize() }
-
-func (c *Config) groupSize() int {
-	if c.EventLoops > 0 {
-		return c.EventLoops
-	}
-	return runtime.GOMAXPROCS(0)
-}
+// for this proxy (ListenAll uses it): one per event loop.
+func (p *Proxy) ListenGroupSize() int { return p.lg.n }

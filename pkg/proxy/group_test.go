@@ -191,8 +191,9 @@ func (l *countingListener) Accept() (net.Conn, error) {
 	return c, err
 }
 
-// TestServeGroup: the goroutine path runs an accept loop on every socket
-// of a group, so every socket serves; Shutdown ends them all with
+// TestServeGroup: the loops accept on every socket of a group (socket i
+// on loop i mod loops, or every loop on every socket), so every socket
+// serves; Shutdown ends them all with
 // ErrClosed, and one socket failing ends the group.
 func TestServeGroup(t *testing.T) {
 	up := keepAliveUpstream(t, 0)

@@ -187,34 +187,3 @@ func TestDispatchDrain(t *testing.T) {
 		t.Fatalf("after drain: %q", rest)
 	}
 }
-
-// TestDispatchAfterPark: a fresh connection that parked before sending
-// anything is still classified by its first bytes when they arrive.
-func TestDispatchAfterPark(t *testing.T) {
-	goroutinePathOnly(t)
-	h := &echoHandoff{takes: map[sniff.Kind]bool{sniff.Other: true}}
-	parked := make(chan struct{}, 10)
-	p, addr := startProxy(t, nil, &Service{Upstream: "127.0.0.1:1", IdleTimeout: time.Minute}, func(c *Config) {
-		c.Handoff = h
-		c.ParkIdleAfter = time.Millisecond
-		c.testOnPark = func() {
-			select {
-			case parked <- struct{}{}:
-			default:
-			}
-		}
-	})
-	c := dialClient(t, addr)
-	for {
-		<-parked
-		if p.Stats().Parked == 1 {
-			break
-		}
-	}
-	c.send("\x00late")
-	want := "other:\x00late|"
-	got := make([]byte, len(want))
-	if _, err := io.ReadFull(c.br, got); err != nil || string(got) != want {
-		t.Fatalf("got %q %v", got, err)
-	}
-}

@@ -279,13 +279,3 @@ func noLeak(t *testing.T, base int) {
 	n := runtime.Stack(buf, true)
 	t.Fatalf("goroutines: %d > %d\n%s", runtime.NumGoroutine(), base, buf[:n])
 }
-
-// goroutinePathOnly skips a test of the goroutine path's own machinery
-// (abort watchers, idle parking, trimming) when the suite runs on the
-// event loops (RL_TPROXY_EVENT_LOOPS), which have none of it.
-func goroutinePathOnly(t testing.TB) {
-	t.Helper()
-	if defaultEventLoops > 0 {
-		t.Skip("tests the goroutine path's machinery; the event-loop path has none")
-	}
-}

@@ -16,7 +16,7 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
 )
 
-// The event-loop data path (Config.EventLoops > 0). Every client
+// The data path: event loops (Config.EventLoops). Every client
 // connection belongs to one loop (pkg/evloop: one OS thread), which runs
 // its state machine (loopconn.go) from socket events: no goroutine per
 // connection, and no buffer while it is idle (buffers come from the
@@ -58,7 +58,7 @@ type loopGroup struct {
 
 func newLoopGroup(p *Proxy, n int) *loopGroup {
 	lg := &loopGroup{p: p, n: n}
-	lg.workers.idleTimeout = DefaultWatcherIdleTimeout
+	lg.workers.idleTimeout = admitWorkerIdle
 	return lg
 }
 
@@ -326,7 +326,7 @@ func (lg *loopGroup) idle() bool { return lg.conns.Load() == 0 && lg.workers.bus
 
 func (lg *loopGroup) stats() Stats {
 	return Stats{Conns: int(lg.conns.Load()), UpstreamIdle: int(lg.upIdle.Load()),
-		UpstreamDiscarded: lg.p.pools.discarded.Load()}
+		UpstreamDiscarded: lg.p.discarded.Load()}
 }
 
 // detachedConns are client connections served by a goroutine after they

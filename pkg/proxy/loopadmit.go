@@ -140,6 +140,10 @@ func (c *lconn) admitDone() {
 	c.forward()
 }
 
+// admitWorkerIdle is how long an idle admission worker goroutine waits
+// for work before it exits.
+const admitWorkerIdle = 10 * time.Second
+
 // admitWorkers is a pool of goroutines that run blocking Hook.Admit
 // calls for the loops (a goroutine per request would allocate). An idle
 // worker exits after idleTimeout; Shutdown ends them all.

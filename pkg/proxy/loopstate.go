@@ -4,6 +4,13 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
 )
 
+// bufSize is the size of the loops' request and response buffers. It
+// holds a default-limits head (8 KiB line + 16 KiB block) with room to
+// spare.
+const bufSize = 32 << 10
+
+type bufArr = [bufSize]byte
+
 // loopState is what one loop owns: its connections, free lists, upstream
 // pools and the scratch buffer in which heads are built. It is touched
 // only on the loop's thread.

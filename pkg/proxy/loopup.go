@@ -155,6 +155,8 @@ func (u *lup) connect() {
 	u.s = s
 }
 
+var defaultDialer = &net.Dialer{KeepAlive: 30 * time.Second}
+
 // dial opens the connection on a goroutine (Config.Dial, or a host name
 // to resolve) and posts the descriptor back to the loop.
 func (u *lup) dial(cfg *Config, timeout time.Duration) {
@@ -309,7 +311,7 @@ func (u *lup) discardIdle() {
 	} else {
 		u.pool.remove(u)
 	}
-	u.ls.p.pools.discarded.Add(1)
+	u.ls.p.discarded.Add(1)
 	u.close()
 }
 
@@ -331,7 +333,7 @@ func (u *lup) close() {
 func (c *lconn) releaseUp(u *lup, keep, stray bool) {
 	if !keep || !u.buf.empty() {
 		if stray || !u.buf.empty() {
-			c.ls.p.pools.discarded.Add(1)
+			c.ls.p.discarded.Add(1)
 		}
 		u.close()
 		return

@@ -30,30 +30,32 @@
 //     ways until both directions end (after one side ends, the other gets
 //     a bounded grace period).
 //   - An upstream connection is pooled, and later reused, only when it has
-//     no unread bytes, buffered or queued on its socket, and was not closed
-//     (buffered bytes are checked at release, the socket with one
-//     non-blocking peek at every reuse, pinned connections included). Bytes the
-//     response's framing does not account for (after a complete response,
-//     a body after HEAD/204/304, an early second response) poison it: it
-//     is closed, and no later client sees them.
+//     no unread bytes and was not closed. A pooled connection stays
+//     registered with its loop, so bytes or an EOF arriving while it idles
+//     discard it at once. Bytes the response's framing does not account
+//     for (after a complete response, a body after HEAD/204/304, an early
+//     second response) poison it: it is closed, and no later client sees
+//     them.
 //   - A pooled upstream connection that fails before any response byte is
 //     retried once on a fresh connection, only for idempotent requests
 //     without a body.
 //   - With a Hook, a client that goes away is noticed during admission
 //     and until its response is completely written: Result.ClientAborted
-//     is set and an upstream exchange in progress is cancelled (its
-//     connection closed, not pooled). A reset or a failed write is an
-//     abort; a FIN is one only during admission (after it, a client that
-//     merely shut down its write side still gets the response). A Hook
-//     that is an OnDemandWatcher has only the requests watched that it
-//     asks for (WatchClient). See watch.go.
-//   - Idle keep-alive connections hold no buffers; after
-//     Config.ParkIdleAfter they also give up their goroutine (see park.go).
-//   - Pools shrink after a burst: idle watcher goroutines exit after
-//     DefaultWatcherIdleTimeout, idle upstream connections after
-//     UpstreamIdleTimeout, and when the connections and watchers of a
-//     burst are gone the proxy empties its sync.Pools and returns free
-//     memory to the OS (see trim.go).
+//     is set, an AsyncHook's admission is cancelled (Cancel) and an
+//     upstream exchange in progress is cancelled (its connection closed,
+//     not pooled). A reset or a failed write is an abort; a FIN is one
+//     only during admission (after it, a client that merely shut down its
+//     write side still gets the response).
+//   - Connections are served by event loops (Config.EventLoops, one per
+//     CPU by default; pkg/evloop, loop.go): each loop is one OS thread
+//     that owns its client connections, its upstream pools
+//     (MaxIdlePerUpstream per loop and address) and its buffers. An idle
+//     keep-alive connection holds neither a goroutine nor a buffer. An
+//     AsyncHook admits on the loop's thread; a blocking Hook's Admit runs
+//     on a worker goroutine whose Decision is posted back to the loop. An
+//     upgraded or handed-off connection leaves its loop for a goroutine.
+//   - Idle upstream connections close after UpstreamIdleTimeout; idle
+//     admission workers exit after 10 s.
 //   - Shutdown (graceful drain) closes idle keep-alive connections at
 //     once, but waits for the first request of a just-accepted connection
 //     for up to Service.HeaderTimeout after its accept; that request is
@@ -61,17 +63,10 @@
 //   - Update swaps the configuration for new requests; a request keeps the
 //     configuration it started with.
 //   - A listen address is normally a SO_REUSEPORT group of sockets
-//     (ListenGroup, one per CPU), across which the kernel spreads
+//     (ListenGroup, one per event loop), across which the kernel spreads
 //     connections; ServeGroup, ServeSteeredGroup and ServeAll serve every
-//     socket of a group (group.go).
-//   - Config.EventLoops > 0 serves HTTP/1.x connections on that many event
-//     loops (pkg/evloop; loop.go) with the behaviour above. There, every
-//     client is watched by its loop (no watcher goroutines, no parking: an
-//     idle connection holds neither a goroutine nor a buffer), upstream
-//     pools are per loop (MaxIdlePerUpstream per loop and address), a
-//     pooled upstream connection that gets bytes or an EOF while it idles
-//     is discarded at once, and a Hook's Admit runs on a worker goroutine
-//     whose Decision is posted back to the loop.
+//     socket of a group, each loop accepting on a socket of its own
+//     (group.go).
 package proxy
 
 import (
@@ -88,25 +83,17 @@ import (
 
 // Proxy serves HTTP/1.1 clients on any number of listeners.
 type Proxy struct {
-	cfg      atomic.Pointer[Config]
-	pools    upstreams
-	watchers watchers
-	parker   parker
+	cfg atomic.Pointer[Config]
 
 	mu        sync.Mutex
 	listeners map[net.Listener]struct{}
-	conns     map[*conn]struct{}
 	shutdown  atomic.Bool
-	trim      trimState
 	drain     chan struct{}  // closed when Shutdown begins (HandoffConn.Drain)
-	wg        sync.WaitGroup // accept loops and connection goroutines
+	wg        sync.WaitGroup // Serve goroutines
 
-	lg *loopGroup // the event-loop data path (Config.EventLoops > 0), else nil
+	discarded atomic.Uint64 // Stats.UpstreamDiscarded
+	lg        *loopGroup    // the event loops
 }
-
-// defaultEventLoops is the EventLoops of a Config that leaves it 0 (tests
-// set it to run the package's suite on the event-loop path).
-var defaultEventLoops int
 
 // New validates cfg and returns a Proxy. Nothing listens until Serve,
 // ServeSteered or ListenAndServe.
@@ -116,18 +103,10 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p := &Proxy{
 		listeners: map[net.Listener]struct{}{},
-		conns:     map[*conn]struct{}{},
 		drain:     make(chan struct{}),
 	}
-	p.pools.init()
-	p.watchers.onShrink = p.checkTrim
 	c := cfg
-	if c.EventLoops == 0 {
-		c.EventLoops = defaultEventLoops
-	}
-	if c.EventLoops > 0 {
-		p.lg = newLoopGroup(p, c.EventLoops)
-	}
+	p.lg = newLoopGroup(p, c.loops())
 	p.cfg.Store(&c)
 	return p, nil
 }
@@ -242,7 +221,7 @@ func (p *Proxy) ListenAll(ctx context.Context) ([]Bound, error) {
 	var out []Bound
 	for _, s := range cfg.Services {
 		for _, a := range s.Listen {
-			lns, err := ListenGroup(ctx, a, cfg.groupSize())
+			lns, err := ListenGroup(ctx, a, p.lg.n)
 			if err != nil {
 				for _, b := range out {
 					closeListeners(b.Listeners)
@@ -279,73 +258,7 @@ func (p *Proxy) ServeAll(bound []Bound) error {
 }
 
 func (p *Proxy) serve(ln net.Listener, pick func(*Config, netip.AddrPort) *Service) error {
-	if p.lg != nil {
-		return p.lg.serve(ln, pick)
-	}
-	p.mu.Lock()
-	if p.shutdown.Load() {
-		p.mu.Unlock()
-		ln.Close()
-		return ErrClosed
-	}
-	p.listeners[ln] = struct{}{}
-	p.wg.Add(1)
-	p.mu.Unlock()
-	defer p.wg.Done()
-	defer func() {
-		p.mu.Lock()
-		delete(p.listeners, ln)
-		p.mu.Unlock()
-	}()
-	var backoff time.Duration
-	for {
-		nc, err := ln.Accept()
-		if err != nil {
-			if p.shutdown.Load() {
-				return ErrClosed
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() || transientAcceptErr(err) {
-				// Transient (EMFILE and friends): back off and retry.
-				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-				p.cfg.Load().logger().Warn("accept", "err", err, "retry_in", backoff)
-				time.Sleep(backoff)
-				continue
-			}
-			return fmt.Errorf("accept on %s: %w", ln.Addr(), err)
-		}
-		backoff = 0
-		c := newConn(p, nc, pick)
-		if !p.track(c) {
-			nc.Close()
-			c.release()
-			continue
-		}
-		go c.serve()
-	}
-}
-
-func (p *Proxy) track(c *conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.shutdown.Load() {
-		return false
-	}
-	p.conns[c] = struct{}{}
-	p.noteTrimLocked(len(p.conns))
-	p.wg.Add(1)
-	return true
-}
-
-func (p *Proxy) untrack(c *conn) {
-	p.mu.Lock()
-	delete(p.conns, c)
-	due := p.trimDueLocked()
-	p.mu.Unlock()
-	p.wg.Done()
-	if due {
-		go p.trimMemory()
-	}
+	return p.lg.serve(ln, pick)
 }
 
 // Shutdown stops accepting, closes idle client connections, lets in-flight
@@ -362,72 +275,13 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		ln.Close()
 	}
 	p.mu.Unlock()
-	if p.lg != nil {
-		return p.lg.shutdown(ctx)
-	}
-
-	done := make(chan struct{})
-	go func() { p.wg.Wait(); close(done) }()
-	poll := time.Millisecond
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		p.closeIdle(time.Now())
-		select {
-		case <-done:
-			p.pools.closeAll()
-			p.watchers.close()
-			p.stopTrim()
-			p.parker.stop()
-			return nil
-		case <-ctx.Done():
-			p.parker.closeParked(time.Time{})
-			p.mu.Lock()
-			for c := range p.conns {
-				c.nc.Close()
-			}
-			p.mu.Unlock()
-			<-done
-			p.pools.closeAll()
-			p.watchers.close()
-			p.stopTrim()
-			p.parker.stop()
-			return ctx.Err()
-		case <-timer.C:
-			poll = min(2*poll, 100*time.Millisecond)
-			timer.Reset(poll)
-		}
-	}
-}
-
-// closeIdle closes idle connections, except fresh ones (accepted, first
-// request not arrived) before their freshUntil; Shutdown calls it until
-// every connection ended.
-func (p *Proxy) closeIdle(now time.Time) {
-	p.parker.closeParked(now)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for c := range p.conns {
-		if c.state.Load() != stateIdle || c.waitsFirst(now) {
-			continue
-		}
-		if c.state.CompareAndSwap(stateIdle, stateClosed) {
-			c.nc.Close()
-		}
-	}
+	return p.lg.shutdown(ctx)
 }
 
 // Stats are point-in-time counts.
 type Stats struct {
 	Conns        int // open client connections
-	Parked       int // idle client connections parked without a goroutine
 	UpstreamIdle int // idle pooled upstream connections
-	// Watchers is the number of client-abort watcher goroutines alive
-	// (running or idle; idle ones exit after DefaultWatcherIdleTimeout).
-	Watchers int
-	// WatchStarts counts client-abort watches started (an admission and
-	// a response phase each count).
-	WatchStarts uint64
 	// UpstreamDiscarded counts upstream connections (pooled or pinned)
 	// closed instead of pooled or reused because they had unread bytes or
 	// were closed by the upstream; clean ones closed for idling too long
@@ -436,14 +290,4 @@ type Stats struct {
 }
 
 // Stats returns current counts.
-func (p *Proxy) Stats() Stats {
-	if p.lg != nil {
-		return p.lg.stats()
-	}
-	p.mu.Lock()
-	n := len(p.conns)
-	p.mu.Unlock()
-	return Stats{Conns: n, Parked: p.parker.parkedCount(), UpstreamIdle: p.pools.idleCount(),
-		UpstreamDiscarded: p.pools.discarded.Load(), Watchers: p.watchers.count(),
-		WatchStarts: p.watchers.starts.Load()}
-}
+func (p *Proxy) Stats() Stats { return p.lg.stats() }

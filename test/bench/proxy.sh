@@ -189,7 +189,7 @@ idle_mem() { # $1 port, $2 server pid -> bytes per idle connection
     sleep 0.1
   done
   grep -q ready "$work/idle.out.$1" || { echo "proxy.sh: idleconns not ready" >&2; exit 1; }
-  sleep "$IDLE_SETTLE" # idle connections park after 100 ms (pkg/proxy DefaultParkIdleAfter)
+  sleep "$IDLE_SETTLE" # let the idle connections settle (their buffers go back to the loop)
   after=$(rss_kb "$2")
   exec 4>&-
   wait "$cpid" || true

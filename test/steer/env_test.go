@@ -432,12 +432,9 @@ func (e *env) checkSteeredGroup(p *proxy) {
 	}
 	addr, _ := m[0]["addr"].(string)
 	n, _ := m[0]["sockets"].(float64)
-	// One socket per event loop (run's --event-loops defaults to
-	// $RL_TPROXY_EVENT_LOOPS), else one per CPU.
+	// One socket per event loop: run's --event-loops defaults to one
+	// per CPU.
 	want := runtime.GOMAXPROCS(0)
-	if v, err := strconv.Atoi(os.Getenv("RL_TPROXY_EVENT_LOOPS")); err == nil && v > 0 {
-		want = v
-	}
 	if int(n) != want {
 		t.Fatalf("%s: steered listener group of %v sockets, want one per event loop or CPU (%d): %q", p.name, m[0]["sockets"], want, line)
 	}

@@ -1,5 +1,5 @@
 // Command proxy runs pkg/proxy with no admission hook (or an allow-all one,
-// -hook) in front of one upstream, on either data path (-event-loops), for
+// -hook) in front of one upstream, on its event loops (-event-loops), for
 // test/bench/run.sh and test/bench/proxy.sh (throughput and
 // idle-connection memory).
 package main
@@ -22,7 +22,7 @@ func main() {
 	upstream := flag.String("upstream", "127.0.0.1:8081", "upstream address")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile to this file until SIGTERM/SIGINT")
 	allowHook := flag.Bool("hook", false, "set an allow-all Hook (the hook plumbing and client-abort watcher without any policy)")
-	loops := flag.Int("event-loops", 0, "serve on this many event loops (pkg/proxy Config.EventLoops; 0: a goroutine per connection)")
+	loops := flag.Int("event-loops", 0, "serve on this many event loops (pkg/proxy Config.EventLoops; 0: one per CPU)")
 	flag.Parse()
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
