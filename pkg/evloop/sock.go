@@ -314,18 +314,14 @@ func (l *Loop) Listen(fd int, h AcceptHandler) error {
 }
 
 // Unlisten stops accepting on fd; it does not close fd. Connections the
-// kernel queued stay there (for another loop, or the fd's close). With
-// io_uring the accept is cancelled at the turn's submit: a connection the
-// ring accepted before that still reaches the AcceptHandler.
+// kernel queued stay there (for another loop, or the fd's close).
 func (l *Loop) Unlisten(fd int) {
 	for i, ln := range l.listeners {
 		if ln != nil && ln.fd == fd && !ln.gone {
 			ln.gone = true
 			ln.retry.Stop()
 			l.drv.unlisten(ln)
-			if l.g.backend == Epoll {
-				l.listeners[i] = nil // io_uring: once the accept's last completion came
-			}
+			l.listeners[i] = nil
 		}
 	}
 }

@@ -8,8 +8,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// uring is the io_uring backend: one ring per loop, multishot accept and
-// recv (provided buffers), sends of the bytes a turn queued, POLL_ADD for
+// uring is the io_uring backend: one ring per loop, multishot recv
+// (provided buffers), listeners through an epoll set the ring polls, sends of the bytes a turn queued, POLL_ADD for
 // Watch and connects, a READ on an eventfd for Post, async cancel for
 // Close/Detach/PauseRead, and one io_uring_enter per turn.
 type uring struct {
@@ -21,7 +21,19 @@ type uring struct {
 	page    []byte // mmap'd: the eventfd READ's target
 	sendq   []*Sock
 	starved []*Sock
+
+	// Listening sockets are not given to the ring: a request in flight on
+	// a file pins it until the ring is torn down, which after the
+	// process dies (kill -9) runs later on a kernel worker, so a steered
+	// listener would stay in the sockmap and take (then reset)
+	// connections meant for the fallback. An epoll set does not pin
+	// them: the ring polls the set, the loop accepts with accept4.
+	lep int // epoll set of the listeners (0: none yet)
+	lev [64]unix.EpollEvent
 }
+
+// udListenSet marks the POLL_ADD on the listeners' epoll set.
+const udListenSet = udListen | 0xffffffff
 
 // pbufEntries is the number of provided receive buffers per loop (a
 // power of two; a variable so that a test can make the ring run dry).
@@ -119,6 +131,9 @@ func (u *uring) close() {
 	u.pb.close()
 	unix.Munmap(u.page)
 	unix.Close(u.evfd)
+	if u.lep > 0 {
+		unix.Close(u.lep)
+	}
 }
 
 func (u *uring) poll(timeout int64) (bool, error) {
@@ -151,9 +166,7 @@ func (u *uring) complete(c cqe) {
 	case udWake:
 		u.armWake()
 	case udListen:
-		if int(idx) < len(l.listeners) && l.listeners[idx] != nil {
-			u.acceptDone(l.listeners[idx], c)
-		}
+		u.listenReady(c)
 	case udWatch:
 		if int(idx) < len(l.watches) && l.watches[idx] != nil {
 			w := l.watches[idx]
@@ -182,37 +195,58 @@ func (u *uring) complete(c cqe) {
 }
 
 func (u *uring) listen(ln *listener) error {
-	q := u.r.get()
-	q.opcode, q.fd, q.ioprio, q.userData = opAccept, int32(ln.fd), acceptMultishot, udListen|uint64(ln.idx)
-	q.opFlags = unix.SOCK_NONBLOCK | unix.SOCK_CLOEXEC
-	return nil
+	if u.lep == 0 {
+		fd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+		if err != nil {
+			return fmt.Errorf("epoll_create1: %w", err)
+		}
+		u.lep = fd
+		u.armListenSet()
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLEXCLUSIVE, Fd: int32(ln.idx)}
+	return unix.EpollCtl(u.lep, unix.EPOLL_CTL_ADD, ln.fd, &ev)
 }
 
-func (u *uring) acceptDone(ln *listener, c cqe) {
-	more := c.flags&cqeFMore != 0
-	switch {
-	case c.res >= 0:
-		fd := int(c.res)
-		sa, _ := unix.Getpeername(fd) // multishot accept reports no address
-		ln.h.OnAccept(u.l, fd, sa)
-	case c.res == -int32(unix.ECANCELED), c.res == -int32(unix.EAGAIN),
-		c.res == -int32(unix.EINTR), c.res == -int32(unix.ECONNABORTED):
-	default:
-		if !more && !ln.gone {
-			u.l.acceptFailed(ln, unix.Errno(-c.res))
+func (u *uring) armListenSet() {
+	q := u.r.get()
+	q.opcode, q.fd, q.len, q.opFlags = opPollAdd, int32(u.lep), pollAddMulti, pollIn
+	q.userData = udListenSet
+}
+
+// listenReady accepts on every ready listener until it would block.
+func (u *uring) listenReady(c cqe) {
+	l := u.l
+	n, _ := unix.EpollWait(u.lep, u.lev[:], 0)
+	for i := 0; i < n; i++ {
+		idx := int(u.lev[i].Fd)
+		if idx < len(l.listeners) && l.listeners[idx] != nil {
+			u.accept(l.listeners[idx])
+		}
+	}
+	if c.flags&cqeFMore == 0 {
+		u.armListenSet()
+	}
+}
+
+func (u *uring) accept(ln *listener) {
+	for !ln.gone {
+		fd, sa, err := unix.Accept4(ln.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		switch err {
+		case nil:
+			ln.h.OnAccept(u.l, fd, sa)
+		case unix.EINTR, unix.ECONNABORTED:
+		case unix.EAGAIN:
+			return
+		default:
+			// EMFILE and friends: leave the set and retry later.
+			unix.EpollCtl(u.lep, unix.EPOLL_CTL_DEL, ln.fd, nil)
+			u.l.acceptFailed(ln, err)
 			return
 		}
 	}
-	if !more {
-		if ln.gone {
-			u.l.listeners[ln.idx] = nil
-		} else {
-			u.listen(ln)
-		}
-	}
 }
 
-func (u *uring) unlisten(ln *listener) { u.cancel(udListen|uint64(ln.idx), -1) }
+func (u *uring) unlisten(ln *listener) { unix.EpollCtl(u.lep, unix.EPOLL_CTL_DEL, ln.fd, nil) }
 
 // cancel queues an async cancel of the request with user data ud, or of
 // every request on fd when fd >= 0.

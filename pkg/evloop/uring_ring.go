@@ -40,7 +40,6 @@ const (
 	featNoDrop     = 1 << 1
 	featExtArg     = 1 << 8
 
-	acceptMultishot = 1 << 0
 	recvMultishot   = 1 << 1
 	pollAddMulti    = 1 << 0
 	sqeBufferSelect = 1 << 5
