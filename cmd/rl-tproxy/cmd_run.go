@@ -19,7 +19,7 @@ func init() {
 // both to node.Run, which serves until SIGTERM/SIGINT and reloads on
 // SIGHUP and on file change.
 func runRun(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("run", "run --policy FILE [--admin ADDR] [--log-format text|json|combined] [--log-level debug|info|warn|error] [--upgrade-redirect]",
+	fs := newFlagSet("run", "run --policy FILE [--admin ADDR] [--log-format text|json|combined] [--log-level debug|info|warn|error] [--event-loops N] [--upgrade-redirect]",
 		"Runs the proxy with the given policy file. SIGHUP (or a change of the policy or credentials file) reloads it;\n"+
 			"SIGTERM/SIGINT drain in-flight requests (bounded by --drain-timeout) and exit.\n"+
 			"Exit codes: 0 after a clean stop, 1 invalid policy or flags, 2 runtime failure.", stderr)
