@@ -436,6 +436,12 @@ func (c *lconn) relayChunks(src []byte) (int, bool, error) {
 func (c *lconn) endResponse(u *lup, stray bool) {
 	r := c.r
 	r.up, u.c = nil, nil
+	if !stray {
+		// Every caller passes stray = "src had bytes past the response";
+		// without them, what u.buf held (src, when part of the response
+		// had been held back) is consumed: it must not count as unread.
+		u.buf.r = u.buf.w
+	}
 	c.releaseUp(u, r.upKeep && !stray && r.bodyDone, stray)
 	keep := r.keep && r.bodyDone
 	if !r.bodyDone {
