@@ -45,6 +45,8 @@ type loopGroup struct {
 	g     *evloop.Group
 	loops []*loopState // by Loop.ID
 
+	attached []*attachment // Attach (attach.go); lg.mu
+
 	conns    atomic.Int64 // open client connections (loop-owned or handed off)
 	upIdle   atomic.Int64 // idle pooled upstream connections
 	workers  admitWorkers
@@ -74,10 +76,15 @@ func (lg *loopGroup) start() error {
 		return fmt.Errorf("proxy: start event loops: %w", err)
 	}
 	ls := g.Loops()
-	lg.loops = make([]*loopState, len(ls))
+	loops := make([]*loopState, len(ls))
 	for _, l := range ls {
-		lg.loops[l.ID()] = newLoopState(lg, l)
+		loops[l.ID()] = newLoopState(lg, l)
 	}
+	if err := lg.attachStarted(loops); err != nil {
+		g.Close()
+		return fmt.Errorf("proxy: start event loops: %w", err)
+	}
+	lg.loops = loops
 	lg.g = g
 	return nil
 }
@@ -310,6 +317,7 @@ wait:
 	}
 	lg.p.wg.Wait() // Serve goroutines
 	lg.each(func(ls *loopState) { ls.closePools() })
+	lg.detachAll()
 	lg.workers.close()
 	lg.mu.Lock()
 	g := lg.g
