@@ -25,11 +25,20 @@ type reader struct {
 	turn   sync.Mutex
 	b      *rxBatch
 	readFn func(fd uintptr) bool
+	// owned mode (owned.go): the Watch callback and the Control callback
+	// of its reads
+	ownedFn func()
+	ctlFn   func(fd uintptr)
+	fetched bool
 }
 
 func newReader(sock *Socket, h Handler, gate func(*Socket), b *rxBatch) *reader {
 	rd := &reader{sock: sock, h: h, gate: gate, b: b}
 	rd.readFn = rd.read
+	if b == nil { // owned mode
+		rd.ownedFn = rd.ownedRead
+		rd.ctlFn = func(fd uintptr) { rd.fetched = rd.b.recv(fd) }
+	}
 	return rd
 }
 

@@ -39,6 +39,9 @@ func (s *shard) maybeRebind() {
 	s.rebindPending = false
 	s.mu.Unlock()
 	s.c.rebinds.Add(1)
+	if s.own.owned {
+		s.ownerWatch(sock)
+	}
 	s.r.log.Debug("udpshard: rebound", "shard", s.idx, "from", old.local, "to", sock.local)
 }
 
@@ -83,5 +86,9 @@ func (s *shard) closeSocketLocked(o *Socket) {
 		return
 	}
 	o.closed = true
+	if o.watched {
+		s.closeWatchedLocked(o) // the owner closes it once unwatched
+		return
+	}
 	o.file.Close() // wakes the reader, which then exits
 }

@@ -193,13 +193,18 @@ func (s *shard) dropQueued() {
 // datagrams for the same socket. Only one goroutine flushes a shard at a
 // time; a concurrent caller returns at once and its datagrams go out in the
 // active flusher's next round.
-func (s *shard) flush() {
+func (s *shard) flush() { s.flushMode(false) }
+
+// flushMode is flush; nowait: never park on a full send buffer (the
+// owner's thread, FlushOwned).
+func (s *shard) flushMode(nowait bool) {
 	s.mu.Lock()
 	if s.flushing {
 		s.mu.Unlock()
 		return
 	}
 	s.flushing = true
+	s.nowait = nowait
 	for {
 		n := s.qn
 		if n == 0 {
@@ -372,7 +377,13 @@ func (s *shard) sendMsgs(sock *Socket, slots []sendSlot, nm int) int {
 		s.wn, s.werr = 0, 0
 		s.wbase = off
 		s.wcnt = nm
-		if err := sock.rc.Write(s.writeFn); err != nil { // socket closed under us
+		var err error
+		if s.nowait {
+			err = sock.rc.Control(s.ctlWriteFn)
+		} else {
+			err = sock.rc.Write(s.writeFn)
+		}
+		if err != nil { // socket closed under us
 			for m := off; m < nm; m++ {
 				s.c.closed.Add(uint64(s.mg[m].cnt))
 			}
@@ -424,6 +435,14 @@ func gsoRefused(e syscall.Errno) bool {
 		return true
 	}
 	return false
+}
+
+// writeNoWait is write for a flusher that must not park: a full send
+// buffer is a send error (EAGAIN).
+func (s *shard) writeNoWait(fd uintptr) {
+	if !s.write(fd) {
+		s.werr = unix.EAGAIN
+	}
 }
 
 // write is the RawConn.Write callback (allocated once per shard).

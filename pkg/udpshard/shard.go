@@ -28,6 +28,20 @@
 //     ones started from their completions) goes out in one sendmmsg with
 //     no hand-off to the loop.
 //
+// Owned mode. Shards 0..Config.Owned-1 have no reader goroutine: their
+// sockets (the current one, switched-out ones kept for late answers, and
+// those later rebinds open) are read by the thread that Owns the shard,
+// an event loop seen through the Owner interface (Watch, Post): when a
+// socket turns readable it runs recvmmsg until the socket is empty and
+// hands every datagram to its handler on that thread. The owner sends
+// what was queued during its turn with FlushOwned at the turn's end (one
+// sendmmsg, one UDP_SEGMENT message per destination; never parking: a
+// full send buffer is a send error). Rebinds and retirements still run
+// on the shard loop, which hands new sockets to the owner and leaves the
+// closing of watched ones to it (Post); Drain from another goroutine
+// still reads them (with Config.Handler). Shards nobody owns keep the
+// goroutine mode.
+//
 // Sends and receives park in the netpoller (syscall.RawConn callbacks
 // return false on EAGAIN), so no goroutine spins or blocks a P in a
 // syscall. A reader hands at most MaxBatch datagrams to the handler per
@@ -103,8 +117,11 @@ type Handler func(sock *Socket, pkt []byte, from netip.AddrPort)
 
 // Config configures a Ring.
 type Config struct {
-	Bind             netip.Addr    // local address; invalid = any (dual-stack when possible)
-	Shards           int           // 0 = GOMAXPROCS
+	Bind   netip.Addr // local address; invalid = any (dual-stack when possible)
+	Shards int        // 0 = GOMAXPROCS
+	// Owned puts shards 0..Owned-1 in owned mode: no reader goroutine;
+	// their sockets are read by the thread that Owns the shard (owned.go).
+	Owned            int
 	Handler          Handler       // required
 	QueueLen         int           // per-shard send queue in datagrams; 0 = 1024
 	RebindBackoffMin time.Duration // first retry after a failed rebind; 0 = 10ms
@@ -213,6 +230,11 @@ type Socket struct {
 	gro    bool        // UDP_GRO is on: a received buffer may hold several datagrams
 	closed bool        // guarded by sh.mu
 	rd     *reader
+	fd     int // the descriptor (owned mode watches it)
+	// watched: the shard's owner watches the socket (guarded by sh.mu);
+	// stop ends that watch (owner's thread).
+	watched bool
+	stop    func()
 }
 
 // LocalAddr is the socket's bound address and port.
@@ -282,6 +304,10 @@ type shard struct {
 	// retireWanted: retire was skipped because a flush was running; the
 	// flusher wakes the loop when it ends.
 	retireWanted bool // guarded by mu
+
+	own        ownState         // owned mode (owned.go)
+	nowait     bool             // the flusher must not park (FlushOwned); flusher-owned
+	ctlWriteFn func(fd uintptr) // s.writeNoWait (allocated once)
 }
 
 // New opens one socket per shard and starts the shard loops.
@@ -311,6 +337,9 @@ func New(cfg Config) (*Ring, error) {
 	if lg == nil {
 		lg = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Owned > cfg.Shards {
+		return nil, fmt.Errorf("udpshard: config: %d owned shards of %d", cfg.Owned, cfg.Shards)
+	}
 	r := &Ring{cfg: cfg, log: lg, done: make(chan struct{})}
 	for i := 0; i < cfg.Shards; i++ {
 		s := &shard{
@@ -323,6 +352,9 @@ func New(cfg Config) (*Ring, error) {
 			errs:  make([]sendErr, 0, MaxBatch),
 		}
 		s.writeFn = s.write
+		s.ctlWriteFn = s.writeNoWait
+		s.own.owned = i < cfg.Owned
+		s.own.reapFn = s.reap
 		for j := range s.msgs {
 			s.msgs[j].Hdr.Iov = &s.iov[j]
 			s.msgs[j].Hdr.SetIovlen(1)
@@ -493,47 +525,6 @@ func (r *Ring) Rebind(sock *Socket) {
 	s.mu.Unlock()
 }
 
-// Stats sums the shard counters.
-func (r *Ring) Stats() Stats {
-	st := Stats{Shards: len(r.shards)}
-	for _, s := range r.shards {
-		c := &s.c
-		st.Sent += c.sent.Load()
-		st.Received += c.received.Load()
-		st.SendBatches += c.sendBatches.Load()
-		st.RecvBatches += c.recvBatches.Load()
-		st.Rebinds += c.rebinds.Load()
-		st.RebindFailures += c.rebindFailures.Load()
-		st.Retired += c.retired.Load()
-		st.LoopWakes += c.loopWakes.Load()
-		st.FlushWakes += c.flushWakes.Load()
-		st.FlushYields += c.flushYields.Load()
-		st.TurnFlushes += c.turnFlushes.Load()
-		st.TurnFlushHits += c.turnFlushHits.Load()
-		st.GSOSegments += c.gsoSegments.Load()
-		st.GSOFallbacks += c.gsoFallbacks.Load()
-		st.GRODatagrams += c.groDatagrams.Load()
-		st.Dropped.QueueFull += c.queueFull.Load()
-		st.Dropped.TooLarge += c.tooLarge.Load()
-		st.Dropped.Family += c.family.Load()
-		st.Dropped.SendError += c.sendErr.Load()
-		st.Dropped.Closed += c.closed.Load()
-		st.Dropped.Truncated += c.truncated.Load()
-		st.Dropped.RecvError += c.recvErr.Load()
-		s.mu.Lock()
-		if s.cur != nil && !s.cur.closed {
-			st.Sockets++
-		}
-		for _, o := range s.old {
-			if !o.closed {
-				st.Sockets++
-			}
-		}
-		s.mu.Unlock()
-	}
-	return st
-}
-
 // Close stops the shard loops, closes every socket and waits for the
 // goroutines to exit. Queued datagrams are dropped. Idempotent.
 func (r *Ring) Close() error {
@@ -595,6 +586,17 @@ func (r *Ring) open(s *shard) (*Socket, error) {
 	}
 	if rb == nil {
 		rb, _ = newRxBatch(false) // heap buffers: cannot fail
+	}
+	if err := rc.Control(func(fd uintptr) { sock.fd = int(fd) }); err != nil {
+		f.Close()
+		rb.release()
+		return nil, fmt.Errorf("udp socket %s: %w", local, err)
+	}
+	if s.own.owned {
+		// Read by the owner (owned.go) with the shard's buffers.
+		rb.release()
+		sock.rd = newReader(sock, r.cfg.Handler, nil, nil)
+		return sock, nil
 	}
 	rd := newReader(sock, r.cfg.Handler, r.cfg.ReadGate, rb)
 	sock.rd = rd

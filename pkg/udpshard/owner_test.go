@@ -1,0 +1,325 @@
+package udpshard
+
+import (
+	"bytes"
+	"net"
+	"net/netip"
+	"runtime"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// goid is the running goroutine's id (tests: which thread ran a call).
+func goid() uint64 {
+	var b [64]byte
+	s := b[:runtime.Stack(b[:], false)]
+	s = bytes.TrimPrefix(s, []byte("goroutine "))
+	n, _ := strconv.ParseUint(string(s[:bytes.IndexByte(s, ' ')]), 10, 64)
+	return n
+}
+
+// testOwner is an Owner for tests: one goroutine with an edge-triggered
+// epoll set (as an event loop's) that runs watch callbacks, posted
+// functions and, at the end of each turn, turnEnd.
+type testOwner struct {
+	ep, ev  int
+	mu      sync.Mutex
+	posted  []func()
+	watches map[int]func() // owner goroutine only
+	turnEnd func()         // owner goroutine only
+	gid     uint64
+	done    chan struct{}
+	stopped bool // owner goroutine only
+}
+
+func newTestOwner(t *testing.T) *testOwner {
+	t.Helper()
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &testOwner{ep: ep, ev: ev, watches: map[int]func(){}, done: make(chan struct{})}
+	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, ev, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(ev)}); err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan struct{})
+	go o.run(started)
+	<-started
+	t.Cleanup(o.close)
+	return o
+}
+
+func (o *testOwner) run(started chan struct{}) {
+	defer close(o.done)
+	o.gid = goid()
+	close(started)
+	var evs [16]unix.EpollEvent
+	for !o.stopped {
+		n, err := unix.EpollWait(o.ep, evs[:], -1)
+		if err == unix.EINTR {
+			continue
+		}
+		for _, e := range evs[:max(n, 0)] {
+			if int(e.Fd) == o.ev {
+				var b [8]byte
+				unix.Read(o.ev, b[:])
+				o.mu.Lock()
+				p := o.posted
+				o.posted = nil
+				o.mu.Unlock()
+				for _, fn := range p {
+					fn()
+				}
+			} else if fn := o.watches[int(e.Fd)]; fn != nil {
+				fn()
+			}
+		}
+		if o.turnEnd != nil {
+			o.turnEnd()
+		}
+	}
+}
+
+func (o *testOwner) Watch(fd int, fn func()) (func(), error) {
+	if err := unix.EpollCtl(o.ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: int32(fd)}); err != nil {
+		return nil, err
+	}
+	o.watches[fd] = fn
+	return func() {
+		unix.EpollCtl(o.ep, unix.EPOLL_CTL_DEL, fd, nil)
+		delete(o.watches, fd)
+	}, nil
+}
+
+func (o *testOwner) Post(fn func()) {
+	o.mu.Lock()
+	o.posted = append(o.posted, fn)
+	o.mu.Unlock()
+	var b [8]byte
+	b[0] = 1
+	unix.Write(o.ev, b[:])
+}
+
+// do runs fn on the owner goroutine and waits.
+func (o *testOwner) do(t *testing.T, fn func()) {
+	t.Helper()
+	ch := make(chan struct{})
+	o.Post(func() { fn(); close(ch) })
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatal("owner did not run a posted function")
+	}
+}
+
+func (o *testOwner) close() {
+	o.Post(func() { o.stopped = true })
+	<-o.done
+	unix.Close(o.ep)
+	unix.Close(o.ev)
+}
+
+// readerGoroutines counts the udpshard reader goroutines running now.
+func readerGoroutines() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	return bytes.Count(buf, []byte("udpshard.(*reader).run"))
+}
+
+type ownedRx struct {
+	gid  uint64
+	n    int
+	from uint16 // local port of the socket that received
+}
+
+func newOwnedRing(t *testing.T, cfg Config, h Handler) *Ring {
+	t.Helper()
+	if cfg.Handler == nil {
+		cfg.Handler = h
+	}
+	r, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// TestOwnedShardReadOnOwnerThread: an owned shard has no reader
+// goroutine; its datagrams reach the owner's handler on the owner's
+// goroutine, and what the owner queued goes out when it flushes.
+func TestOwnedShardReadOnOwnerThread(t *testing.T) {
+	peer, _ := echoServer(t)
+	before := readerGoroutines()
+	goroutineRx := make(chan ownedRx, 16)
+	r := newOwnedRing(t, Config{Bind: loopback4, Shards: 2, Owned: 1}, func(s *Socket, p []byte, _ netipAddrPort) {
+		goroutineRx <- ownedRx{gid: goid(), n: len(p), from: s.LocalAddr().Port()}
+	})
+	if got := readerGoroutines() - before; got != 1 {
+		t.Fatalf("%d reader goroutines for one goroutine shard and one owned shard, want 1", got)
+	}
+	o := newTestOwner(t)
+	rx := make(chan ownedRx, 16)
+	var release func()
+	o.do(t, func() {
+		var err error
+		release, err = r.Own(0, o, func(s *Socket, p []byte, _ netipAddrPort) {
+			rx <- ownedRx{gid: goid(), n: len(p), from: s.LocalAddr().Port()}
+		})
+		if err != nil {
+			t.Error(err)
+		}
+		o.turnEnd = func() { r.FlushOwned(0) }
+	})
+	if _, err := r.Own(1, o, func(*Socket, []byte, netipAddrPort) {}); err == nil {
+		t.Fatal("Own of a goroutine shard succeeded")
+	}
+	o.do(t, func() {
+		for i := range 5 {
+			if err := r.PushCurrent(0, peer, make([]byte, 10+i), 0); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	for range 5 {
+		select {
+		case got := <-rx:
+			if got.gid != o.gid {
+				t.Fatalf("owned datagram handled on goroutine %d, owner is %d", got.gid, o.gid)
+			}
+		case <-goroutineRx:
+			t.Fatal("owned datagram handled by the goroutine handler")
+		case <-time.After(10 * time.Second):
+			t.Fatal("no answer on the owned shard")
+		}
+	}
+	st := r.Stats()
+	if st.Sent != 5 || st.Received != 5 || st.SendBatches != 1 {
+		t.Fatalf("sent %d received %d in %d batches, want 5, 5, 1", st.Sent, st.Received, st.SendBatches)
+	}
+	o.do(t, release)
+}
+
+// TestOwnedShardDrops: an oversized datagram is dropped as truncated, an
+// empty one is delivered, and the socket keeps working.
+func TestOwnedShardDrops(t *testing.T) {
+	r := newOwnedRing(t, Config{Bind: loopback4, Shards: 1, Owned: 1, DisableGRO: true}, func(*Socket, []byte, netipAddrPort) {})
+	o := newTestOwner(t)
+	rx := make(chan int, 16)
+	var release func()
+	o.do(t, func() {
+		release, _ = r.Own(0, o, func(_ *Socket, p []byte, _ netipAddrPort) { rx <- len(p) })
+	})
+	defer o.do(t, release)
+	c := dialUDP(t, r.LocalAddr(0))
+	for _, n := range []int{recvBufSize + 100, 0, 7} {
+		if _, err := c.Write(make([]byte, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, want := range []int{0, 7} {
+		select {
+		case n := <-rx:
+			if n != want {
+				t.Fatalf("delivered %d bytes, want %d", n, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("datagram not delivered")
+		}
+	}
+	if st := r.Stats(); st.Dropped.Truncated != 1 {
+		t.Fatalf("truncated drops %d, want 1", st.Dropped.Truncated)
+	}
+}
+
+// TestOwnedShardRebind: after a rebind the owner watches the new socket
+// and still reads the old one (late answers) until it is released, then
+// closes it on its thread.
+func TestOwnedShardRebind(t *testing.T) {
+	r := newOwnedRing(t, Config{Bind: loopback4, Shards: 1, Owned: 1, RebindMinInterval: -1}, func(*Socket, []byte, netipAddrPort) {})
+	o := newTestOwner(t)
+	rx := make(chan ownedRx, 16)
+	var release func()
+	o.do(t, func() {
+		release, _ = r.Own(0, o, func(s *Socket, p []byte, _ netipAddrPort) {
+			rx <- ownedRx{gid: goid(), n: len(p), from: s.LocalAddr().Port()}
+		})
+	})
+	defer o.do(t, release)
+	old := r.Hold(0)
+	oldAddr := old.LocalAddr()
+	r.Rebind(old)
+	waitFor(t, "rebind", func() bool { return r.Stats().Rebinds == 1 })
+	newAddr := r.LocalAddr(0)
+	for _, to := range []netipAddrPort{oldAddr, newAddr} {
+		c := dialUDP(t, to)
+		waitFor(t, "delivery on "+to.String(), func() bool {
+			c.Write([]byte("x"))
+			select {
+			case got := <-rx:
+				if got.gid != o.gid {
+					t.Fatalf("handled on goroutine %d, owner is %d", got.gid, o.gid)
+				}
+				return got.from == to.Port()
+			case <-time.After(20 * time.Millisecond):
+				return false
+			}
+		})
+	}
+	old.Release()
+	waitFor(t, "retirement", func() bool { return r.Stats().Retired == 1 && r.Stats().Sockets == 1 })
+}
+
+// TestOwnedShardCloseBeforeRelease: Close with an owner leaves the
+// watched sockets to the owner, which closes them at release; Drain
+// from another goroutine uses the goroutine handler.
+func TestOwnedShardCloseBeforeRelease(t *testing.T) {
+	drained := make(chan uint64, 4)
+	r := newOwnedRing(t, Config{Bind: loopback4, Shards: 1, Owned: 1}, func(*Socket, []byte, netipAddrPort) { drained <- goid() })
+	c := dialUDP(t, r.LocalAddr(0))
+	c.Write([]byte("before the owner"))
+	waitFor(t, "drain", func() bool {
+		r.Drain(0)
+		return len(drained) == 1
+	})
+	o := newTestOwner(t)
+	var release func()
+	o.do(t, func() { release, _ = r.Own(0, o, func(*Socket, []byte, netipAddrPort) {}) })
+	r.Close()
+	o.do(t, release)
+	o.do(t, release) // idempotent
+}
+
+type netipAddrPort = netip.AddrPort
+
+var loopback4 = netip.MustParseAddr("127.0.0.1")
+
+func dialUDP(t *testing.T, to netip.AddrPort) *net.UDPConn {
+	t.Helper()
+	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(to))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// waitFor polls cond (bounded): for state another goroutine reaches.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
