@@ -163,6 +163,7 @@ func TestOwnedShardReadOnOwnerThread(t *testing.T) {
 	r := newOwnedRing(t, Config{Bind: loopback4, Shards: 2, Owned: 1}, func(s *Socket, p []byte, _ netipAddrPort) {
 		goroutineRx <- ownedRx{gid: goid(), n: len(p), from: s.LocalAddr().Port()}
 	})
+	waitFor(t, "the goroutine shard's reader", func() bool { return readerGoroutines()-before >= 1 })
 	if got := readerGoroutines() - before; got != 1 {
 		t.Fatalf("%d reader goroutines for one goroutine shard and one owned shard, want 1", got)
 	}
@@ -201,6 +202,7 @@ func TestOwnedShardReadOnOwnerThread(t *testing.T) {
 			t.Fatal("no answer on the owned shard")
 		}
 	}
+	waitFor(t, "the receive count", func() bool { return r.Stats().Received == 5 }) // counted after the handler
 	st := r.Stats()
 	if st.Sent != 5 || st.Received != 5 || st.SendBatches != 1 {
 		t.Fatalf("sent %d received %d in %d batches, want 5, 5, 1", st.Sent, st.Received, st.SendBatches)
