@@ -13,9 +13,10 @@ import (
 type Completer interface {
 	// CheckDone is called exactly once per pending check, with out (the
 	// Decision given to CheckAsync) filled and the error Check would have
-	// returned. It runs on the client's receive or timer goroutine, or
-	// inside Abort or Close, with no lock of the check held; it must not
-	// block.
+	// returned. It runs on the client's receive or timer goroutine, on
+	// the event loop that reads the shard (CheckAsyncLoop; see
+	// LoopCompleter), or inside Abort or Close, with no lock of the check
+	// held; it must not block.
 	CheckDone(out *Decision, err error)
 }
 
@@ -44,6 +45,12 @@ type Pending struct {
 // socket's send buffer is full does that send wait, in the netpoller,
 // until the socket takes it.
 func (c *Client) CheckAsync(req *wire.RateRequest, out *Decision, done Completer) (p Pending, decided bool, err error) {
+	return c.checkAsync(nil, req, out, done)
+}
+
+// checkAsync is CheckAsync; ls is the loop shard of a check started on
+// its loop (CheckAsyncLoop), nil otherwise.
+func (c *Client) checkAsync(ls *loopShard, req *wire.RateRequest, out *Decision, done Completer) (p Pending, decided bool, err error) {
 	out.Reset()
 	c.c.checks.Add(1)
 	if c.closed.Load() {
@@ -55,7 +62,7 @@ func (c *Client) CheckAsync(req *wire.RateRequest, out *Decision, done Completer
 	}
 	r := c.pool.get(c)
 	r.mu.Lock() // stale readers from r's previous life may still look at it
-	if !c.start(r, mem, req, out) {
+	if !c.start(r, ls, mem, req, out) {
 		return Pending{}, true, causeErr[out.Cause]
 	}
 	if r.fire { // ended while starting: the caller gets the outcome now
@@ -64,7 +71,7 @@ func (c *Client) CheckAsync(req *wire.RateRequest, out *Decision, done Completer
 		shard := r.sock.Shard()
 		r.mu.Unlock()
 		if !closed {
-			c.flush(shard)
+			c.flushFrom(ls, shard)
 		}
 		return Pending{}, true, c.finish(r, out)
 	}
@@ -72,7 +79,7 @@ func (c *Client) CheckAsync(req *wire.RateRequest, out *Decision, done Completer
 	p = Pending{r: r, gen: r.gen}
 	shard := r.sock.Shard()
 	r.mu.Unlock()
-	c.flush(shard) // after unlocking: datagrams were only queued under r.mu
+	c.flushFrom(ls, shard) // after unlocking: datagrams were only queued under r.mu
 	return p, false, nil
 }
 
@@ -107,6 +114,9 @@ func (r *request) unlock() {
 	r.fire = false
 	out, comp := r.out, r.comp
 	r.out, r.comp = nil, nil
+	if r.ls != nil {
+		c.c.loopHandoffs.Add(1) // a loop's check ended on another thread (or in Abort)
+	}
 	r.mu.Unlock()
 	err := c.finish(r, out)
 	comp.CheckDone(out, err)

@@ -24,6 +24,7 @@ type request struct {
 	es    *shardEngine
 	sock  *udpshard.Socket
 	mem   *membership
+	ls    *loopShard // the loop that started the check (CheckAsyncLoop), or nil
 
 	start      time.Time
 	round      int // 0 initial, 1..Replays replay rounds, Replays+1 final receive
@@ -97,7 +98,7 @@ func (c *Client) Check(ctx context.Context, req *wire.RateRequest, out *Decision
 // start readies r for req and sends its first round; r.mu is held. It
 // returns false (r back in the pool, out filled by finishEarly) when the
 // request cannot be built.
-func (c *Client) start(r *request, mem *membership, req *wire.RateRequest, out *Decision) bool {
+func (c *Client) start(r *request, ls *loopShard, mem *membership, req *wire.RateRequest, out *Decision) bool {
 	body, err := req.AppendBody(r.plain[:1])
 	if err == nil && c.policy.Completion && len(body) > wire.MaxBody {
 		err = wire.ErrTooLarge // the completion (decision + request) must fit too
@@ -113,7 +114,13 @@ func (c *Client) start(r *request, mem *membership, req *wire.RateRequest, out *
 	}
 	r.plen = len(body)
 	c.c.inflight.Add(1)
-	shard := int(c.next.Add(1)) % len(c.shards)
+	var shard int
+	if ls != nil {
+		shard = ls.idx // the loop's own shard
+	} else {
+		shard = c.goShard()
+	}
+	r.ls = ls
 	r.es = c.shards[shard]
 	r.sock = c.ring.Hold(shard)
 	r.mem = mem
@@ -143,6 +150,10 @@ func (c *Client) start(r *request, mem *membership, req *wire.RateRequest, out *
 	}
 	return true
 }
+
+// goShard picks the next goroutine shard (round robin): the loops'
+// shards carry only their own loop's checks.
+func (c *Client) goShard() int { return c.nLoop + int(c.next.Add(1))%(len(c.shards)-c.nLoop) }
 
 // flush sends what this goroutine queued on shard. Under load the shard
 // loop sends it together with the datagrams of the other checks that

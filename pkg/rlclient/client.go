@@ -73,6 +73,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -94,9 +95,13 @@ type Config struct {
 	Bind            netip.Addr                // local address of the UDP sockets; invalid = any
 	Logger          *slog.Logger
 
-	Shards   int   // UDP/timer shards; 0 = GOMAXPROCS
-	QueueLen int   // per-shard send queue; 0 = udpshard default
-	Clock    Clock // nil = wall clock
+	Shards int // UDP/timer shards for checks from goroutines; 0 = GOMAXPROCS
+	// LoopShards adds that many shards, one per event loop (shard i for
+	// the loop whose ID is i, see AttachLoop and CheckAsyncLoop); 0 =
+	// none.
+	LoopShards int
+	QueueLen   int   // per-shard send queue; 0 = udpshard default
+	Clock      Clock // nil = wall clock
 }
 
 // Stats is a snapshot of the client's counters.
@@ -119,6 +124,8 @@ type Stats struct {
 	ProbeAnswers   uint64            // valid answers to probes
 	DecidedEarly   uint64            // decisions taken on an answer (no deadline waited for)
 	DecidedAtUnit  uint64            // decisions taken at a round deadline (a missing endpoint was waited for)
+	LoopDone       uint64            // loop checks whose end was handed to their Completer on their loop's thread
+	LoopHandoffs   uint64            // loop checks that ended on another thread (deadline, Abort, Close, Drain)
 	FailureWarns   uint64            // warnings logged about checks failing for lack of RateLimitly
 	PerEndpoint    []EndpointStats   // the current membership, in discovery order
 	Drops          RecvDrops
@@ -150,6 +157,7 @@ type counters struct {
 	checks, replays, completions, reports, reportsDropped, steers        atomic.Uint64
 	probes, probeAnswers, decidedEarly, decidedAtUnit, warns             atomic.Uint64
 	inflight                                                             atomic.Int64
+	loopDone, loopHandoffs                                               atomic.Uint64
 	causes                                                               [numCauses]atomic.Uint64
 	malformed, kind, unknownID, auth, stale, body, echo, unknownSrc, dup atomic.Uint64
 }
@@ -166,6 +174,8 @@ type Client struct {
 	ring    *udpshard.Ring
 	disc    *discovery
 	shards  []*shardEngine
+	nLoop   int          // shards 0..nLoop-1 are the loops' (LoopShards)
+	loops   []*loopShard // by loop ID
 	table   reqTable
 	pool    reqPool
 	next    atomic.Uint32
@@ -210,8 +220,12 @@ func New(cfg Config) (*Client, error) {
 	c.horizon = cfg.Policy.Horizon()
 	c.ttlMs = uint16(ratelimitly.CeilMs(c.horizon))
 	c.table.init()
+	if cfg.Shards <= 0 {
+		cfg.Shards = runtime.GOMAXPROCS(0)
+	}
+	c.nLoop = max(cfg.LoopShards, 0)
 	c.ring, err = udpshard.New(udpshard.Config{
-		Bind: cfg.Bind, Shards: cfg.Shards, QueueLen: cfg.QueueLen, Handler: c.onDatagram,
+		Bind: cfg.Bind, Shards: c.nLoop + cfg.Shards, Owned: c.nLoop, QueueLen: cfg.QueueLen, Handler: c.onDatagram,
 		OnSendError: c.onSendError, Logger: lg, ReadGate: testReadGate,
 	})
 	if err != nil {
@@ -220,6 +234,9 @@ func New(cfg Config) (*Client, error) {
 	for i := 0; i < c.ring.Shards(); i++ {
 		es := &shardEngine{c: c, idx: i, wake: make(chan struct{}, 1), heap: make([]timerEntry, 0, 64), fifo: make([]timerEntry, 0, 1024)}
 		c.shards = append(c.shards, es)
+	}
+	for i := range c.nLoop {
+		c.loops = append(c.loops, newLoopShard(c, i))
 	}
 	for _, es := range c.shards {
 		c.wg.Add(1)
@@ -272,6 +289,7 @@ func (c *Client) Stats() Stats {
 		Completions: c.c.completions.Load(), Reports: c.c.reports.Load(), ReportsDropped: c.c.reportsDropped.Load(),
 		Steers: c.c.steers.Load(), Probes: c.c.probes.Load(), ProbeAnswers: c.c.probeAnswers.Load(),
 		DecidedEarly: c.c.decidedEarly.Load(), DecidedAtUnit: c.c.decidedAtUnit.Load(), FailureWarns: c.c.warns.Load(),
+		LoopDone: c.c.loopDone.Load(), LoopHandoffs: c.c.loopHandoffs.Load(),
 		Drops: RecvDrops{
 			Malformed: c.c.malformed.Load(), Kind: c.c.kind.Load(), UnknownID: c.c.unknownID.Load(),
 			Auth: c.c.auth.Load(), Stale: c.c.stale.Load(), Body: c.c.body.Load(), Echo: c.c.echo.Load(),

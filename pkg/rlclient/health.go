@@ -126,7 +126,7 @@ func (c *Client) probeOnce(req *wire.RateRequest, buf []byte) {
 		return
 	}
 	now := c.clock.Now()
-	shard := int(c.next.Add(1)) % len(c.shards)
+	shard := c.goShard()
 	id := randv2.Uint64() &^ tokenMask
 	queued := false
 	for _, e := range m.eps {

@@ -193,6 +193,7 @@ type clientOpts struct {
 	clock   Clock
 	cred    credentials.Credential
 	shards  int
+	loops   int  // Config.LoopShards
 	anyBind bool // bind the wildcard address (both families) instead of 127.0.0.1
 	log     *slog.Logger
 }
@@ -215,7 +216,7 @@ func newTestClient(t testing.TB, dnsAddr string, o clientOpts) *Client {
 		bind = netip.Addr{}
 	}
 	c, err := New(Config{SRV: testSRV, Resolver: dnsAddr, ResolverTimeout: time.Second, Credential: o.cred,
-		Policy: o.policy, Bind: bind, Shards: o.shards, Clock: o.clock, Logger: o.log})
+		Policy: o.policy, Bind: bind, Shards: o.shards, LoopShards: o.loops, Clock: o.clock, Logger: o.log})
 	if err != nil {
 		t.Fatalf("new client: %v", err)
 	}

@@ -32,6 +32,12 @@ type shardEngine struct {
 
 // onDatagram handles every datagram received by any shard socket.
 func (c *Client) onDatagram(rx *udpshard.Socket, pkt []byte, from netip.AddrPort) {
+	c.receive(rx, pkt, from, nil)
+}
+
+// receive handles one datagram; ls is the loop shard whose owner thread
+// runs this (its Watch callback), nil on a goroutine.
+func (c *Client) receive(rx *udpshard.Socket, pkt []byte, from netip.AddrPort, ls *loopShard) {
 	es := c.shards[rx.Shard()]
 	es.rxMu.Lock()
 	defer es.rxMu.Unlock()
@@ -103,9 +109,13 @@ func (c *Client) onDatagram(rx *udpshard.Socket, pkt []byte, from netip.AddrPort
 	pushed := r.pushed
 	r.pushed = false
 	shard := r.sock.Shard()
-	r.unlock() // delivers the outcome if the answer ended the check
+	if ls != nil && r.ls == ls {
+		r.unlockOnLoop() // queues the outcome for the loop, after this read
+	} else {
+		r.unlock() // delivers the outcome if the answer ended the check
+	}
 	if pushed {
-		c.flush(shard) // completions queued by a decision
+		c.flushFrom(ls, shard) // completions queued by a decision
 	}
 	if steer {
 		c.c.steers.Add(1)

@@ -22,7 +22,7 @@ func (c *Client) Report(service []byte, d time.Duration) {
 	} else if ms > 1<<32-1 {
 		ms = 1<<32 - 1
 	}
-	shard := int(c.next.Add(1)) % len(c.shards)
+	shard := c.goShard()
 	es := c.shards[shard]
 	es.txMu.Lock()
 	defer es.txMu.Unlock()

@@ -1,0 +1,180 @@
+package rlclient
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/udpshard"
+)
+
+// A LoopCompleter is a Completer that can also take the outcome on the
+// event loop that started the check (CheckAsyncLoop). CheckDoneOnLoop is
+// called instead of CheckDone when the answer that ended the check was
+// read on that loop's thread: after the loop's read of its shard's
+// sockets (outside every lock of the client and of udpshard, and outside
+// any handler of the caller), so it may continue the caller's work
+// inline. Checks that end elsewhere (a deadline on the timer goroutine,
+// Abort, Close, Drain) still get CheckDone.
+type LoopCompleter interface {
+	Completer
+	CheckDoneOnLoop(out *Decision, err error)
+}
+
+// loopShard is the client's side of one event loop: shard idx (the
+// loop's ID) is owned by the loop while attached. Every field but c and
+// idx is the loop thread's.
+type loopShard struct {
+	c        *Client
+	idx      int
+	l        *evloop.Loop
+	attached bool
+	dirty    bool        // datagrams queued on the shard this turn: flush at turn end
+	ready    []readyDone // checks ended by this turn's reads, for their Completers
+	handler  udpshard.Handler
+}
+
+// readyDone is a check's outcome awaiting its Completer on the loop.
+type readyDone struct {
+	comp Completer
+	out  *Decision
+	err  error
+}
+
+func newLoopShard(c *Client, idx int) *loopShard {
+	ls := &loopShard{c: c, idx: idx, ready: make([]readyDone, 0, 64)}
+	ls.handler = func(rx *udpshard.Socket, pkt []byte, from netip.AddrPort) { c.receive(rx, pkt, from, ls) }
+	return ls
+}
+
+// AttachLoop implements pkg/proxy's LoopAttacher: on l's thread, the
+// shard whose index is l's ID becomes l's (udpshard owned mode): its
+// sockets are read by l, the answers end their checks there, and the
+// datagrams the checks of a turn queued go out at the end of the turn,
+// together. It fails when the client has no shard for l (Config.LoopShards
+// must be the number of loops). detach gives the shard back (l's thread).
+func (c *Client) AttachLoop(l *evloop.Loop) (detach func(), err error) {
+	id := l.ID()
+	if id < 0 || id >= len(c.loops) {
+		return nil, fmt.Errorf("rlclient: no shard for event loop %d (LoopShards %d: one per loop)", id, len(c.loops))
+	}
+	if c.closed.Load() {
+		return nil, nil // a client replaced before the loops started: nothing to attach
+	}
+	ls := c.loops[id]
+	if ls.attached {
+		return nil, fmt.Errorf("rlclient: shard %d is attached already", id)
+	}
+	if ls.l != l {
+		ls.l = l
+		l.OnTurnEnd(ls.turnEnd)
+	}
+	release, err := c.ring.Own(id, loopOwner{ls}, ls.handler)
+	if err != nil {
+		return nil, fmt.Errorf("rlclient: %w", err)
+	}
+	ls.attached = true
+	ls.runReady() // answers read while watching the sockets
+	return func() {
+		ls.turnEnd()
+		ls.attached = false
+		release()
+		ls.runReady()
+	}, nil
+}
+
+// CheckAsyncLoop is CheckAsync for a check started on the thread of the
+// event loop whose ID is loop: with the client attached to that loop it
+// uses the loop's shard, leaves the datagrams queued for the loop's turn
+// end (no send, no wake-up now), and an answer read by the loop ends the
+// check on the loop (done's CheckDoneOnLoop when it is a LoopCompleter).
+// On another loop, or unattached, it is CheckAsync.
+func (c *Client) CheckAsyncLoop(loop int, req *wire.RateRequest, out *Decision, done Completer) (Pending, bool, error) {
+	if loop < 0 || loop >= len(c.loops) || !c.loops[loop].attached {
+		return c.checkAsync(nil, req, out, done)
+	}
+	return c.checkAsync(c.loops[loop], req, out, done)
+}
+
+// flushFrom sends what was queued on shard: at the loop's turn end when
+// the caller runs on the loop that owns it, else as flush does.
+func (c *Client) flushFrom(ls *loopShard, shard int) {
+	if ls != nil && ls.idx == shard && ls.attached {
+		ls.dirty = true
+		return
+	}
+	c.flush(shard)
+}
+
+// turnEnd runs at the end of every turn of the loop: the Completers of
+// checks ended by the turn's reads (normally run already), then one send
+// of everything the turn queued on the shard.
+func (ls *loopShard) turnEnd() {
+	if !ls.attached {
+		return
+	}
+	ls.runReady()
+	if ls.dirty {
+		ls.dirty = false
+		ls.c.ring.FlushOwned(ls.idx)
+	}
+}
+
+// runReady hands the checks ended on the loop to their Completers; loop
+// thread, outside the client's locks. A Completer may start checks
+// (which never end here synchronously), so the list is walked by index.
+func (ls *loopShard) runReady() {
+	for i := 0; i < len(ls.ready); i++ {
+		d := ls.ready[i]
+		ls.ready[i] = readyDone{}
+		if lc, ok := d.comp.(LoopCompleter); ok {
+			lc.CheckDoneOnLoop(d.out, d.err)
+		} else {
+			d.comp.CheckDone(d.out, d.err)
+		}
+	}
+	ls.ready = ls.ready[:0]
+}
+
+// unlockOnLoop is unlock on the thread of the check's loop, inside the
+// read of its shard: the outcome is queued for runReady instead of being
+// delivered under the receive path's locks.
+func (r *request) unlockOnLoop() {
+	if !r.fire {
+		r.mu.Unlock()
+		return
+	}
+	c, ls := r.c, r.ls
+	r.fire = false
+	out, comp := r.out, r.comp
+	r.out, r.comp = nil, nil
+	r.mu.Unlock()
+	err := c.finish(r, out)
+	c.c.loopDone.Add(1)
+	ls.ready = append(ls.ready, readyDone{comp: comp, out: out, err: err})
+}
+
+// loopOwner is udpshard's view of the loop: its Watch and Post, each
+// followed by the Completers of the checks the reads ended.
+type loopOwner struct{ ls *loopShard }
+
+func (o loopOwner) Watch(fd int, onReadable func()) (func(), error) {
+	ls := o.ls
+	w, err := ls.l.Watch(fd, func() {
+		onReadable()
+		ls.runReady()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return w.Stop, nil
+}
+
+func (o loopOwner) Post(fn func()) {
+	ls := o.ls
+	ls.l.Post(func() {
+		fn()
+		ls.runReady()
+	})
+}
