@@ -28,6 +28,10 @@ func (g *Gate) Begin(r *proxy.Request, d *proxy.Decision, res proxy.Resumer) boo
 		return true
 	}
 	g.inflight.Inc()
+	st.tk.loop = -1
+	if r.Loop != nil {
+		st.tk.loop = r.Loop.ID() // the check goes out on the loop's own shard
+	}
 	if g.eng.Begin(st.gen.pol, svc, &st.areq, &st.dec) {
 		g.inflight.Dec()
 		*d = g.decision(st)
@@ -80,7 +84,12 @@ func (g *Gate) unpend(st *state) bool {
 
 // checked ends a request whose check ended after Begin returned false:
 // it finishes the decision, fills the proxy's Decision and resumes it.
-func (st *state) checked() {
+func (st *state) checked() { st.checkedOn(false) }
+
+// checkedOn is checked; onLoop: on the request's loop thread outside the
+// proxy's calls (rlclient's CheckDoneOnLoop), where the proxy continues
+// the request inline instead of through Post.
+func (st *state) checkedOn(onLoop bool) {
 	g := st.g
 	cancelled := g.unpend(st)
 	g.eng.End(st.gen.pol, &st.dec, cancelled)
@@ -88,7 +97,12 @@ func (st *state) checked() {
 	d, res := st.pd, st.res
 	st.r, st.pd, st.res = nil, nil, nil
 	*d = g.decision(st)
-	res.Resume() // st and d are the proxy's from here on
+	// st and d are the proxy's from here on
+	if lr, ok := res.(proxy.LoopResumer); ok && onLoop {
+		lr.ResumeOnLoop()
+		return
+	}
+	res.Resume()
 }
 
 // asyncChecker is a checker that can check without blocking: Client
@@ -106,7 +120,8 @@ type asyncChecker interface {
 // ticket is one check started by Begin: it carries the checker's
 // per-check state and hands the end back to the request (st.checked).
 type ticket struct {
-	st *state
+	st   *state
+	loop int // ID of the event loop Begin ran on, -1 for none
 
 	mu      sync.Mutex
 	pending rlclient.Pending // Client: the running check
@@ -152,7 +167,7 @@ func (t *ticket) abort(c admission.Checker) {
 // checkAsync implements asyncChecker with rlclient's CheckAsync.
 func (a *Client) checkAsync(req *wire.RateRequest, out *admission.CheckResult, t *ticket) bool {
 	t.mu.Lock() // CheckDone waits for pending to be stored
-	p, decided, err := a.C.CheckAsync(req, &t.d, t)
+	p, decided, err := a.C.CheckAsyncLoop(t.loop, req, &t.d, t)
 	if decided {
 		t.mu.Unlock()
 		fillResult(&t.d, err, out)
@@ -172,13 +187,19 @@ func (a *Client) abortCheck(t *ticket) {
 }
 
 // CheckDone implements rlclient.Completer for Client.checkAsync.
-func (t *ticket) CheckDone(d *rlclient.Decision, err error) {
+func (t *ticket) CheckDone(d *rlclient.Decision, err error) { t.done(d, err, false) }
+
+// CheckDoneOnLoop implements rlclient.LoopCompleter: the answer was read
+// on the loop that started the check, so the proxy resumes inline.
+func (t *ticket) CheckDoneOnLoop(d *rlclient.Decision, err error) { t.done(d, err, true) }
+
+func (t *ticket) done(d *rlclient.Decision, err error, onLoop bool) {
 	t.mu.Lock()
 	out := t.out
 	t.pending, t.out = rlclient.Pending{}, nil
 	t.mu.Unlock()
 	fillResult(d, err, out)
-	t.st.checked()
+	t.st.checkedOn(onLoop)
 }
 
 // checkAsync implements asyncChecker: no checker, no endpoints.

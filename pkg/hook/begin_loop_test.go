@@ -1,7 +1,11 @@
 package hook
 
 import (
+	"bytes"
 	"log/slog"
+	"runtime"
+	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -113,4 +117,83 @@ func TestBeginOnEventLoop(t *testing.T) {
 			t.Fatalf("horizon: allow %v status %d cause %v", res.d.Allow, res.d.Status, res.cause)
 		}
 	})
+}
+
+// onLoopConn is a loopConn whose Resumer is also a proxy.LoopResumer (as
+// the proxy's is), counting how each admission came back.
+type onLoopConn struct {
+	*loopConn
+	posts, inline atomic.Int64
+	inlineG       atomic.Uint64 // goroutine of the last ResumeOnLoop
+}
+
+func (c *onLoopConn) Resume() {
+	c.posts.Add(1)
+	c.loopConn.Resume()
+}
+
+func (c *onLoopConn) ResumeOnLoop() {
+	c.inline.Add(1)
+	c.inlineG.Store(goid())
+	c.onLoop()
+}
+
+func (c *onLoopConn) begin() {
+	if c.g.Begin(c.r, &c.d, c) {
+		c.onLoop()
+	}
+}
+
+// goid is the running goroutine's id (tests: which thread ran a call).
+func goid() uint64 {
+	var b [64]byte
+	s := b[:runtime.Stack(b[:], false)]
+	s = bytes.TrimPrefix(s, []byte("goroutine "))
+	n, _ := strconv.ParseUint(string(s[:bytes.IndexByte(s, ' ')]), 10, 64)
+	return n
+}
+
+// With the client attached to the loop, Begin's check goes out on the
+// loop's shard and its answer (from the embedded rlserver) resumes the
+// request on the loop goroutine inline: no Post, no hand-off.
+func TestBeginOnLoopShard(t *testing.T) {
+	grp, err := evloop.Start(evloop.Config{Loops: 1, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := grp.Loops()[0]
+	g, r, cl := embeddedGateLoops(t, "2/m", 1)
+	var loopG uint64
+	var detach func()
+	attached := make(chan error, 1)
+	l.Post(func() {
+		loopG = goid()
+		var err error
+		detach, err = cl.AttachLoop(l)
+		attached <- err
+	})
+	if err := <-attached; err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		done := make(chan struct{})
+		l.Post(func() { detach(); close(done) })
+		<-done
+		grp.Close()
+	})
+	c := &onLoopConn{loopConn: newLoopConn(g, r, l)}
+	for i, want := range []bool{true, true, false} {
+		r.Start = time.Now()
+		l.Post(c.begin)
+		if res := c.wait(t); res.d.Allow != want {
+			t.Fatalf("request %d: allow %v status %d", i, res.d.Allow, res.d.Status)
+		}
+	}
+	if c.posts.Load() != 0 || c.inline.Load() != 3 || c.inlineG.Load() != loopG {
+		t.Fatalf("resumed by Post %d times, inline %d times on goroutine %d (loop %d); want 0, 3 on the loop",
+			c.posts.Load(), c.inline.Load(), c.inlineG.Load(), loopG)
+	}
+	if st := cl.Stats(); st.LoopDone != 3 || st.LoopHandoffs != 0 {
+		t.Fatalf("client: %d loop completions, %d hand-offs; want 3, 0", st.LoopDone, st.LoopHandoffs)
+	}
 }

@@ -99,6 +99,14 @@ func (u0 usage) report(b *testing.B) {
 // and a request for it.
 func embeddedGate(tb testing.TB, rate string) (*Gate, *proxy.Request) {
 	tb.Helper()
+	g, r, _ := embeddedGateLoops(tb, rate, 0)
+	return g, r
+}
+
+// embeddedGateLoops is embeddedGate with a client that has loops loop
+// shards (rlclient Config.LoopShards); it returns the client too.
+func embeddedGateLoops(tb testing.TB, rate string, loops int) (*Gate, *proxy.Request, *rlclient.Client) {
+	tb.Helper()
 	var c credentials.Credential
 	c.Tenant, c.KeyID = "bench", 1
 	if _, err := rand.Read(c.Secret[:]); err != nil {
@@ -109,7 +117,8 @@ func embeddedGate(tb testing.TB, rate string) (*Gate, *proxy.Request) {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { e.Close() })
-	cl, err := rlclient.New(rlclient.Config{SRV: e.SRV, Resolver: e.Resolver, Credential: c, Policy: ratelimitly.Standard(20 * time.Millisecond)})
+	cl, err := rlclient.New(rlclient.Config{SRV: e.SRV, Resolver: e.Resolver, Credential: c, Policy: ratelimitly.Standard(20 * time.Millisecond),
+		LoopShards: loops})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -148,7 +157,7 @@ services:
 	}
 	r.Head, r.Path, r.Local = &head, []byte("/x"), netip.MustParseAddrPort("127.0.0.1:1")
 	r.Service = &proxy.Service{Name: "web"}
-	return g, r
+	return g, r, cl
 }
 
 // BenchmarkAdmitEmbedded64 keeps 64 admissions in flight: through Admit,

@@ -39,3 +39,13 @@ type AsyncHook interface {
 type Resumer interface {
 	Resume()
 }
+
+// LoopResumer is implemented by the proxy's Resumer: ResumeOnLoop is
+// Resume for a Hook that is on r.Loop's thread outside any call from
+// the proxy (not inside Begin or Cancel; e.g. from an evloop Watch
+// callback or a function it Posted): the proxy continues the request
+// inside the call, with no Post and no wake-up.
+type LoopResumer interface {
+	Resumer
+	ResumeOnLoop()
+}

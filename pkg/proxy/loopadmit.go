@@ -96,6 +96,10 @@ func (c *lconn) admit() {
 // Resume implements Resumer for AsyncHook.Begin; any goroutine.
 func (r *lreq) Resume() { r.c.ls.l.Post(r.asyncFn) }
 
+// ResumeOnLoop implements LoopResumer: the loop's thread, outside the
+// proxy's own calls.
+func (r *lreq) ResumeOnLoop() { r.asyncResume() }
+
 // asyncResume runs on the loop when an AsyncHook resumed r.
 func (r *lreq) asyncResume() {
 	r.pending = false
