@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
@@ -80,6 +81,9 @@ func (n *Node) setClient(pol *admission.Policy) error {
 		SRV: srvName, Resolver: resolver, ResolverTimeout: rl.ResolverTimeout, Credential: cred,
 		Policy: ratelimitly.RequestPolicy(p),
 		Bind:   rl.Bind, Logger: n.log,
+		// One shard per event loop, read and flushed by that loop
+		// (attachClient), besides the goroutine shards (HTTP/2).
+		LoopShards: n.eventLoops(),
 	})
 	if err != nil {
 		if newEmb {
@@ -102,6 +106,7 @@ func (n *Node) setClient(pol *admission.Policy) error {
 			return fmt.Errorf("new RateLimitly client (srv %s): %w; keeping the current one", srvName, err)
 		}
 	}
+	n.attachClient(c)
 	gc := hook.NewClient(c)
 	oldEmb := n.emb
 	replacedEmb := newEmb && oldEmb != nil
@@ -275,5 +280,29 @@ func (n *Node) retryClient(ctx context.Context) {
 		backoff = min(2*backoff, clientRetryMax)
 		n.log.Warn("RateLimitly client still not created", "error", err.Error(), "retry_in", backoff.String())
 		t.Reset(backoff)
+	}
+}
+
+// eventLoops is the number of event loops the proxy runs (as
+// proxy.Config.EventLoops counts them).
+func (n *Node) eventLoops() int {
+	if n.opts.EventLoops > 0 {
+		return n.opts.EventLoops
+	}
+	return runtime.GOMAXPROCS(0)
+}
+
+// attachClient gives c a shard on each event loop of the proxy, when the
+// proxy exists (n.mu held): checks from a loop then go out on that
+// loop's own socket at its turn end and their answers are handled on
+// the loop. A client that cannot attach still works, from its
+// goroutine shards. A replaced client stays attached until the proxy
+// stops; its Close leaves its sockets to the loops, which close them.
+func (n *Node) attachClient(c *rlclient.Client) {
+	if n.proxy == nil {
+		return // startProxy attaches it
+	}
+	if err := n.proxy.Attach(c); err != nil {
+		n.log.Warn("RateLimitly client not attached to the event loops; checks go through its goroutine shards", "error", err.Error())
 	}
 }

@@ -181,11 +181,16 @@ func (n *Node) startProxy(ctx context.Context, pol *admission.Policy) error {
 		}
 		pcfg.Dial = n.redirect.Dialer()
 	}
-	var err error
-	n.proxy, err = proxy.New(pcfg)
+	p, err := proxy.New(pcfg)
 	if err != nil {
 		return fmt.Errorf("proxy: %w", err)
 	}
+	n.mu.Lock()
+	n.proxy = p
+	if n.client != nil {
+		n.attachClient(n.client.C) // the loops run it when they start
+	}
+	n.mu.Unlock()
 	n.m.SetProxyStats(func() metrics.ProxyStats {
 		st := n.proxy.Stats()
 		return metrics.ProxyStats{OpenConnections: int64(st.Conns), UpstreamIdle: int64(st.UpstreamIdle)}
