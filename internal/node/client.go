@@ -284,8 +284,11 @@ func (n *Node) retryClient(ctx context.Context) {
 }
 
 // eventLoops is the number of event loops the proxy runs (as
-// proxy.Config.EventLoops counts them).
+// proxy.Config.EventLoops counts them, before the proxy exists).
 func (n *Node) eventLoops() int {
+	if n.proxy != nil {
+		return n.proxy.ListenGroupSize() // one socket, and one loop, per CPU it was built for
+	}
 	if n.opts.EventLoops > 0 {
 		return n.opts.EventLoops
 	}

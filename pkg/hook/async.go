@@ -18,8 +18,11 @@ var _ proxy.AsyncHook = (*Gate)(nil)
 // needs no RateLimitly answer (no policy, no location, an unprotected
 // location, a value that cannot be rendered, no checker); a protected
 // request's check goes out through the checker without blocking (the
-// rlclient Client's CheckAsync; any other checker runs on a goroutine)
-// and its end fills *d and resumes the proxy. The decision, its metrics,
+// rlclient Client's CheckAsyncLoop with r.Loop's ID: on a loop the
+// client is attached to, the loop's own shard; any other checker runs on
+// a goroutine) and its end fills *d and resumes the proxy: inline
+// (proxy.LoopResumer) when the answer was read on r.Loop, else through
+// Resume. The decision, its metrics,
 // access fields and reports in Done are those of Admit.
 func (g *Gate) Begin(r *proxy.Request, d *proxy.Decision, res proxy.Resumer) bool {
 	st, svc := g.prepare(r)

@@ -54,6 +54,9 @@
 //     AsyncHook admits on the loop's thread; a blocking Hook's Admit runs
 //     on a worker goroutine whose Decision is posted back to the loop. An
 //     upgraded or handed-off connection leaves its loop for a goroutine.
+//     Attach gives every loop, on its thread, to a LoopAttacher (the
+//     RateLimitly client's per-loop shard): an AsyncHook whose answer
+//     is read on the request's loop resumes it there (LoopResumer).
 //   - Idle upstream connections close after UpstreamIdleTimeout; idle
 //     admission workers exit after 10 s.
 //   - Shutdown (graceful drain) closes idle keep-alive connections at

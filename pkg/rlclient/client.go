@@ -50,6 +50,25 @@
 // is CheckAsync and a wait. This is what an event loop uses: it never
 // blocks on RateLimitly.
 //
+// # Event loops
+//
+// With Config.LoopShards = n the client has, besides its goroutine
+// shards, one shard per event loop (udpshard owned mode): AttachLoop
+// (pkg/proxy's LoopAttacher) gives shard i to loop i, which then reads
+// its sockets itself (no reader goroutine). CheckAsyncLoop, called on a
+// loop's thread, queues the check's datagrams on that loop's shard and
+// leaves them there: the loop sends everything its turn queued at the
+// end of the turn (one sendmmsg, one UDP_SEGMENT message per endpoint).
+// An answer the loop reads ends its check on the loop; the Completer is
+// called after the read, outside the client's locks, through
+// LoopCompleter.CheckDoneOnLoop when it has it, so the caller can go on
+// inline: no Post, no wake-up, no other thread. Deadlines (replays,
+// final receive, the horizon) stay on the shard's timer goroutine: a
+// check they end is handed to its Completer there (Stats.LoopHandoffs),
+// as are checks ended by Abort, Close or a Drain; Stats.LoopDone counts
+// those ended on their loop. Probes, reports and checks from goroutines
+// (Check, CheckAsync, pkg/h2proxy) use the goroutine shards.
+//
 // A check's datagrams are queued on its shard; under load the shard's
 // loop sends the datagrams of many checks together (udpshard FlushAsync:
 // one sendmmsg, one UDP_SEGMENT message per endpoint), with about one
