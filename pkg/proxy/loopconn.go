@@ -363,6 +363,12 @@ func (c *lconn) startRequest(cfg *Config, svc *Service) {
 	r.dec = Decision{Allow: true}
 	mode := h.BodyMode()
 	r.bodyDone = mode == httpparse.BodyNone || mode == httpparse.BodyLength && h.ContentLength == 0
+	if httpparse.EqualFold(h.Method, "CONNECT") {
+		// A 2xx would turn the upstream connection into a tunnel: not
+		// an exchange the proxy can frame, admit per request or pool.
+		c.rejectRule(cfg, svc, "connect-unsupported", 501)
+		return
+	}
 	if svc.MaxBodyBytes > 0 && mode == httpparse.BodyLength && h.ContentLength > svc.MaxBodyBytes {
 		c.rejectRule(cfg, svc, "body-too-large", 413)
 		return

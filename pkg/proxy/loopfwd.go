@@ -339,6 +339,12 @@ func (c *lconn) responseHead(u *lup, rest []byte) (int, bool) {
 	bm := resp.BodyMode()
 	r.upKeep = !resp.Close && resp.Minor == 1
 	keep := c.keepClient() && bm != httpparse.BodyClose
+	if tunnelAnswer(r.head.Method, resp.Status) {
+		// Never reached while CONNECT is refused (startRequest); if it
+		// were, the connection after this head is a tunnel: reusing it
+		// would send the next request into it.
+		r.upKeep, keep = false, false
+	}
 	var flags respFlags
 	if bm == httpparse.BodyChunked {
 		if r.head.Minor == 1 {
@@ -379,6 +385,12 @@ func (c *lconn) responseHead(u *lup, rest []byte) (int, bool) {
 	r.rp = rpClose
 	c.toClient(hd, rest)
 	return len(rest), true
+}
+
+// tunnelAnswer reports whether a response with status to method leaves
+// its connection a tunnel (a 2xx to CONNECT, or a 101): never reusable.
+func tunnelAnswer(method []byte, status int) bool {
+	return status == 101 || status >= 200 && status < 300 && httpparse.EqualFold(method, "CONNECT")
 }
 
 // relayChunks decodes chunked response bytes from src and writes them to
