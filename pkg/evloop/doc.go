@@ -119,9 +119,23 @@
 //
 // Write copies what the kernel does not take at once into a buffer the
 // socket holds only while bytes are queued; Pending is the backpressure
-// signal (stop producing above a bound, continue in OnDrained). With
-// PauseRead a socket whose peer sends without end holds at most one
-// receive buffer's worth of data in user space.
+// signal (stop producing above a bound, continue in OnDrained).
+//
+// One OnRead never delivers more than the loop's BufSize, on either
+// backend. PauseRead takes effect at once: no OnRead or OnEOF comes until
+// ResumeRead, even later in the same call that delivers stashed bytes.
+// A paused socket whose peer sends without end holds a bounded amount of
+// data in user space: nothing with epoll (the bytes wait in the kernel);
+// with io_uring at most 4 x BufSize (64 KiB with the default BufSize),
+// what its multishot recv took before the pause took effect: PauseRead
+// submits the recv's cancel at once, not with the turn's enter, and
+// every multishot recv is limited to 4 x BufSize bytes before the loop
+// re-arms it (IORING_RECV_MSHOT_LIM). On a kernel that refuses that limit
+// (EINVAL) the loop logs it once and reads without it; a paused socket
+// then keeps what its recv took in the kernel's last burst (the
+// provided-buffer ring, 256 x BufSize, at worst). ResumeRead delivers
+// what was stashed in pieces of at most BufSize and stops as soon as the
+// handler pauses again.
 //
 // Close discards queued bytes: to close after a response, call
 // CloseWrite and Close in OnDrained (or after the peer's EOF). CloseWrite

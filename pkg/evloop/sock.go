@@ -111,8 +111,8 @@ func (s *Sock) Write(bufs ...[]byte) {
 // PauseRead stops OnRead and OnEOF until ResumeRead. Bytes that arrive
 // meanwhile stay in the kernel. User space holds at most what was
 // received before the pause took effect: nothing with epoll; with
-// io_uring what the socket's recv took in the turn of the pause (bounded
-// by the loop's provided-buffer ring), kept for ResumeRead.
+// io_uring what the socket's recv took (at most 4 x BufSize, see the
+// package doc), kept for ResumeRead.
 func (s *Sock) PauseRead() {
 	if s.flags&(fClosed|fPaused) != 0 {
 		return
@@ -122,7 +122,7 @@ func (s *Sock) PauseRead() {
 }
 
 // ResumeRead undoes PauseRead; data already waiting is delivered later in
-// this turn.
+// this turn, at most BufSize per OnRead, until the handler pauses again.
 func (s *Sock) ResumeRead() {
 	if s.flags&fClosed != 0 || s.flags&fPaused == 0 {
 		return

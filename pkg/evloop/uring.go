@@ -22,6 +22,12 @@ type uring struct {
 	sendq   []*Sock
 	starved []*Sock
 
+	// recvLimit bounds what one multishot recv takes before it ends and
+	// is re-armed (bytes, IORING_RECV_MSHOT_LIM through sqe->optlen), so
+	// what a socket's recv took when its handler paused is bounded; 0
+	// once the kernel refused the limit (EINVAL: older kernels).
+	recvLimit int
+
 	// Listening sockets are not given to the ring: a request in flight on
 	// a file pins it until the ring is torn down, which after the
 	// process dies (kill -9) runs later on a kernel worker, so a steered
@@ -34,6 +40,14 @@ type uring struct {
 
 // udListenSet marks the POLL_ADD on the listeners' epoll set.
 const udListenSet = udListen | 0xffffffff
+
+// recvBurst is how many receive buffers' worth one multishot recv may
+// take before it is re-armed: the most a paused socket keeps stashed.
+const recvBurst = 4
+
+// refuseRecvLimit (tests) makes the kernel refuse the first limited recv
+// as a kernel without the limit does.
+var refuseRecvLimit bool
 
 // pbufEntries is the number of provided receive buffers per loop (a
 // power of two; a variable so that a test can make the ring run dry).
@@ -73,7 +87,7 @@ func newUring(l *Loop) (*uring, error) {
 		r.close()
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
-	u := &uring{l: l, r: r, pb: pb, evfd: evfd, parkfd: -1, page: page}
+	u := &uring{l: l, r: r, pb: pb, evfd: evfd, parkfd: -1, page: page, recvLimit: recvBurst * l.bufSize}
 	u.armWake()
 	return u, nil
 }
@@ -322,16 +336,25 @@ func (u *uring) opDone(s *Sock) bool {
 	return true
 }
 
-// arm starts the socket's multishot recv unless it runs, or reading is
-// paused or over.
+// arm starts the socket's multishot recv unless it runs, reading is
+// paused or over, or stashed bytes wait (readPending arms once they are
+// delivered: a paused socket's stash is what one recv took, at most
+// recvLimit).
 func (u *uring) arm(s *Sock) {
-	if s.flags&(fArmed|fClosed|fPaused|fEOF|fRdHup|fConnecting) != 0 || s.err != nil {
+	if s.flags&(fArmed|fClosed|fPaused|fEOF|fRdHup|fConnecting) != 0 || s.err != nil || len(s.stash) > 0 {
 		return
 	}
 	q := u.r.get()
 	q.opcode, q.fd, q.ioprio, q.flags = opRecv, int32(s.fd), recvMultishot, sqeBufferSelect
-	if s.flags&fOneShot != 0 {
+	switch {
+	case s.flags&fOneShot != 0:
 		q.ioprio = 0
+	case u.recvLimit > 0:
+		q.spliceIn = int32(u.recvLimit) // optlen: the recv's total limit
+		if refuseRecvLimit {
+			refuseRecvLimit = false
+			q.opFlags = unix.MSG_WAITALL // a multishot recv refuses it: EINVAL
+		}
 	}
 	q.userData = s.ud(udSock)
 	s.flags = s.flags&^(fStarved|fRecvCancel) | fArmed
@@ -369,6 +392,11 @@ func (u *uring) recvDone(s *Sock, c cqe) {
 			u.starved = append(u.starved, s)
 		}
 	case c.res == -int32(unix.ECANCELED), c.res == -int32(unix.EAGAIN), c.res == -int32(unix.EINTR):
+	case c.res == -int32(unix.EINVAL) && u.recvLimit > 0 && s.flags&fOneShot == 0:
+		// A kernel without the multishot recv limit: read on without it
+		// (re-armed below).
+		u.recvLimit = 0
+		u.l.log.Info("evloop: io_uring recv has no total limit on this kernel; a paused socket may stash more than one receive burst")
 	default:
 		s.failNow(fmt.Errorf("evloop: recv: %w", unix.Errno(-c.res)))
 	}
@@ -378,8 +406,9 @@ func (u *uring) recvDone(s *Sock, c cqe) {
 }
 
 // keep stashes bytes received while reading is paused (or the socket
-// detaches): the recv ends at the next submit, so that is at most what
-// arrived within one turn.
+// detaches, or stashed bytes wait): PauseRead cancels the recv at once
+// and no recv is armed while a stash waits, so that is at most what one
+// recv takes (recvLimit).
 func (s *Sock) keep(b []byte) {
 	if s.stash == nil {
 		s.l.nBufs.Add(1)
@@ -399,10 +428,14 @@ func (u *uring) rearmStarved() {
 	u.starved = u.starved[:0]
 }
 
+// pauseRead cancels the socket's recv at once rather than with the
+// turn's enter: until the kernel sees the cancel, every arrival takes
+// another provided buffer that ends in the stash.
 func (u *uring) pauseRead(s *Sock) {
 	if s.flags&(fArmed|fRecvCancel) == fArmed {
 		s.flags |= fRecvCancel
 		u.cancel(s.ud(udSock), -1)
+		u.r.submit()
 	}
 }
 
@@ -415,13 +448,20 @@ func (u *uring) resumeRead(s *Sock) {
 	u.arm(s)
 }
 
-// readPending delivers what was stashed while paused, then the EOF, then
-// reads on.
+// readPending delivers what was stashed while paused, in pieces of at
+// most BufSize, until the handler pauses again (the rest stays stashed
+// for the next ResumeRead), then the EOF, then reads on.
 func (u *uring) readPending(s *Sock) {
 	s.flags &^= fReadable
-	if b := s.stash; len(b) > 0 {
-		s.dropStash()
-		s.h.OnRead(s, b)
+	for len(s.stash) > 0 && s.flags&(fClosed|fPaused) == 0 {
+		b := s.stash
+		n := min(len(b), u.l.bufSize)
+		if n == len(b) {
+			s.dropStash()
+		} else {
+			s.stash = b[n:] // what Unread returns if the handler detaches
+		}
+		s.h.OnRead(s, b[:n])
 	}
 	if s.flags&(fClosed|fPaused) != 0 {
 		return
