@@ -339,19 +339,24 @@ func (lg *loopGroup) stats() Stats {
 
 // detachedConns are client connections served by a goroutine after they
 // left their loop (handoff, upgrade tunnel); Shutdown's deadline closes
-// them.
+// them, and any added after it (a detach that completed late).
 type detachedConns struct {
-	mu sync.Mutex
-	m  map[net.Conn]struct{}
+	mu     sync.Mutex
+	m      map[net.Conn]struct{}
+	closed bool
 }
 
 func (d *detachedConns) add(nc net.Conn) {
 	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		nc.Close() // its goroutine finds it closed and ends
+		return
+	}
 	if d.m == nil {
 		d.m = map[net.Conn]struct{}{}
 	}
 	d.m[nc] = struct{}{}
-	d.mu.Unlock()
 }
 
 func (d *detachedConns) remove(nc net.Conn) {
@@ -363,6 +368,7 @@ func (d *detachedConns) remove(nc net.Conn) {
 func (d *detachedConns) closeAll() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.closed = true
 	for nc := range d.m {
 		nc.Close()
 	}

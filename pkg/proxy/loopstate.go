@@ -227,11 +227,16 @@ func (ls *loopState) drain() {
 	}
 }
 
-// closeAll closes every connection of the loop (Shutdown's deadline).
+// closeAll closes every connection of the loop (Shutdown's deadline)
+// except detached ones: their goroutine owns them until it posts their
+// release (detachedConns.closeAll ends it), so closing them here too
+// would release them twice.
 func (ls *loopState) closeAll() {
 	for c := ls.conns.head; c != nil; {
 		next := c.next
-		c.abort()
+		if c.state != lcDetached {
+			c.abort()
+		}
 		c = next
 	}
 }
