@@ -30,8 +30,13 @@ const (
 // Config configures an embedded RateLimitly.
 type Config struct {
 	Credentials []credentials.Credential
-	Workers     int          // server sockets; 0 = 1 (a node-local toy server)
-	Logger      *slog.Logger // nil = discard
+	Workers     int // server sockets; 0 = 1 (a node-local toy server)
+	// Loops > 0 runs the server on that many event loops instead of worker
+	// goroutines: one socket per loop (Workers is ignored), served by the
+	// loop that LoopAttacher attaches it to. Its datagrams wait in the
+	// kernel until then.
+	Loops  int
+	Logger *slog.Logger // nil = discard
 	// Hooks are the server's test hooks (nil in production).
 	Hooks *rlserver.TestHooks
 }
@@ -44,6 +49,8 @@ type Embedded struct {
 	Resolver string
 
 	udp, tcp *dns.Server
+	att      *LoopAttacher // Loops > 0
+	log      *slog.Logger
 	once     sync.Once
 	err      error
 }
@@ -55,11 +62,21 @@ func Start(cfg Config) (*Embedded, error) {
 	if w == 0 {
 		w = 1
 	}
-	srv, err := rlserver.Start(rlserver.Config{Listen: "127.0.0.1:0", Credentials: cfg.Credentials, Workers: w, Logger: cfg.Logger, Hooks: cfg.Hooks})
+	if cfg.Loops > 0 {
+		w = cfg.Loops
+	}
+	srv, err := rlserver.Start(rlserver.Config{Listen: "127.0.0.1:0", Credentials: cfg.Credentials, Workers: w,
+		Driven: cfg.Loops > 0, Logger: cfg.Logger, Hooks: cfg.Hooks})
 	if err != nil {
 		return nil, fmt.Errorf("embedded ratelimitly: %w", err)
 	}
-	e := &Embedded{Server: srv, SRV: SRVName}
+	e := &Embedded{Server: srv, SRV: SRVName, log: cfg.Logger}
+	if e.log == nil {
+		e.log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Loops > 0 {
+		e.att = &LoopAttacher{e: e}
+	}
 	if err := e.startDNS(srv.Addr()); err != nil {
 		_ = srv.Close()
 		return nil, fmt.Errorf("embedded ratelimitly dns: %w", err)
@@ -121,9 +138,14 @@ func answer(w dns.ResponseWriter, q *dns.Msg, target netip.AddrPort) {
 	_ = w.WriteMsg(m)
 }
 
-// Close stops DNS and the server. Idempotent.
+// Close stops DNS and the server; a loop-driven server's sockets are
+// detached from their loops first (Close waits for that, bounded: do not
+// call it from a loop thread). Idempotent.
 func (e *Embedded) Close() error {
 	e.once.Do(func() {
+		if e.att != nil {
+			e.att.detachAll()
+		}
 		var errs []error
 		if e.tcp != nil {
 			errs = append(errs, e.tcp.Shutdown())

@@ -113,7 +113,7 @@ func (b *batchConn) sendGSO(off, k int) (failed int, err error) {
 	b.buildGSO(off, k)
 	for g.off < g.n {
 		g.err = 0
-		if err := b.rc.Write(g.fn); err != nil {
+		if err := b.write(g.fn); err != nil {
 			for m := g.off; m < g.n; m++ {
 				failed += g.cnt[m]
 			}

@@ -38,9 +38,12 @@ const (
 type Config struct {
 	Listen      string // UDP address; "127.0.0.1:0" for embedded use and tests
 	Credentials []credentials.Credential
-	Workers     int              // sockets/goroutines; 0 = GOMAXPROCS
-	Now         func() time.Time // injectable clock; nil = time.Now
-	Hooks       *TestHooks       // nil in production
+	Workers     int // sockets/goroutines; 0 = GOMAXPROCS
+	// Driven starts no worker goroutine: each socket is served by an
+	// owner that polls it (an event loop; Server.Sockets, loop.go).
+	Driven bool
+	Now    func() time.Time // injectable clock; nil = time.Now
+	Hooks  *TestHooks       // nil in production
 
 	// Batch is the most datagrams per read and write turn (1..64, 0 = 64).
 	// 1 turns batching off (for the batching benchmark).
@@ -80,6 +83,7 @@ type Server struct {
 	trackers *table[tracker]
 	dedup    *dedupTable
 	workers  []*worker
+	sockets  []*Socket // Driven: one per worker
 	addr     netip.AddrPort
 
 	closing   atomic.Bool
@@ -166,33 +170,73 @@ func Start(cfg Config) (*Server, error) {
 		}
 		ap = netip.AddrPortFrom(ap.Addr(), port)
 	}
-	for i := 0; i < cfg.Workers; i++ {
-		c, err := listenReusePort(ap)
-		if err != nil {
-			s.closeConns()
-			return nil, fmt.Errorf("rlserver: listen %s (worker %d): %w", ap, i, err)
-		}
-		if i == 0 {
-			s.addr = c.LocalAddr().(*net.UDPAddr).AddrPort()
-			ap = netip.AddrPortFrom(ap.Addr(), s.addr.Port()) // port 0: the rest join the first's port
-		}
-		bc, err := newBatchConn(c)
-		if err != nil {
-			c.Close()
-			s.closeConns()
-			return nil, fmt.Errorf("rlserver: worker %d: %w", i, err)
-		}
-		s.workers = append(s.workers, newWorker(s, i, bc))
+	if err := s.bind(ap); err != nil {
+		return nil, err
 	}
 	s.epoch = uint64(s.now().UnixMilli())
-	for _, w := range s.workers {
-		s.wg.Add(1)
-		go w.run()
+	if cfg.Driven {
+		for _, w := range s.workers {
+			s.sockets = append(s.sockets, &Socket{w: w})
+		}
+	} else {
+		for _, w := range s.workers {
+			s.wg.Add(1)
+			go w.run()
+		}
 	}
 	s.janitor.Add(1)
 	go s.sweeper()
-	s.log.Info("ratelimitly server started", "addr", s.addr.String(), "workers", cfg.Workers, "batch", cfg.Batch, "epoch", s.epoch)
+	s.log.Info("ratelimitly server started", "addr", s.addr.String(), "workers", cfg.Workers, "driven", cfg.Driven,
+		"batch", cfg.Batch, "epoch", s.epoch)
 	return s, nil
+}
+
+// bind opens the cfg.Workers sockets of the SO_REUSEPORT group on ap
+// (whose port is not 0) and makes a worker of each.
+func (s *Server) bind(ap netip.AddrPort) error {
+	for i := 0; i < s.cfg.Workers; i++ {
+		bc, err := s.bindOne(ap)
+		if err != nil {
+			s.closeConns()
+			return fmt.Errorf("rlserver: listen %s (worker %d): %w", ap, i, err)
+		}
+		if i == 0 {
+			if s.addr, err = localAddrPort(bc.fd); err != nil {
+				bc.close()
+				return fmt.Errorf("rlserver: listen %s: %w", ap, err)
+			}
+			s.addr = netip.AddrPortFrom(s.addr.Addr().Unmap(), s.addr.Port())
+		}
+		s.workers = append(s.workers, newWorker(s, i, bc))
+	}
+	return nil
+}
+
+// bindOne opens one socket of the group: a raw one when Driven, else one
+// in the netpoller.
+func (s *Server) bindOne(ap netip.AddrPort) (*batchConn, error) {
+	if s.cfg.Driven {
+		fd, err := bindReusePort(ap)
+		if err != nil {
+			return nil, err
+		}
+		return newDrivenConn(fd), nil
+	}
+	c, err := listenReusePort(ap)
+	if err != nil {
+		return nil, err
+	}
+	bc, err := newBatchConn(c)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	// The netpoller's dup is what reads; fd is only for the address.
+	if rerr := bc.rc.Control(func(fd uintptr) { bc.fd = int(fd) }); rerr != nil {
+		c.Close()
+		return nil, rerr
+	}
+	return bc, nil
 }
 
 func resolve(listen string) (netip.AddrPort, error) {
@@ -223,11 +267,19 @@ func (s *Server) Close() error {
 		s.closing.Store(true)
 		past := time.Unix(1, 0)
 		for _, w := range s.workers {
-			_ = w.bc.conn.SetReadDeadline(past)
-			_ = w.bc.conn.SetWriteDeadline(time.Now().Add(time.Second))
+			if w.bc.conn != nil {
+				_ = w.bc.conn.SetReadDeadline(past)
+				_ = w.bc.conn.SetWriteDeadline(time.Now().Add(time.Second))
+			}
 		}
 		s.wg.Wait()
-		s.closeConns()
+		if s.cfg.Driven {
+			for _, k := range s.sockets {
+				k.serverClosed()
+			}
+		} else {
+			s.closeConns()
+		}
 		close(s.stop)
 		s.janitor.Wait()
 		s.log.Info("ratelimitly server stopped", "addr", s.addr.String())
@@ -237,7 +289,7 @@ func (s *Server) Close() error {
 
 func (s *Server) closeConns() {
 	for _, w := range s.workers {
-		w.bc.conn.Close()
+		w.bc.close()
 	}
 }
 

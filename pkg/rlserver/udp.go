@@ -37,20 +37,20 @@ func freeUDPPort(addr netip.Addr) (uint16, error) {
 	return port, nil
 }
 
-// listenReusePort opens a non-blocking UDP socket with SO_REUSEPORT bound to
-// addr and hands it to the Go netpoller.
-func listenReusePort(addr netip.AddrPort) (*net.UDPConn, error) {
+// bindReusePort opens a non-blocking UDP socket with SO_REUSEPORT bound to
+// addr and returns its descriptor.
+func bindReusePort(addr netip.AddrPort) (int, error) {
 	family := unix.AF_INET
 	if addr.Addr().Is6() && !addr.Addr().Is4In6() {
 		family = unix.AF_INET6
 	}
 	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
 	if err != nil {
-		return nil, fmt.Errorf("socket: %w", err)
+		return -1, fmt.Errorf("socket: %w", err)
 	}
 	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("SO_REUSEPORT: %w", err)
+		return -1, fmt.Errorf("SO_REUSEPORT: %w", err)
 	}
 	// A larger receive queue absorbs bursts; failure is not fatal.
 	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
@@ -62,7 +62,17 @@ func listenReusePort(addr netip.AddrPort) (*net.UDPConn, error) {
 	}
 	if err := unix.Bind(fd, sa); err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("bind %s: %w", addr, err)
+		return -1, fmt.Errorf("bind %s: %w", addr, err)
+	}
+	return fd, nil
+}
+
+// listenReusePort binds like bindReusePort and hands the socket to the Go
+// netpoller.
+func listenReusePort(addr netip.AddrPort) (*net.UDPConn, error) {
+	fd, err := bindReusePort(addr)
+	if err != nil {
+		return nil, err
 	}
 	f := os.NewFile(uintptr(fd), "udp:"+addr.String())
 	pc, err := net.FilePacketConn(f)
@@ -78,13 +88,31 @@ func listenReusePort(addr netip.AddrPort) (*net.UDPConn, error) {
 	return uc, nil
 }
 
+// localAddrPort is the bound address of a raw socket.
+func localAddrPort(fd int) (netip.AddrPort, error) {
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("getsockname: %w", err)
+	}
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port)), nil
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port)), nil
+	}
+	return netip.AddrPort{}, errors.New("getsockname: not an IP socket")
+}
+
 // batchConn does batched receive (recvmmsg) and send (sendmmsg) on one UDP
-// socket through the netpoller: the callbacks return false on EAGAIN so the
-// goroutine parks until the socket is ready; no busy loop, no blocking
-// syscall. All buffers are allocated once.
+// socket. A worker's socket goes through the netpoller: the callbacks
+// return false on EAGAIN so the goroutine parks until the socket is ready;
+// no busy loop, no blocking syscall. A driven socket (conn == nil, loop.go)
+// is a raw descriptor its owner polls: every call is tried once and EAGAIN
+// is reported, never waited for. All buffers are allocated once.
 type batchConn struct {
-	conn *net.UDPConn
-	rc   syscall.RawConn
+	conn *net.UDPConn    // nil: driven
+	rc   syscall.RawConn // nil: driven
+	fd   int             // the descriptor (driven: owned here)
 
 	rhdrs  [MaxBatch]unix.Mmsghdr
 	riovs  [MaxBatch]unix.Iovec
@@ -113,7 +141,21 @@ func newBatchConn(c *net.UDPConn) (*batchConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &batchConn{conn: c, rc: rc}
+	b := newBatchBufs()
+	b.conn, b.rc, b.fd = c, rc, -1
+	return b, nil
+}
+
+// newDrivenConn wraps the raw non-blocking socket fd (which it owns from
+// now on) for an owner that polls it.
+func newDrivenConn(fd int) *batchConn {
+	b := newBatchBufs()
+	b.fd = fd
+	return b
+}
+
+func newBatchBufs() *batchConn {
+	b := &batchConn{}
 	for i := range b.rhdrs {
 		b.riovs[i].Base = &b.rbufs[i][0]
 		b.rhdrs[i].Hdr.Iov = &b.riovs[i]
@@ -126,7 +168,34 @@ func newBatchConn(c *net.UDPConn) (*batchConn, error) {
 	b.writeFn = b.doWrite
 	b.drainFn = b.doDrain
 	b.gso.fn = b.doWriteGSO
-	return b, nil
+	return b
+}
+
+// close closes the socket.
+func (b *batchConn) close() {
+	if b.conn != nil {
+		b.conn.Close()
+		return
+	}
+	if b.fd >= 0 {
+		unix.Close(b.fd)
+		b.fd = -1
+	}
+}
+
+// errWouldBlock: a driven socket's send buffer is full.
+var errWouldBlock = errors.New("rlserver: socket send buffer full")
+
+// write runs a send callback: through the netpoller (parking while it
+// reports EAGAIN), or once on a driven socket.
+func (b *batchConn) write(fn func(fd uintptr) bool) error {
+	if b.rc != nil {
+		return b.rc.Write(fn)
+	}
+	if !fn(uintptr(b.fd)) {
+		return errWouldBlock
+	}
+	return nil
 }
 
 func (b *batchConn) prepareRead(max int) {
@@ -151,9 +220,14 @@ func (b *batchConn) recv(max int) (int, error) {
 }
 
 // recvNow reads up to max datagrams without waiting (0 when none queued).
-// It works after the read deadline passed, for draining.
+// It works after the read deadline passed, for draining, and is the read
+// of a driven socket.
 func (b *batchConn) recvNow(max int) (int, error) {
 	b.prepareRead(max)
+	if b.rc == nil {
+		b.doDrain(uintptr(b.fd))
+		return b.rn, b.rerr
+	}
 	if err := b.rc.Control(b.drainFn); err != nil {
 		return 0, err
 	}
@@ -229,7 +303,7 @@ func (b *batchConn) send(k int) (failed int, err error) {
 func (b *batchConn) sendRange(off, k int) (failed int, err error) {
 	b.soff, b.sk, b.serr, b.sfail = off, k, nil, 0
 	for b.soff < b.sk {
-		if err := b.rc.Write(b.writeFn); err != nil {
+		if err := b.write(b.writeFn); err != nil {
 			return b.sfail + b.sk - b.soff, err
 		}
 	}

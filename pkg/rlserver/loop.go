@@ -1,0 +1,140 @@
+package rlserver
+
+import (
+	"errors"
+	"sync"
+)
+
+// Driven mode (Config.Driven): the server starts no worker goroutine; an
+// owner, typically an event loop, watches each socket's descriptor and
+// calls Serve when it turns readable, on whatever thread it runs. The
+// datagrams, the wire codec, the state and the answers (batched, with
+// UDP_SEGMENT) are the same as a worker's; only who waits differs. Each
+// Serve reads with recvmmsg(MSG_DONTWAIT), decides and answers at once
+// with sendmmsg, and never waits: a full send buffer drops the rest of
+// that turn's answers (counted as send errors; the client retries, as
+// for any lost datagram).
+//
+// A socket's datagrams queue in the kernel until an owner attaches: none
+// is lost between Start and Attach. The package does not import the event
+// loop; pkg/embedded adapts a Socket to pkg/evloop.
+
+// ErrAttached is returned by Attach for a socket that already has an owner.
+var ErrAttached = errors.New("rlserver: socket already attached")
+
+// ErrClosed is returned by Attach after Close.
+var ErrClosed = errors.New("rlserver: server closed")
+
+// Socket is one socket of a driven server's SO_REUSEPORT group.
+//
+// Lifecycle: Attach, then Serve on readiness (from one goroutine or
+// thread at a time), then Detach. Close does not close the descriptor of
+// an attached socket under its owner: it marks it, and Detach answers
+// what is still queued (bounded) and closes it. A socket never attached is
+// drained and closed by Close.
+type Socket struct {
+	w  *worker
+	mu sync.Mutex // Serve vs Attach/Detach/Close; uncontended on the serving path
+	// owned: attached and not detached; closed: the descriptor is closed;
+	// closing: the server closed while owned (Detach closes).
+	owned, closed, closing bool
+}
+
+// Sockets returns the sockets of a driven server (nil in worker mode), in
+// the order of their workers: socket i is Stats' worker i.
+func (s *Server) Sockets() []*Socket { return s.sockets }
+
+// FD is the socket's descriptor, to watch for readability. It stays open
+// until Detach (or Close, for a socket never attached); the owner must not
+// close it.
+func (k *Socket) FD() int { return k.w.bc.fd }
+
+// ID is the socket's index in Sockets.
+func (k *Socket) ID() int { return k.w.id }
+
+// Attach makes the caller the socket's owner. It fails for a socket
+// already owned or after Close.
+func (k *Socket) Attach() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	switch {
+	case k.closed || k.closing:
+		return ErrClosed
+	case k.owned:
+		return ErrAttached
+	}
+	k.owned = true
+	return nil
+}
+
+// Detach ends the ownership; the owner must have stopped watching FD.
+// After the server's Close it answers what is queued (bounded) and closes
+// the descriptor; before, the socket may be attached again. Idempotent.
+func (k *Socket) Detach() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.owned {
+		return
+	}
+	k.owned = false
+	if k.closing {
+		k.closeLocked()
+	}
+}
+
+// serverClosed is Close's part: close now unless an owner serves the socket.
+func (k *Socket) serverClosed() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.owned {
+		k.closing = true
+		return
+	}
+	k.closeLocked()
+}
+
+func (k *Socket) closeLocked() {
+	if k.closed {
+		return
+	}
+	k.w.drain()
+	k.w.bc.close()
+	k.closed = true
+}
+
+// Serve reads, decides and answers the datagrams queued on the socket
+// without waiting: up to maxTurns read turns of up to Config.Batch
+// datagrams, each answered in one send batch (maxTurns < 1 counts as 1).
+// It stops early when a read comes back short (the queue is empty; a
+// datagram arriving later makes the socket readable again). It reports
+// more = true when it stopped at maxTurns with datagrams possibly still
+// queued: an edge-triggered owner must call it again (after serving its
+// other work: that is the point of the bound), since no new readiness
+// event may come for them.
+//
+// Serve does not allocate in steady state. Call it from one thread at a
+// time; it does nothing on a closed socket.
+func (k *Socket) Serve(maxTurns int) (more bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return false
+	}
+	w := k.w
+	for i := 0; i < max(maxTurns, 1); i++ {
+		n, err := w.bc.recvNow(w.batch)
+		if err != nil {
+			w.inc(cReadErrors)
+			return false
+		}
+		if n == 0 {
+			return false
+		}
+		w.noteTurn(n)
+		w.turn(n)
+		if n < w.batch {
+			return false
+		}
+	}
+	return true
+}
