@@ -37,3 +37,47 @@ func TestHandleZeroAllocs(t *testing.T) {
 		t.Errorf("report: %v allocs", a)
 	}
 }
+
+// A driven socket's serve turn (read, decide, seal, send) does not
+// allocate in steady state.
+func TestDrivenServeZeroAllocs(t *testing.T) {
+	clk := newClock()
+	s := startServer(t, clk, func(cfg *Config) { cfg.Workers, cfg.Driven, cfg.DedupCapacity = 1, true, 256 })
+	k := s.Sockets()[0]
+	if err := k.Attach(); err != nil {
+		t.Fatal(err)
+	}
+	defer k.Detach()
+	c := newClient(t, s, clk, testCred("acme", 1, 1))
+	const warm, runs = 2000, 500
+	pkts := make([][]byte, 0, warm+runs+1)
+	r := oneRes(res("b", 1_000_000, 1000, 1_000_000, 1))
+	for i := 0; i < cap(pkts); i++ { // sealed up front: the test client allocates
+		h := c.header(uint64(1 + i))
+		pkts = append(pkts, c.seal(&h, r))
+	}
+	buf := make([]byte, 2048)
+	next := 0
+	turn := func() {
+		if _, err := c.conn.Write(pkts[next]); err != nil {
+			t.Fatal(err)
+		}
+		next++
+		if k.Serve(1) {
+			t.Fatal("more after one datagram")
+		}
+		if _, err := c.conn.Read(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < warm; i++ { // buckets exist, the dedup ring wrapped
+		turn()
+	}
+	before := s.Stats().Responses
+	if a := testing.AllocsPerRun(runs, turn); a != 0 {
+		t.Errorf("driven serve turn: %v allocs", a)
+	}
+	if got := s.Stats().Responses - before; got != runs+1 {
+		t.Fatalf("%d answers in the measured turns", got)
+	}
+}
