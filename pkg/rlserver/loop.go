@@ -3,6 +3,7 @@ package rlserver
 import (
 	"errors"
 	"sync"
+	"time"
 )
 
 // Driven mode (Config.Driven): the server starts no worker goroutine; an
@@ -16,7 +17,10 @@ import (
 // for any lost datagram).
 //
 // A socket's datagrams queue in the kernel until an owner attaches: none
-// is lost between Start and Attach. The package does not import the event
+// is lost between Start and Attach. An owner that detaches before Close
+// (an event loop stopping while clients still ask: HTTP/2 connections
+// draining after the loops) hands the socket back to the server, which
+// serves it from then on with a worker goroutine, as in worker mode. The package does not import the event
 // loop; pkg/embedded adapts a Socket to pkg/evloop.
 
 // ErrAttached is returned by Attach for a socket that already has an owner.
@@ -36,8 +40,9 @@ type Socket struct {
 	w  *worker
 	mu sync.Mutex // Serve vs Attach/Detach/Close; uncontended on the serving path
 	// owned: attached and not detached; closed: the descriptor is closed;
-	// closing: the server closed while owned (Detach closes).
-	owned, closed, closing bool
+	// closing: the server is closing (an owner's Detach closes); worker:
+	// handed to a worker goroutine after its owner detached.
+	owned, closed, closing, worker bool
 }
 
 // Sockets returns the sockets of a driven server (nil in worker mode), in
@@ -60,7 +65,7 @@ func (k *Socket) Attach() error {
 	switch {
 	case k.closed || k.closing:
 		return ErrClosed
-	case k.owned:
+	case k.owned || k.worker:
 		return ErrAttached
 	}
 	k.owned = true
@@ -69,7 +74,8 @@ func (k *Socket) Attach() error {
 
 // Detach ends the ownership; the owner must have stopped watching FD.
 // After the server's Close it answers what is queued (bounded) and closes
-// the descriptor; before, the socket may be attached again. Idempotent.
+// the descriptor; before, a worker goroutine serves the socket from now
+// on (Close stops it). Idempotent.
 func (k *Socket) Detach() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -79,18 +85,39 @@ func (k *Socket) Detach() {
 	k.owned = false
 	if k.closing {
 		k.closeLocked()
+		return
 	}
+	s := k.w.s
+	if err := k.w.bc.toNetpoller(); err != nil {
+		// Only descriptor exhaustion gets here; the socket is closed.
+		s.log.Error("ratelimitly server: a detached socket got no worker and is closed", "socket", k.w.id, "err", err)
+		return
+	}
+	k.worker = true
+	s.wg.Add(1)
+	go k.w.run()
 }
 
-// serverClosed is Close's part: close now unless an owner serves the socket.
+// serverClosed is Close's first part: mark the socket and stop its worker,
+// if any (Close then waits for the workers and calls closeIfFree).
 func (k *Socket) serverClosed() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.owned {
-		k.closing = true
-		return
+	k.closing = true
+	if k.worker {
+		_ = k.w.bc.conn.SetReadDeadline(time.Unix(1, 0))
+		_ = k.w.bc.conn.SetWriteDeadline(time.Now().Add(time.Second))
 	}
-	k.closeLocked()
+}
+
+// closeIfFree is Close's second part: close now unless an owner serves
+// the socket (its Detach closes it).
+func (k *Socket) closeIfFree() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.owned {
+		k.closeLocked()
+	}
 }
 
 func (k *Socket) closeLocked() {
@@ -117,7 +144,7 @@ func (k *Socket) closeLocked() {
 func (k *Socket) Serve(maxTurns int) (more bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.closed {
+	if k.closed || !k.owned {
 		return false
 	}
 	w := k.w

@@ -152,3 +152,34 @@ func TestDrivenDropsAbuse(t *testing.T) {
 		t.Fatalf("drops %v replays %d", st.Drops, st.Replays)
 	}
 }
+
+// An owner that detaches before Close hands the socket back: a worker
+// goroutine serves it (clients off the loops keep their answers) until
+// Close, which stops it (TestMain checks that no goroutine is left).
+func TestDrivenDetachHandsToWorker(t *testing.T) {
+	clk := newClock()
+	s, k := startDriven(t, clk, 0)
+	c := newClient(t, s, clk, testCred("acme", 1, 1))
+	if err := k.Attach(); err != nil {
+		t.Fatal(err)
+	}
+	c.sendN(1, 3)
+	k.Detach() // three requests queued: the worker answers them
+	if seen := c.recvIDs(3); len(seen) != 3 {
+		t.Fatalf("%d distinct answers", len(seen))
+	}
+	check(t, "worker", c.do(oneRes(res("w", 1, 1000, 1, 1))), want{true, 0, 0, 0})
+	if k.Serve(1) {
+		t.Fatal("Serve after Detach")
+	}
+	if err := k.Attach(); !errors.Is(err, ErrAttached) {
+		t.Fatalf("Attach of a worker's socket: %v", err)
+	}
+	c.sendN(100, 10)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if seen := c.recvIDs(10); len(seen) != 10 {
+		t.Fatalf("%d distinct answers after Close", len(seen))
+	}
+}

@@ -266,8 +266,12 @@ func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
 		s.closing.Store(true)
 		past := time.Unix(1, 0)
-		for _, w := range s.workers {
-			if w.bc.conn != nil {
+		if s.cfg.Driven {
+			for _, k := range s.sockets {
+				k.serverClosed()
+			}
+		} else {
+			for _, w := range s.workers {
 				_ = w.bc.conn.SetReadDeadline(past)
 				_ = w.bc.conn.SetWriteDeadline(time.Now().Add(time.Second))
 			}
@@ -275,7 +279,7 @@ func (s *Server) Close() error {
 		s.wg.Wait()
 		if s.cfg.Driven {
 			for _, k := range s.sockets {
-				k.serverClosed()
+				k.closeIfFree()
 			}
 		} else {
 			s.closeConns()

@@ -183,6 +183,36 @@ func (b *batchConn) close() {
 	}
 }
 
+// toNetpoller moves a driven socket into the Go netpoller (for a worker
+// goroutine).
+func (b *batchConn) toNetpoller() error {
+	f := os.NewFile(uintptr(b.fd), "udp")
+	pc, err := net.FilePacketConn(f)
+	if err != nil {
+		f.Close()
+		b.fd = -1
+		return fmt.Errorf("file conn: %w", err)
+	}
+	uc, ok := pc.(*net.UDPConn)
+	if !ok {
+		pc.Close()
+		f.Close()
+		b.fd = -1
+		return errors.New("not a UDP socket")
+	}
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		uc.Close()
+		f.Close()
+		b.fd = -1
+		return err
+	}
+	f.Close() // FilePacketConn dups the descriptor
+	b.conn, b.rc = uc, rc
+	_ = rc.Control(func(fd uintptr) { b.fd = int(fd) })
+	return nil
+}
+
 // errWouldBlock: a driven socket's send buffer is full.
 var errWouldBlock = errors.New("rlserver: socket send buffer full")
 
