@@ -43,6 +43,32 @@ func clientConfigKey(rl *admission.RateLimitly) (client, emb string) {
 	return client, emb
 }
 
+// startEmbedded starts an embedded RateLimitly served by the proxy's
+// event loops (one socket per loop, answered on the thread that sent the
+// check) and, when the proxy exists, attaches it; otherwise startProxy
+// does. n.mu is held.
+func (n *Node) startEmbedded(creds []credentials.Credential) (*embedded.Embedded, error) {
+	emb, err := embedded.Start(embedded.Config{Credentials: creds, Logger: n.log, Hooks: n.opts.ServerHooks, Loops: n.loops()})
+	if err != nil {
+		return nil, err
+	}
+	if n.proxy != nil {
+		if err := n.proxy.Attach(emb.LoopAttacher()); err != nil {
+			_ = emb.Close()
+			return nil, fmt.Errorf("embedded RateLimitly on the event loops: %w", err)
+		}
+	}
+	return emb, nil
+}
+
+// loops is the number of event loops the proxy runs (proxy.Config.EventLoops).
+func (n *Node) loops() int {
+	if n.opts.EventLoops > 0 {
+		return n.opts.EventLoops
+	}
+	return runtime.GOMAXPROCS(0)
+}
+
 // setClient builds (or keeps) the RateLimitly client and the embedded
 // server for pol. A new client is installed in the gate only once it was
 // built; the old one is closed after its in-flight checks, and a replaced
@@ -66,7 +92,7 @@ func (n *Node) setClient(pol *admission.Policy) error {
 	newEmb := false
 	if rl.Embedded && (emb == nil || n.embKey != ekey) {
 		var err error
-		emb, err = embedded.Start(embedded.Config{Credentials: creds, Logger: n.log, Hooks: n.opts.ServerHooks})
+		emb, err = n.startEmbedded(creds)
 		if err != nil {
 			return err
 		}

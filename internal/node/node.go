@@ -28,6 +28,8 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/rlserver"
 )
 
+var _ proxy.LoopAttacher = (*embedded.LoopAttacher)(nil)
+
 // DefaultAdmin is the admin listener's default address.
 const DefaultAdmin = "127.0.0.1:9901"
 
@@ -187,10 +189,18 @@ func (n *Node) startProxy(ctx context.Context, pol *admission.Policy) error {
 	}
 	n.mu.Lock()
 	n.proxy = p
-	if n.client != nil {
+	// The server first: the loops detach the last attached first, so the
+	// client's shards leave before the server's sockets go to workers.
+	if n.emb != nil { // started before the proxy: its datagrams wait for the loops
+		err = p.Attach(n.emb.LoopAttacher())
+	}
+	if err == nil && n.client != nil {
 		n.attachClient(n.client.C) // the loops run it when they start
 	}
 	n.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("embedded RateLimitly on the event loops: %w", err)
+	}
 	n.m.SetProxyStats(func() metrics.ProxyStats {
 		st := n.proxy.Stats()
 		return metrics.ProxyStats{OpenConnections: int64(st.Conns), UpstreamIdle: int64(st.UpstreamIdle)}
