@@ -2,6 +2,13 @@
 // a pkg/rlserver on loopback plus an in-process DNS server publishing its
 // SRV record, so the client reaches it through the same discovery and wire
 // code it uses in production.
+//
+// With Config.Loops the server runs on event loops rather than worker
+// goroutines (pkg/rlserver's driven mode): LoopAttacher, given to the
+// proxy (proxy.Proxy.Attach), serves server socket i on loop i, so an
+// admission check a loop sends is read, decided and answered on a loop
+// thread with the same wire, discovery and state. The proxy's node
+// (internal/node) always runs it so.
 package embedded
 
 import (

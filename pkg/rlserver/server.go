@@ -4,6 +4,16 @@
 //
 // It is the embedded backend for single-node and demo use and the peer of
 // every client test: Start it on "127.0.0.1:0", read Addr, Close it.
+//
+// Two ways to run the sockets. By default (the standalone server,
+// `rl-tproxy ratelimitly-server`, and tests) each socket has a worker goroutine that
+// parks in the netpoller. With Config.Driven (the embedded server inside
+// the proxy) no goroutine is started: an owner, one of the proxy's event
+// loops, watches Socket.FD and calls Socket.Serve on its own thread, which
+// reads a bounded number of batches without waiting, decides and answers
+// them there (loop.go). Sockets, wire, state and answers are the same in
+// both; with GOMAXPROCS=1 the driven mode answers a check sent by a loop
+// on that loop, with no goroutine switch or thread hand-off.
 package rlserver
 
 import (
