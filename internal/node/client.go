@@ -48,7 +48,7 @@ func clientConfigKey(rl *admission.RateLimitly) (client, emb string) {
 // check) and, when the proxy exists, attaches it; otherwise startProxy
 // does. n.mu is held.
 func (n *Node) startEmbedded(creds []credentials.Credential) (*embedded.Embedded, error) {
-	emb, err := embedded.Start(embedded.Config{Credentials: creds, Logger: n.log, Hooks: n.opts.ServerHooks, Loops: n.loops()})
+	emb, err := embedded.Start(embedded.Config{Credentials: creds, Logger: n.log, Hooks: n.opts.ServerHooks, Loops: n.eventLoops()})
 	if err != nil {
 		return nil, err
 	}
@@ -59,14 +59,6 @@ func (n *Node) startEmbedded(creds []credentials.Credential) (*embedded.Embedded
 		}
 	}
 	return emb, nil
-}
-
-// loops is the number of event loops the proxy runs (proxy.Config.EventLoops).
-func (n *Node) loops() int {
-	if n.opts.EventLoops > 0 {
-		return n.opts.EventLoops
-	}
-	return runtime.GOMAXPROCS(0)
 }
 
 // setClient builds (or keeps) the RateLimitly client and the embedded
