@@ -117,7 +117,9 @@ type Result struct {
 	// response was relayed).
 	ClientAborted bool
 	// UpstreamErr is set when the upstream failed (dial, write, read,
-	// malformed response).
+	// malformed response), or when the exchange was cut after the
+	// upstream's response head reached the client (a request body that
+	// broke a rule then: Status stays the relayed one).
 	UpstreamErr error
 	// End is when the last byte of the response was written (or the
 	// request failed).

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"fmt"
 	"io"
 
@@ -170,15 +171,37 @@ func (c *lconn) pumpChunked() {
 }
 
 // requestFail ends an exchange whose request body broke a rule after
-// admission (413 or the chunked parser's status).
+// admission: 413 or the chunked parser's status, unless the upstream's
+// response head already reached the client. Then an answer of the
+// proxy's own would land inside the relayed body: the upstream is
+// dropped, the client closed (its response ends short), and the result
+// keeps the relayed status with the cause in UpstreamErr.
 func (c *lconn) requestFail(err error) {
 	r := c.r
 	r.upDrop()
-	if err == errBodyTooLarge {
-		c.rejectRule(r.cfg, r.svc, "body-too-large", 413)
+	rule, status := rejectStatus(err)
+	if r.res.Status == 0 {
+		c.rejectRule(r.cfg, r.svc, rule, status)
 		return
 	}
-	c.reject(r.cfg, r.svc, err)
+	r.cfg.logger().Debug("request body broke a rule after the response head", "service", r.svc.Name, "rule", rule, "remote", c.remote)
+	reportReject(r.cfg, r.svc, c.remote, rule, 0)
+	r.res.UpstreamErr = fmt.Errorf("exchange cut after the response head: request body (%s): %w", rule, err)
+	c.linger = true
+	c.complete(false)
+}
+
+// rejectStatus is the rule a request body error broke and its status
+// (as reject answers it).
+func rejectStatus(err error) (string, int) {
+	if err == errBodyTooLarge {
+		return "body-too-large", 413
+	}
+	var pe *httpparse.Error
+	if errors.As(err, &pe) {
+		return pe.Rule, pe.Status
+	}
+	return "malformed", 400
 }
 
 // exchangeTimeout: no progress within the exchange's deadline.

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // rejectLog records OnReject calls.
@@ -100,5 +101,67 @@ func TestTunnelAnswerNeverReusable(t *testing.T) {
 		if got := tunnelAnswer([]byte(tc.method), tc.status); got != tc.want {
 			t.Errorf("tunnelAnswer(%s, %d) = %v, want %v", tc.method, tc.status, got, tc.want)
 		}
+	}
+}
+
+// Once the upstream's response head reached the client, a request body
+// that breaks a rule ends the exchange without an answer of the proxy's
+// own inside the relayed body: the upstream is dropped, the client's
+// response ends short, and Done keeps the relayed status with the cause.
+func TestRequestFailAfterResponseHead(t *testing.T) {
+	for _, tc := range []struct {
+		name, more string
+		maxBody    int64
+	}{
+		{"malformed-chunk", "zz\r\n", 0},
+		{"body-too-large", "20\r\n" + strings.Repeat("b", 32) + "\r\n", 16},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			upGone := make(chan struct{})
+			up := newRawUpstream(t, func(_ int, c net.Conn) {
+				defer close(upGone)
+				br := bufio.NewReader(c)
+				if _, err := readRequestHead(br); err != nil {
+					return
+				}
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n"+strings.Repeat("a", 10))
+				io.Copy(io.Discard, br) // until the proxy drops the connection
+			})
+			hook := newTestHook(nil)
+			var rej rejectLog
+			_, addr := startProxy(t, hook, &Service{Upstream: up.addr(), MaxBodyBytes: tc.maxBody}, func(c *Config) {
+				c.EventLoops = 1
+				c.OnReject = rej.add
+			})
+			cl := dialClient(t, addr)
+			cl.send("POST /stream HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+			head, err := readRequestHead(cl.br)
+			if err != nil || !strings.HasPrefix(head, "HTTP/1.1 200 ") {
+				t.Fatalf("response head %q %v", head, err)
+			}
+			if _, err := io.ReadFull(cl.br, make([]byte, 10)); err != nil {
+				t.Fatal(err)
+			}
+			cl.send(tc.more)
+			rest, err := io.ReadAll(cl.br) // bounded by the client's deadline
+			if err != nil && !isReset(err) {
+				t.Fatalf("after the broken body: %v (read %q)", err, rest)
+			}
+			if len(rest) != 0 {
+				t.Fatalf("the client got %q after the relayed bytes, want the connection closed", rest)
+			}
+			select {
+			case <-upGone:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the upstream connection was not dropped")
+			}
+			d := hook.waitDone(t)
+			if d.status != 200 || d.upstreamErr == nil || !strings.Contains(d.upstreamErr.Error(), "after the response head") {
+				t.Fatalf("Done: status %d, err %v; want 200 and the cause", d.status, d.upstreamErr)
+			}
+			if r := rej.list(); len(r) != 1 || !strings.HasSuffix(r[0], " 0") {
+				t.Fatalf("rejections %q, want one with status 0 (nothing answered)", r)
+			}
+		})
 	}
 }
