@@ -219,6 +219,11 @@ type Config struct {
 	// UpstreamIdleTimeout closes pooled connections idle this long
 	// (default 30s).
 	UpstreamIdleTimeout time.Duration
+	// TunnelIdleTimeout ends an upgraded connection (101 tunnel) when no
+	// byte moved either way for this long, or when a side does not take
+	// the bytes written to it for this long (also the 101 and the bytes
+	// queued before the tunnel starts); 0: the service's IdleTimeout.
+	TunnelIdleTimeout time.Duration
 	// Handoff, if set, serves connections whose first bytes are not
 	// HTTP/1.x (HTTP/2, TLS, other protocols); see Handoff. nil: every
 	// connection is HTTP/1.x and no detection runs.
@@ -235,6 +240,11 @@ type Config struct {
 	// it; Update keeps the loops the Proxy was created with. The loops
 	// start with the first Serve and stop in Shutdown.
 	EventLoops int
+}
+
+// tunnelIdle is the idle bound of svc's upgraded connections.
+func (c *Config) tunnelIdle(svc *Service) time.Duration {
+	return durOr(c.TunnelIdleTimeout, svc.idleTimeout())
 }
 
 // loops is the number of event loops EventLoops asks for.

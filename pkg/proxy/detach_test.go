@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -99,4 +100,78 @@ func TestForcedShutdownDetached(t *testing.T) {
 		}
 		shutdownNow(t, p)
 	})
+}
+
+// A tunnel is bounded: it ends when no byte moves either way for the
+// tunnel idle bound, when a side does not take the bytes written to it,
+// and when the 101 and the bytes before it cannot be delivered (a detach
+// waits for them only that long).
+func TestTunnelBounded(t *testing.T) {
+	const switching = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+	interim := "HTTP/1.1 102 Processing\r\nX-Pad: " + strings.Repeat("p", 4000) + "\r\n\r\n"
+	for _, tc := range []struct {
+		name        string
+		upstream    func(c net.Conn)
+		readHead    bool // the client reads the 101 (else it never reads)
+		wantAborted bool
+	}{
+		{"silent-peers", func(c net.Conn) {
+			io.WriteString(c, switching)
+			io.Copy(io.Discard, c)
+		}, true, false},
+		{"client-never-reads-tunnel", func(c net.Conn) {
+			io.WriteString(c, switching)
+			b := make([]byte, 64<<10)
+			for {
+				if _, err := c.Write(b); err != nil {
+					return
+				}
+			}
+		}, true, false},
+		{"client-never-reads-101", func(c net.Conn) {
+			// More than the kernel buffers hold (tcp_wmem max 4 MiB plus
+			// the client's small receive buffer): the 101 stays queued.
+			for range (8 << 20) / len(interim) {
+				if _, err := io.WriteString(c, interim); err != nil {
+					return
+				}
+			}
+			io.WriteString(c, switching)
+			io.Copy(io.Discard, c)
+		}, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newRawUpstream(t, func(_ int, c net.Conn) {
+				if _, err := readRequestHead(bufio.NewReader(c)); err != nil {
+					return
+				}
+				tc.upstream(c)
+			})
+			hook := newTestHook(nil)
+			_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, func(c *Config) {
+				c.EventLoops = 1
+				c.TunnelIdleTimeout = 50 * time.Millisecond
+			})
+			d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+				rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+				return nil
+			}}
+			nc, err := d.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			io.WriteString(nc, "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+			if tc.readHead {
+				nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+				if head, err := readRequestHead(bufio.NewReader(nc)); err != nil || !strings.HasPrefix(head, "HTTP/1.1 101 ") {
+					t.Fatalf("upgrade answered %q %v", head, err)
+				}
+			}
+			done := hook.waitDone(t) // bounded
+			if done.status != 101 || done.clientAborted != tc.wantAborted {
+				t.Fatalf("Done: status %d, client aborted %v; want 101, %v", done.status, done.clientAborted, tc.wantAborted)
+			}
+		})
+	}
 }

@@ -10,16 +10,17 @@ import (
 
 // Client connection states on a loop.
 const (
-	lcFree     uint8 = iota // in the free list (or just closed: handlers stop)
-	lcIdle                  // no request: waiting for the first byte of one
-	lcHead                  // part of a head buffered: waiting for the rest
-	lcAdmit                 // the Hook decides
-	lcUpstream              // admitted: waiting for an upstream connection
-	lcExchange              // request sent upstream (its body maybe still flowing), response awaited or relayed
-	lcFlush                 // the answer is queued: waiting for it to reach the kernel
-	lcClosing               // closing once the queued bytes are out (lingering: the client's bytes are discarded)
-	lcGone                  // the socket is closed; a pending admission still owes its Resume
-	lcDetached              // a goroutine serves it (handoff, upgrade tunnel)
+	lcFree      uint8 = iota // in the free list (or just closed: handlers stop)
+	lcIdle                   // no request: waiting for the first byte of one
+	lcHead                   // part of a head buffered: waiting for the rest
+	lcAdmit                  // the Hook decides
+	lcUpstream               // admitted: waiting for an upstream connection
+	lcExchange               // request sent upstream (its body maybe still flowing), response awaited or relayed
+	lcFlush                  // the answer is queued: waiting for it to reach the kernel
+	lcClosing                // closing once the queued bytes are out (lingering: the client's bytes are discarded)
+	lcGone                   // the socket is closed; a pending admission still owes its Resume
+	lcDetached               // a goroutine serves it (handoff, upgrade tunnel)
+	lcUpgrading              // a 101 was relayed: the tunnel waits for both sides' queued bytes to drain
 )
 
 // lingerMax bounds what a lingering close reads and discards.
@@ -38,8 +39,9 @@ type lconnVars struct {
 	pick          func(*Config, netip.AddrPort) *Service
 	remote, local netip.AddrPort
 	buf           lbuf
-	r             *lreq // the request in flight
-	pinned        *lup  // idle upstream connection of this client (PROXY header)
+	r             *lreq      // the request in flight
+	pinned        *lup       // idle upstream connection of this client (PROXY header)
+	tun           *tunnelJob // lcUpgrading: the tunnel to detach
 	prev, next    *lconn
 
 	state      uint8
@@ -128,6 +130,8 @@ func (c *lconn) timeout() {
 		c.exchangeTimeout()
 	case lcFlush:
 		c.abort() // the client does not take its answer
+	case lcUpgrading:
+		c.tunnelStall()
 	}
 }
 
@@ -228,6 +232,8 @@ func (c *lconn) OnDrained(*evloop.Sock) {
 		if !c.linger {
 			c.close()
 		}
+	case lcUpgrading:
+		c.detachTunnel()
 	case lcExchange:
 		if u := c.r.up; u != nil && u.paused {
 			u.paused = false

@@ -492,6 +492,11 @@ func (c *lconn) upEOF(u *lup, err error) {
 	if err == nil {
 		err = io.ErrUnexpectedEOF
 	}
+	if c.state == lcUpgrading {
+		r.res.UpstreamErr = fmt.Errorf("upgraded upstream: %w", err)
+		c.close() // drops u (r.up)
+		return
+	}
 	switch r.rp {
 	case rpHead:
 		if r.canRetry && u.reused && !r.retried && !r.upBytes {

@@ -2,9 +2,10 @@ package proxy
 
 import (
 	"errors"
-	"io"
+	"fmt"
 	"net"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -80,6 +81,7 @@ func (c *lconn) serveHandoff(fd int, hc *HandoffConn) {
 	nc, err := fileConn(fd)
 	if err == nil {
 		lg.detached.add(nc)
+		keepAlive(nc)
 		nc.SetReadDeadline(hc.HeaderDeadline)
 		hc.Conn = nc
 		hc.Buffered = c.buf.b[c.buf.r:c.buf.w]
@@ -109,9 +111,12 @@ type tunnelJob struct {
 	got      int
 	cIn, uIn []byte // bytes the loop received from each side before the detach
 	idle     time.Duration
+	last     atomic.Int64 // unix ns: the last bytes relayed either way
+	endAt    atomic.Int64 // unix ns: one direction ended, the other's last read deadline (0: none)
 }
 
-// upgrade answers a 101 and hands both connections to a tunnel.
+// upgrade answers a 101 and hands both connections to a tunnel once the
+// bytes queued for them reached the kernel (lcUpgrading until then).
 func (c *lconn) upgrade(u *lup, rest []byte) {
 	r := c.r
 	resp := &u.resp
@@ -125,14 +130,45 @@ func (c *lconn) upgrade(u *lup, rest []byte) {
 		u.s.Write(c.buf.unread())
 		c.buf.r = c.buf.w
 	}
-	r.up, u.c = nil, nil
+	c.pause() // what arrives now is the tunnel's, read after the detach
+	if !u.paused {
+		u.paused = true
+		u.s.PauseRead()
+	}
+	c.state = lcUpgrading
+	c.tun = &tunnelJob{c: c, u: u, cfd: -1, ufd: -1, idle: r.cfg.tunnelIdle(r.svc)}
+	c.setDeadline(c.ls.l.Now() + int64(c.tun.idle))
+	c.detachTunnel()
+}
+
+// detachTunnel detaches both connections when nothing is queued on
+// either: a Detach waits for its queued bytes without a bound, so the
+// wait happens here, under the lconn's deadline (tunnelStall), and the
+// OnDrained of either side calls again.
+func (c *lconn) detachTunnel() {
+	t, u := c.tun, c.tun.u
+	if c.s.Pending() > 0 || u.s.Pending() > 0 {
+		return
+	}
+	c.tun = nil
+	c.r.up, u.c = nil, nil
 	c.state = lcDetached
 	c.deadline = 0
-	t := &tunnelJob{c: c, u: u, cfd: -1, ufd: -1, idle: r.svc.idleTimeout()}
 	cs, us := c.s, u.s
 	c.s, u.s = nil, nil
 	cs.Detach(func(fd int, err error) { t.cfd, t.cIn = fd, cs.Unread(); t.arrived() })
 	us.Detach(func(fd int, err error) { t.ufd, t.uIn = fd, us.Unread(); t.arrived() })
+}
+
+// tunnelStall: a side did not take the bytes queued for it (the 101, or
+// the client's early tunnel bytes) within the tunnel's idle bound.
+func (c *lconn) tunnelStall() {
+	if c.s.Pending() > 0 {
+		c.abort()
+		return
+	}
+	c.r.res.UpstreamErr = fmt.Errorf("write to upgraded upstream: %w", errLoopTimeout)
+	c.close()
 }
 
 // arrived runs on the loop as each descriptor is detached.
@@ -156,66 +192,119 @@ func (t *tunnelJob) arrived() {
 }
 
 // run relays until both directions end; once one ends, the other gets a
-// bounded grace period.
+// bounded grace period. Either ends when no byte moved either way for
+// t.idle, or when its destination takes no byte for t.idle.
 func (t *tunnelJob) run() {
 	lg := t.c.ls.lg
 	cn, cerr := fileConn(t.cfd)
 	un, uerr := fileConn(t.ufd)
-	if cerr == nil && uerr == nil {
-		lg.detached.add(cn)
-		lg.detached.add(un)
-		if len(t.cIn) > 0 {
-			un.SetWriteDeadline(time.Now().Add(t.idle))
-			un.Write(t.cIn)
+	if cerr != nil || uerr != nil {
+		if cn != nil {
+			cn.Close()
 		}
-		if len(t.uIn) > 0 {
-			cn.SetWriteDeadline(time.Now().Add(t.idle))
-			cn.Write(t.uIn)
+		if un != nil {
+			un.Close()
 		}
-		cn.SetWriteDeadline(time.Time{})
-		un.SetWriteDeadline(time.Time{})
-		grace := min(t.idle, 10*time.Second)
-		endOne := func(dst net.Conn) {
-			if cw, ok := dst.(interface{ CloseWrite() error }); ok {
-				cw.CloseWrite()
-			}
-			dl := time.Now().Add(grace)
-			cn.SetReadDeadline(dl)
-			un.SetReadDeadline(dl)
-		}
-		in := make(chan int64, 1)
-		go func() {
-			n, _ := io.Copy(un, cn)
-			endOne(un)
-			in <- n
-		}()
-		n, _ := io.Copy(cn, un)
-		endOne(cn)
-		m := <-in
-		lg.detached.remove(cn)
-		lg.detached.remove(un)
-		cn.Close()
-		un.Close()
-		t.c.ls.l.Post(func() {
-			t.c.r.res.BytesOut += n
-			t.c.r.res.BytesIn += m
-			t.done()
-		})
+		t.c.ls.l.Post(t.done)
 		return
 	}
-	if cn != nil {
-		cn.Close()
+	lg.detached.add(cn)
+	lg.detached.add(un)
+	keepAlive(cn)
+	keepAlive(un)
+	t.last.Store(time.Now().UnixNano())
+	ok := t.flush(un, t.cIn) && t.flush(cn, t.uIn)
+	grace := min(t.idle, 10*time.Second)
+	endOne := func(dst net.Conn) {
+		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		}
+		dl := time.Now().Add(grace)
+		t.endAt.CompareAndSwap(0, dl.UnixNano())
+		cn.SetReadDeadline(dl)
+		un.SetReadDeadline(dl)
 	}
-	if un != nil {
-		un.Close()
+	in := make(chan int64, 1)
+	go func() {
+		var n int64
+		if ok {
+			n = t.pipe(un, cn)
+		}
+		endOne(un)
+		in <- n
+	}()
+	var n int64
+	if ok {
+		n = t.pipe(cn, un)
 	}
-	t.c.ls.l.Post(t.done)
+	endOne(cn)
+	m := <-in
+	lg.detached.remove(cn)
+	lg.detached.remove(un)
+	cn.Close()
+	un.Close()
+	t.c.ls.l.Post(func() {
+		t.c.r.res.BytesOut += n
+		t.c.r.res.BytesIn += m
+		t.done()
+	})
+}
+
+// flush writes what the loop had received from the other side.
+func (t *tunnelJob) flush(dst net.Conn, b []byte) bool {
+	if len(b) == 0 {
+		return true
+	}
+	dst.SetWriteDeadline(time.Now().Add(t.idle))
+	_, err := dst.Write(b)
+	return err == nil
+}
+
+// pipe copies src to dst until src ends or fails, dst takes no byte for
+// t.idle, or no byte moved either way for t.idle; it returns the bytes
+// copied. The read deadline moves on with every read: the other
+// direction's traffic keeps an idle one alive.
+func (t *tunnelJob) pipe(dst, src net.Conn) int64 {
+	buf := make([]byte, 32<<10)
+	var n int64
+	for {
+		dl := time.Now().Add(t.idle)
+		if end := t.endAt.Load(); end != 0 {
+			dl = time.Unix(0, end)
+		}
+		src.SetReadDeadline(dl)
+		k, err := src.Read(buf)
+		if k > 0 {
+			now := time.Now()
+			t.last.Store(now.UnixNano())
+			dst.SetWriteDeadline(now.Add(t.idle))
+			if _, werr := dst.Write(buf[:k]); werr != nil {
+				return n
+			}
+			n += int64(k)
+		}
+		if err == nil {
+			continue
+		}
+		if !isTimeout(err) || t.endAt.Load() != 0 || time.Since(time.Unix(0, t.last.Load())) >= t.idle {
+			return n
+		}
+	}
+}
+
+// keepAlive has the kernel probe a connection that left its loop: a
+// vanished peer then fails the tunnel or handoff before any idle bound.
+func keepAlive(nc net.Conn) {
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: 30 * time.Second, Interval: 15 * time.Second, Count: 4})
+	}
 }
 
 // done reports the upgraded request and releases its state (loop).
 func (t *tunnelJob) done() {
 	c := t.c
 	t.u.s = nil
+	t.u.buf.put(t.u.ls)
 	t.u.ls.putUp(t.u)
 	c.close()
 }

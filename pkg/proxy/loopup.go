@@ -298,6 +298,10 @@ func (u *lup) OnError(_ *evloop.Sock, err error) {
 // OnDrained: the request bytes queued for u are out; a client paused for
 // them reads again.
 func (u *lup) OnDrained(*evloop.Sock) {
+	if c := u.c; c != nil && c.state == lcUpgrading {
+		c.detachTunnel()
+		return
+	}
 	if c := u.c; c != nil && c.state == lcExchange && !c.r.bodyDone {
 		c.resume()
 	}
