@@ -325,3 +325,47 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestOwnedShardFloodGoesOnInLaterTurns: more datagrams than the read
+// bound of one onReadable call are read in later owner turns (Post),
+// all on the owner's goroutine.
+func TestOwnedShardFloodGoesOnInLaterTurns(t *testing.T) {
+	r := newOwnedRing(t, Config{Bind: loopback4, Shards: 1, Owned: 1, DisableGRO: true}, func(*Socket, []byte, netipAddrPort) {})
+	const n = 3 * maxOwnedTurns * MaxBatch
+	c := dialUDP(t, r.LocalAddr(0))
+	for i := range n {
+		if _, err := c.Write([]byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o := newTestOwner(t)
+	var got, offOwner int // owner goroutine only until the wait below
+	done := make(chan struct{})
+	var release func()
+	o.do(t, func() {
+		release, _ = r.Own(0, o, func(*Socket, []byte, netipAddrPort) {
+			if goid() != o.gid {
+				offOwner++
+			}
+			if got++; got == n {
+				close(done)
+			}
+		})
+	})
+	defer o.do(t, release)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		var k int
+		o.do(t, func() { k = got })
+		t.Fatalf("%d of %d datagrams delivered", k, n)
+	}
+	o.do(t, func() {
+		if offOwner != 0 {
+			t.Errorf("%d datagrams handled off the owner's goroutine", offOwner)
+		}
+	})
+	if st := r.Stats(); st.Received != n || st.Dropped.RecvError != 0 {
+		t.Fatalf("received %d (want %d), recv errors %d", st.Received, n, st.Dropped.RecvError)
+	}
+}
