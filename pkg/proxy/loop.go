@@ -33,6 +33,9 @@ import (
 // while it reads, or it pauses reading.
 const loopReadSize = 16 << 10
 
+// loopBackend is the loops' evloop backend: Auto, tests force one.
+var loopBackend evloop.Backend
+
 // loopMaxPending bounds the bytes queued on one socket before the side
 // that feeds it stops reading (backpressure).
 const loopMaxPending = 256 << 10
@@ -71,7 +74,7 @@ func (lg *loopGroup) start() error {
 	if lg.g != nil {
 		return nil
 	}
-	g, err := evloop.Start(evloop.Config{Loops: lg.n, BufSize: loopReadSize, Logger: lg.p.cfg.Load().Logger})
+	g, err := evloop.Start(evloop.Config{Loops: lg.n, Backend: loopBackend, BufSize: loopReadSize, Logger: lg.p.cfg.Load().Logger})
 	if err != nil {
 		return fmt.Errorf("proxy: start event loops: %w", err)
 	}

@@ -164,15 +164,13 @@ func (c *lconn) OnRead(_ *evloop.Sock, b []byte) {
 
 // bufferIn keeps client bytes that arrive while a request is in flight
 // (body bytes before the upstream is ready, pipelined requests); reading
-// pauses while the buffer cannot take another read.
+// pauses while the buffer cannot take another read (one OnRead brings at
+// most loopReadSize), and resumes only once it can (see flow).
 func (c *lconn) bufferIn(b []byte) {
 	if c.buf.b == nil {
 		c.buf.get(c.ls, bufSize)
 	}
-	if !c.buf.add(b) {
-		c.abort() // cannot happen while reading pauses in time
-		return
-	}
+	c.buf.addGrow(b) // fits while reading pauses in time; a healthy client is never cut
 	if c.buf.room() < loopReadSize {
 		c.pause()
 	}
@@ -185,10 +183,44 @@ func (c *lconn) pause() {
 	}
 }
 
+// resume reads the client again, unless its bytes would go to a buffer
+// without room for a full read: then it stays paused until the buffered
+// requests are served (flow).
 func (c *lconn) resume() {
-	if c.paused && c.s != nil {
+	if c.paused && c.s != nil && c.canRead() {
 		c.paused = false
 		c.s.ResumeRead()
+	}
+}
+
+// canRead reports whether a full read can be taken: a request body
+// streaming upstream takes any read (clientData); otherwise the bytes go
+// to the buffer, which needs room for loopReadSize.
+func (c *lconn) canRead() bool {
+	if c.state == lcExchange && c.r != nil && !c.r.bodyDone {
+		return true
+	}
+	return c.buf.b == nil || c.buf.room() >= loopReadSize
+}
+
+// flow pauses reading the client while its buffer cannot take a full read
+// and resumes it once it can; while a request body streams upstream, the
+// exchange paces reading (clientData, pumpChunked, the upstream's
+// OnDrained).
+func (c *lconn) flow() {
+	switch c.state {
+	case lcIdle, lcHead, lcAdmit, lcUpstream, lcFlush:
+	case lcExchange:
+		if c.r == nil || !c.r.bodyDone {
+			return
+		}
+	default:
+		return
+	}
+	if c.canRead() {
+		c.resume()
+	} else {
+		c.pause()
 	}
 }
 
@@ -246,13 +278,19 @@ func (c *lconn) OnDrained(*evloop.Sock) {
 func (c *lconn) OnConnect(*evloop.Sock, error) {}
 
 // serveBuffered parses and serves the requests buffered on c, one after
-// another, until one has to wait.
+// another, until one has to wait; then reading goes on if the buffer can
+// take a full read, or pauses until it can.
 func (c *lconn) serveBuffered() {
 	if c.inServe {
 		return
 	}
 	c.inServe = true
-	defer func() { c.inServe = false }()
+	c.serveLoop()
+	c.inServe = false
+	c.flow()
+}
+
+func (c *lconn) serveLoop() {
 	for {
 		switch c.state {
 		case lcIdle:
@@ -320,7 +358,9 @@ func (c *lconn) parseHead() bool {
 	h := &c.r.head
 	err := h.Parse(c.buf.unread(), svc.Limits)
 	if err == httpparse.ErrNeedMore {
-		if need := headNeed(svc.Limits); need > len(c.buf.b) {
+		// Room for the largest head, and for a full read after what is
+		// buffered (a read that does not fit would answer 431).
+		if need := max(headNeed(svc.Limits), c.buf.w-c.buf.r+loopReadSize); need > len(c.buf.b) {
 			c.growBuf(need)
 		}
 		if c.buf.room() == 0 {
@@ -439,8 +479,7 @@ func (c *lconn) finishRequest() {
 		c.close()
 		return
 	}
-	c.resume()
-	c.serveBuffered()
+	c.serveBuffered() // resumes reading once the buffer can take a full read
 }
 
 // closeGraceful closes after the queued bytes are out; when the client

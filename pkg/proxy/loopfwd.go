@@ -241,10 +241,9 @@ func (c *lconn) upData(u *lup, b []byte) {
 	src := b
 	held := !u.buf.empty()
 	if held {
-		if !u.buf.add(b) {
-			c.upFail(u, fmt.Errorf("read response head: %w", errHeadTooLarge))
-			return
-		}
+		// What is held (a partial head, chunk line or trailer) is bounded by
+		// the parsers' limits, checked below; the read comes on top.
+		u.buf.addGrow(b)
 		src = u.buf.unread()
 	}
 	n, alive := c.consumeResponse(u, src)
