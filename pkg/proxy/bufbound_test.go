@@ -345,3 +345,45 @@ func TestUpstreamReadBeyondHeldLine(t *testing.T) {
 		}
 	})
 }
+
+// TestEndlessInterimToNonReadingClient: an upstream that answers with
+// 1xx responses without end, to a client that never reads: the proxy
+// stops reading the upstream once the client's queue is full, so what
+// it holds stays bounded (it queued every 1xx it read, without limit).
+func TestEndlessInterimToNonReadingClient(t *testing.T) {
+	eachLoopBackend(t, func(t *testing.T) {
+		interim := "HTTP/1.1 102 Processing\r\nX-Pad: " + strings.Repeat("p", 4000) + "\r\n\r\n"
+		var wrote atomic.Int64
+		up := newRawUpstream(t, func(_ int, c net.Conn) {
+			if _, err := readRequestHead(bufio.NewReader(c)); err != nil {
+				return
+			}
+			wrote.Store(1)
+			c.SetWriteDeadline(time.Now().Add(testkit.WaitBound))
+			for {
+				if _, err := io.WriteString(c, interim); err != nil {
+					return
+				}
+				wrote.Add(int64(len(interim)))
+			}
+		})
+		p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(c *Config) { c.EventLoops = 1 })
+		nc := dialSmallRcvbuf(t, addr)
+		if _, err := io.WriteString(nc, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		testkit.WaitFor(t, "the upstream gets the request", func() bool { return wrote.Load() > 0 })
+		testkit.WaitFor(t, "the proxy stops reading the upstream of a client that does not read", func() bool {
+			st := clients(p)
+			return st.conns == 0 || st.upPaused
+		})
+		st := clients(p)
+		if st.conns != 1 {
+			t.Fatalf("%d client connections, want 1", st.conns)
+		}
+		if st.pending > loopMaxPending+loopReadSize+len(interim) {
+			t.Fatalf("unbounded: %d interim bytes queued for the client", st.pending)
+		}
+		t.Logf("upstream paused with %d bytes queued for the client (%d written by the upstream)", st.pending, wrote.Load())
+	})
+}

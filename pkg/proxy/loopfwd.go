@@ -228,7 +228,14 @@ func (c *lconn) toClient(a, b []byte) {
 	r := c.r
 	c.ls.write2(c.s, a, b)
 	r.res.BytesOut += int64(len(a) + len(b))
-	if u := r.up; u != nil && !u.paused && c.s.Pending() > loopMaxPending {
+	c.upBackpressure()
+}
+
+// upBackpressure pauses reading the upstream while more than
+// loopMaxPending bytes wait to be written to the client; its OnDrained
+// resumes it.
+func (c *lconn) upBackpressure() {
+	if u := c.r.up; u != nil && !u.paused && c.s.Pending() > loopMaxPending {
 		u.paused = true
 		u.s.PauseRead()
 	}
@@ -343,6 +350,7 @@ func (c *lconn) relayInterim(resp *httpparse.Response) {
 		return
 	}
 	c.ls.write2(c.s, appendResponseHead(c.ls.scratch[:0], resp, nil, 0), nil)
+	c.upBackpressure() // an upstream may send 1xx without end
 }
 
 // extraHeaders are the Decision's fields added to an upstream response.
