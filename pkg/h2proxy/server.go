@@ -85,6 +85,7 @@ func New() *Server {
 type h2conn struct {
 	net.Conn
 	pre    []byte
+	rb     readBuf
 	svc    *proxy.Service
 	cfg    *proxy.Config
 	closed chan struct{}
@@ -109,7 +110,7 @@ func (c *h2conn) Read(p []byte) (int, error) {
 		c.pre = c.pre[n:]
 		return n, nil
 	}
-	return c.Conn.Read(p)
+	return c.rb.read(p)
 }
 
 func (c *h2conn) Close() error {
@@ -162,6 +163,7 @@ func (s *Server) Serve(c net.Conn, buffered []byte, svc *proxy.Service, cfg *pro
 	}
 	co := newCoalescer(c)
 	hc := &h2conn{Conn: co, pre: pre, svc: svc, cfg: cfg, closed: make(chan struct{})}
+	hc.rb.init(c, co)
 	select {
 	case h.ln.ch <- hc:
 		<-hc.closed
