@@ -32,43 +32,46 @@ func (st *stream) forward(w http.ResponseWriter, r *http.Request, d *proxy.Decis
 		st.fail(w, http.StatusBadGateway)
 		return
 	}
-	out := &http.Request{
+	u := &url.URL{Scheme: "http", Host: svc.Upstream, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery}
+	if r.URL.Path == "*" {
+		u = &url.URL{Scheme: "http", Host: svc.Upstream, Opaque: "*"}
+	}
+	// The template stays on this goroutine's stack: WithContext below
+	// makes the one copy that goes upstream.
+	tmpl := http.Request{
 		Method:        r.Method,
-		URL:           &url.URL{Scheme: "http", Host: svc.Upstream, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery},
+		URL:           u,
 		Proto:         "HTTP/2.0",
 		ProtoMajor:    2,
-		Header:        outHeader(r, st),
+		Header:        outHeader(r, st, d),
 		Host:          r.Host,
 		ContentLength: r.ContentLength,
 		Trailer:       r.Trailer,
 	}
-	if r.URL.Path == "*" {
-		out.URL = &url.URL{Scheme: "http", Host: svc.Upstream, Opaque: "*"}
+	if d != nil { // a copy (outHeader) when there are fields to forward
+		for _, f := range d.Forward { // the hook's fields replace the client's
+			tmpl.Header.Del(string(f.Name))
+		}
+		for _, f := range d.Forward {
+			tmpl.Header.Add(string(f.Name), string(f.Value))
+		}
 	}
 	// A stream that ended with its header block has ContentLength 0 (the
 	// codec still hands a non-nil, empty Body): sending NoBody lets the
 	// upstream request end with its HEADERS frame instead of an extra
 	// empty DATA frame.
 	if r.Body == nil || r.Body == http.NoBody || (r.ContentLength == 0 && len(r.Trailer) == 0) {
-		out.Body = http.NoBody
+		tmpl.Body = http.NoBody
 	} else {
 		st.body = new(bodyCount)
-		out.Body = &bodyReader{r: r.Body, st: st.body, max: svc.MaxBodyBytes}
-	}
-	if d != nil {
-		for _, f := range d.Forward { // the hook's fields replace the client's
-			out.Header.Del(string(f.Name))
-		}
-		for _, f := range d.Forward {
-			out.Header.Add(string(f.Name), string(f.Value))
-		}
+		tmpl.Body = &bodyReader{r: r.Body, st: st.body, max: svc.MaxBodyBytes}
 	}
 	// The client's stream context: a client that resets or goes away
 	// resets the upstream stream. The response head's timeout is the
 	// transport's (ResponseHeaderTimeout, from the end of the request
 	// body), and a relay that ends early closes the response body, which
 	// resets the upstream stream too.
-	out = out.WithContext(r.Context())
+	out := tmpl.WithContext(r.Context())
 	st.res.Upstream = svc.Upstream
 	upStart := h.now()
 	res, err := up.rt.RoundTrip(out)
@@ -109,9 +112,16 @@ func isHeadTimeout(err error) bool {
 
 // outHeader is the upstream request's header: the client's fields (the
 // codec already refused connection-specific ones) plus the forwarding
-// fields of the service.
-func outHeader(r *http.Request, st *stream) http.Header {
+// fields of the service and the hook's (d.Forward, replacing the
+// client's). When none of that changes anything, it is the client's
+// header itself, shared read-only (the codec does not touch it once the
+// handler runs, and the upstream side only reads it).
+func outHeader(r *http.Request, st *stream, d *proxy.Decision) http.Header {
 	svc := st.h.svc
+	if r.Header != nil && !svc.XForwardedFor && !svc.XForwardedProto && !svc.Forwarded && !svc.XRealIP &&
+		(d == nil || len(d.Forward) == 0) && !hasHopByHop(r.Header) {
+		return r.Header
+	}
 	out := r.Header.Clone()
 	if out == nil {
 		out = http.Header{}
@@ -170,13 +180,25 @@ func (st *stream) relay(w http.ResponseWriter, r *http.Request, res *http.Respon
 	}
 	w.WriteHeader(res.StatusCode)
 	st.res.Status = res.StatusCode
-	rc := http.NewResponseController(w)
+	// The codec's writer flushes itself; a controller (an allocation)
+	// only for another writer.
+	fe, _ := w.(interface{ FlushError() error })
+	var rc *http.ResponseController
+	if fe == nil {
+		rc = http.NewResponseController(w)
+	}
+	flush := func() error {
+		if fe != nil {
+			return fe.FlushError()
+		}
+		return rc.Flush()
+	}
 	// Flush the head at once only when the body's end is unknown (a
 	// stream: the client must see the head before the first message).
 	// A known-length body follows promptly; its last bytes are not
 	// flushed either, so head, body and END_STREAM leave in one write.
 	if res.ContentLength < 0 {
-		_ = rc.Flush()
+		_ = flush()
 	}
 	left := res.ContentLength
 	bp := copyBufs.Get().(*[]byte)
@@ -189,7 +211,7 @@ func (st *stream) relay(w http.ResponseWriter, r *http.Request, res *http.Respon
 			st.res.BytesOut += int64(m)
 			left -= int64(n)
 			if werr == nil && left != 0 { // left < 0: unknown length
-				werr = rc.Flush()
+				werr = flush()
 			}
 			if werr != nil {
 				st.res.ClientAborted = true
@@ -231,4 +253,19 @@ func (st *stream) fail(w http.ResponseWriter, status int) {
 		return
 	}
 	st.answer(w, status, nil, []byte(strconv.Itoa(status)+" "+http.StatusText(status)+"\n"), "text/plain; charset=utf-8")
+}
+
+// hasHopByHop reports whether outHeader would delete a field of h (all
+// of hopByHop but a TE whose first value is "trailers").
+func hasHopByHop(h http.Header) bool {
+	for _, k := range hopByHop {
+		vs, ok := h[k]
+		if !ok {
+			continue
+		}
+		if k != "Te" || len(vs) == 0 || !strings.EqualFold(vs[0], "trailers") {
+			return true
+		}
+	}
+	return false
 }

@@ -1,0 +1,85 @@
+package h2proxy
+
+import (
+	"net/http"
+	"net/netip"
+	"testing"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+)
+
+// TestOutHeader: the upstream request shares the client's header only
+// when nothing would change it; otherwise it is a copy with the
+// connection-specific fields gone and the forwarding fields added, and
+// the client's header is left as it was.
+func TestOutHeader(t *testing.T) {
+	fwd := &proxy.Decision{Allow: true, Forward: []httpparse.Header{{Name: []byte("X-Id"), Value: []byte("h")}}}
+	tests := []struct {
+		name   string
+		in     http.Header
+		svc    proxy.Service
+		d      *proxy.Decision
+		shared bool
+		want   http.Header // nil: same as in
+	}{
+		{"plain", http.Header{"Accept": {"*/*"}}, proxy.Service{}, nil, true, nil},
+		{"te trailers", http.Header{"Te": {"trailers"}}, proxy.Service{}, &proxy.Decision{Allow: true}, true, nil},
+		{"te other", http.Header{"Te": {"gzip"}, "A": {"1"}}, proxy.Service{}, nil, false, http.Header{"A": {"1"}}},
+		{"te empty", http.Header{"Te": {}, "A": {"1"}}, proxy.Service{}, nil, false, http.Header{"A": {"1"}}},
+		{"trailer field", http.Header{"Trailer": {"X"}, "A": {"1"}}, proxy.Service{}, nil, false, http.Header{"A": {"1"}}},
+		{"xff", http.Header{"A": {"1"}}, proxy.Service{XForwardedFor: true}, nil, false, http.Header{"A": {"1"}, "X-Forwarded-For": {"192.0.2.1"}}},
+		{"real ip", http.Header{}, proxy.Service{XRealIP: true}, nil, false, http.Header{"X-Real-Ip": {"192.0.2.1"}}},
+		{"hook fields", http.Header{"X-Id": {"client"}}, proxy.Service{}, fwd, false, http.Header{"X-Id": {"client"}}},
+		{"nil header", nil, proxy.Service{}, nil, false, http.Header{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := &stream{h: &conn{svc: &tt.svc, remote: netip.MustParseAddrPort("192.0.2.1:5")}}
+			before := tt.in.Clone()
+			r := &http.Request{Header: tt.in}
+			got := outHeader(r, st, tt.d)
+			if isShared := got != nil && tt.in != nil && sameMap(got, tt.in); isShared != tt.shared {
+				t.Fatalf("shared = %v, want %v", isShared, tt.shared)
+			}
+			want := tt.want
+			if want == nil {
+				want = tt.in
+			}
+			if !equalHeader(got, want) {
+				t.Fatalf("got %v, want %v", got, want)
+			}
+			if !equalHeader(tt.in, before) {
+				t.Fatalf("client header changed: %v, was %v", tt.in, before)
+			}
+		})
+	}
+}
+
+// sameMap reports whether a and b are the same map (a write to one shows
+// in the other).
+func sameMap(a, b http.Header) bool {
+	const probe = "X-Probe-Same-Map"
+	a[probe] = nil
+	_, ok := b[probe]
+	delete(a, probe)
+	return ok
+}
+
+func equalHeader(a, b http.Header) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, va := range a {
+		vb, ok := b[k]
+		if !ok || len(va) != len(vb) {
+			return false
+		}
+		for i := range va {
+			if va[i] != vb[i] {
+				return false
+			}
+		}
+	}
+	return true
+}
