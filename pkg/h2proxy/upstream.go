@@ -27,6 +27,11 @@ type upstream struct {
 	closer interface{ CloseIdleConnections() }
 }
 
+// upstreamHeaderTableSize is the HPACK dynamic table the proxy's encoder
+// uses towards an h2c upstream: no field fits (HTTP2Config's minimum,
+// zero means the 4096-byte default).
+const upstreamHeaderTableSize = 1
+
 type upKey struct {
 	addr, proto string
 	timeout     time.Duration
@@ -86,6 +91,14 @@ func (u *upstreams) get(svc *proxy.Service, cfg *proxy.Config) (*upstream, error
 			HTTP2: &http.HTTP2Config{
 				SendPingTimeout: 30 * time.Second, // health check of a silent connection
 				PingTimeout:     15 * time.Second,
+				// No HPACK dynamic table for request heads (what nginx's
+				// grpc_pass does too): a field whose value changes per
+				// request (the generated X-Request-ID, trace ids) would
+				// enter the table and evict the oldest entry on every
+				// request, the encoder's costliest path, and deep enough
+				// to make the request's writer goroutine copy its stack.
+				// Names still come from the static table.
+				MaxEncoderHeaderTableSize: upstreamHeaderTableSize,
 			},
 		}
 		pool := &h2cPool{t: t, addr: svc.Upstream}
