@@ -23,14 +23,30 @@ var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b 
 
 // forward sends an admitted stream upstream and relays the response, both
 // directions at once (gRPC client, server and bidirectional streams).
+//
+// Sending and relaying are separate calls so that send's frame (the
+// upstream request is built on it) is off the stack while relay runs: the
+// codec starts each stream's handler on a new goroutine, and a stack
+// that stays within its first size is not copied to a larger one.
 func (st *stream) forward(w http.ResponseWriter, r *http.Request, d *proxy.Decision) {
+	res := st.send(w, r, d)
+	if res == nil {
+		return
+	}
+	defer func() { _ = res.Body.Close() }()
+	st.relay(w, r, res, d)
+}
+
+// send sends the request upstream and returns the response head, or nil
+// when it answered the stream itself (an error).
+func (st *stream) send(w http.ResponseWriter, r *http.Request, d *proxy.Decision) *http.Response {
 	h := st.h
 	svc := h.svc
 	up, err := h.upstream()
 	if err != nil {
 		st.res.UpstreamErr = err
 		st.fail(w, http.StatusBadGateway)
-		return
+		return nil
 	}
 	u := &url.URL{Scheme: "http", Host: svc.Upstream, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery}
 	if r.URL.Path == "*" {
@@ -93,10 +109,9 @@ func (st *stream) forward(w http.ResponseWriter, r *http.Request, d *proxy.Decis
 			st.res.UpstreamErr = fmt.Errorf("upstream %s: %w", svc.Upstream, err)
 			st.fail(w, http.StatusBadGateway)
 		}
-		return
+		return nil
 	}
-	defer func() { _ = res.Body.Close() }()
-	st.relay(w, r, res, d)
+	return res
 }
 
 // isHeadTimeout reports whether a RoundTrip error is the transport's
