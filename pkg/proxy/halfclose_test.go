@@ -112,43 +112,45 @@ var halfCloseBodies = []struct {
 // complete is a client abort (Done sees ClientAborted, nothing is
 // answered).
 func TestHalfCloseAfterRequest(t *testing.T) {
-	for _, tc := range halfCloseBodies {
-		t.Run("dialing/"+tc.name, func(t *testing.T) {
-			up, _, _, release := holdUpstream(t)
-			close(release)
-			dial := make(chan struct{})
-			hook := newTestHook(nil)
-			p, addr := startProxy(t, hook, &Service{Upstream: up}, func(cfg *Config) { cfg.Dial = heldDial(dial) })
-			c := dialClient(t, addr)
-			c.send(tc.head)
-			waitConnState(t, p, lcUpstream) // admitted: the FIN is not one during admission
-			c.send(tc.body)
-			if err := c.c.(*net.TCPConn).CloseWrite(); err != nil {
-				t.Fatal(err)
-			}
-			testkit.WaitFor(t, "the proxy to read the FIN", func() bool { return clientFINSeen(p) })
-			close(dial)
-			checkHalfClose(t, c, hook, tc.want, tc.complete)
-		})
-		t.Run("awaiting-response/"+tc.name, func(t *testing.T) {
-			up, gotHead, gotBody, release := holdUpstream(t)
-			hook := newTestHook(nil)
-			p, addr := startProxy(t, hook, &Service{Upstream: up}, nil)
-			c := dialClient(t, addr)
-			c.send(tc.head)
-			recvWithin(t, gotHead, "the upstream to get the head")
-			c.send(tc.body)
-			if tc.complete {
-				recvWithin(t, gotBody, "the upstream to get the body")
-			}
-			if err := c.c.(*net.TCPConn).CloseWrite(); err != nil {
-				t.Fatal(err)
-			}
-			testkit.WaitFor(t, "the proxy to read the FIN", func() bool { return clientFINSeen(p) })
-			close(release)
-			checkHalfClose(t, c, hook, tc.want, tc.complete)
-		})
-	}
+	eachLoopBackend(t, func(t *testing.T) {
+		for _, tc := range halfCloseBodies {
+			t.Run("dialing/"+tc.name, func(t *testing.T) {
+				up, _, _, release := holdUpstream(t)
+				close(release)
+				dial := make(chan struct{})
+				hook := newTestHook(nil)
+				p, addr := startProxy(t, hook, &Service{Upstream: up}, func(cfg *Config) { cfg.Dial = heldDial(dial) })
+				c := dialClient(t, addr)
+				c.send(tc.head)
+				waitConnState(t, p, lcUpstream) // admitted: the FIN is not one during admission
+				c.send(tc.body)
+				if err := c.c.(*net.TCPConn).CloseWrite(); err != nil {
+					t.Fatal(err)
+				}
+				testkit.WaitFor(t, "the proxy to read the FIN", func() bool { return clientFINSeen(p) })
+				close(dial)
+				checkHalfClose(t, c, hook, tc.want, tc.complete)
+			})
+			t.Run("awaiting-response/"+tc.name, func(t *testing.T) {
+				up, gotHead, gotBody, release := holdUpstream(t)
+				hook := newTestHook(nil)
+				p, addr := startProxy(t, hook, &Service{Upstream: up}, nil)
+				c := dialClient(t, addr)
+				c.send(tc.head)
+				recvWithin(t, gotHead, "the upstream to get the head")
+				c.send(tc.body)
+				if tc.complete {
+					recvWithin(t, gotBody, "the upstream to get the body")
+				}
+				if err := c.c.(*net.TCPConn).CloseWrite(); err != nil {
+					t.Fatal(err)
+				}
+				testkit.WaitFor(t, "the proxy to read the FIN", func() bool { return clientFINSeen(p) })
+				close(release)
+				checkHalfClose(t, c, hook, tc.want, tc.complete)
+			})
+		}
+	})
 }
 
 func checkHalfClose(t *testing.T, c *client, hook *testHook, want string, complete bool) {

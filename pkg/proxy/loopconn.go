@@ -234,7 +234,11 @@ func (c *lconn) headTooBig() {
 	c.close()
 }
 
-// OnEOF: the client shut down its write side.
+// OnEOF: the client shut down its write side. During admission that is
+// an abort (the check is cancelled, as the goroutine path did); once
+// admitted, a FIN after a complete request is not: the response goes
+// out, then the connection closes. A FIN before the body is complete is
+// an abort.
 func (c *lconn) OnEOF(*evloop.Sock) {
 	c.eof = true
 	switch c.state {

@@ -57,6 +57,7 @@ func (c *lconn) upReady(u *lup) {
 	c.state = lcExchange
 	if r.bodyDone {
 		c.setDeadline(c.ls.l.Now() + int64(r.svc.upstreamTimeout()))
+		c.flow() // a client paused while its body filled the buffer reads again
 		return
 	}
 	c.setDeadline(c.ls.l.Now() + int64(r.svc.idleTimeout()))

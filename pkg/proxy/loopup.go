@@ -302,8 +302,14 @@ func (u *lup) OnDrained(*evloop.Sock) {
 		c.detachTunnel()
 		return
 	}
-	if c := u.c; c != nil && c.state == lcExchange && !c.r.bodyDone {
-		c.resume()
+	if c := u.c; c != nil && c.state == lcExchange {
+		if c.r.bodyDone {
+			// Paused by clientData when the last body byte went out: the
+			// next request or the FIN is read again, as the buffer allows.
+			c.flow()
+		} else {
+			c.resume()
+		}
 	}
 }
 
