@@ -12,15 +12,28 @@ import (
 // channel is made only when someone asks for it and replaced only after a
 // cancellation.
 type admitCtx struct {
-	mu   sync.Mutex
-	done chan struct{}
-	err  error
+	mu       sync.Mutex
+	done     chan struct{}
+	err      error
+	deadline time.Time // the admission deadline (Config.AdmissionTimeout)
 }
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
-func (a *admitCtx) Deadline() (time.Time, bool) { return time.Time{}, false }
-func (a *admitCtx) Value(any) any               { return nil }
+func (a *admitCtx) Value(any) any { return nil }
+
+func (a *admitCtx) Deadline() (time.Time, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.deadline, !a.deadline.IsZero()
+}
+
+// setDeadline sets what Deadline reports (before Admit runs).
+func (a *admitCtx) setDeadline(t time.Time) {
+	a.mu.Lock()
+	a.deadline = t
+	a.mu.Unlock()
+}
 
 func (a *admitCtx) Done() <-chan struct{} {
 	a.mu.Lock()
@@ -37,13 +50,17 @@ func (a *admitCtx) Err() error {
 	return a.err
 }
 
-func (a *admitCtx) cancel() {
+func (a *admitCtx) cancel() { a.cancelWith(context.Canceled) }
+
+// cancelWith ends the context with err (context.Canceled: the client
+// went away; context.DeadlineExceeded: the admission timed out).
+func (a *admitCtx) cancelWith(err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.err != nil {
 		return
 	}
-	a.err = context.Canceled
+	a.err = err
 	if a.done == nil {
 		a.done = closedChan
 	} else {

@@ -22,6 +22,10 @@ const (
 	DefaultUpstreamTimeout     = 60 * time.Second
 	DefaultMaxIdlePerUpstream  = 256
 	DefaultUpstreamIdleTimeout = 30 * time.Second
+	// DefaultAdmissionTimeout is Config.AdmissionTimeout's default: longer
+	// than the longest RateLimitly request horizon (the wire's 65535ms),
+	// so that a check's own failure policy always answers first.
+	DefaultAdmissionTimeout = 70 * time.Second
 )
 
 // Hook is the admission decision point. The proxy calls Admit once per
@@ -46,7 +50,9 @@ type Hook interface {
 // and "body-too-large" (413); also for a connection closed without an
 // answer because its first bytes picked no protocol within the header
 // timeout ("detect-timeout", status 0, with Config.Handoff set). Most of these never reach Admit; a chunked
-// body found too large or malformed after admission also gets Done. Reject
+// body found too large or malformed after admission also gets Done, and
+// so does "admission-timeout" (503: no Decision within
+// Config.AdmissionTimeout). Reject
 // runs on the connection's loop thread before the answer is written, so it
 // must not block; it also runs for requests whose Service is the only
 // thing known (no Request is built).
@@ -121,6 +127,11 @@ type Result struct {
 	// upstream's response head reached the client (a request body that
 	// broke a rule then: Status stays the relayed one).
 	UpstreamErr error
+	// AdmissionErr is set when the proxy stopped waiting for the Hook's
+	// Decision (Config.AdmissionTimeout): the client was answered 503 and
+	// the Decision, which came later, was not used. It is an internal
+	// error, not the client's: ClientAborted stays false.
+	AdmissionErr error
 	// End is when the last byte of the response was written (or the
 	// request failed).
 	End time.Time
@@ -240,6 +251,21 @@ type Config struct {
 	// it; Update keeps the loops the Proxy was created with. The loops
 	// start with the first Serve and stop in Shutdown.
 	EventLoops int
+	// AdmissionTimeout bounds the wait for the Hook's Decision, from the
+	// end of the request head: a blocking Hook's Admit context carries
+	// it as its deadline. When it passes, the admission is cancelled
+	// (Admit's context ends with context.DeadlineExceeded; an AsyncHook
+	// gets Cancel, at most once per Begin), the client is answered 503
+	// with Connection: close (the proxy does not know the Hook's failure
+	// policy) and the request is reported to a Rejecter as
+	// "admission-timeout"; Done follows once the Hook has answered after
+	// all, with Result.AdmissionErr set. 0 (or less) means
+	// DefaultAdmissionTimeout.
+	AdmissionTimeout time.Duration
+}
+
+func (c *Config) admissionTimeout() time.Duration {
+	return durOr(c.AdmissionTimeout, DefaultAdmissionTimeout)
 }
 
 // tunnelIdle is the idle bound of svc's upgraded connections.

@@ -98,6 +98,8 @@ func statusBody(status int) string {
 		return "501 Not Implemented\n"
 	case 502:
 		return "502 Bad Gateway\n"
+	case 503:
+		return "503 Service Unavailable\n"
 	case 504:
 		return "504 Gateway Timeout\n"
 	case 505:

@@ -32,6 +32,7 @@ type doneRec struct {
 	status         int
 	clientAborted  bool
 	upstreamErr    error
+	admissionErr   error
 	bytesIn        int64
 	bytesOut       int64
 	startBeforeEnd bool
@@ -61,7 +62,7 @@ func (h *testHook) Done(r *Request, d *Decision, res *Result) {
 		h.overDone.Store(true)
 	}
 	rec := doneRec{target: string(r.Head.Target), allow: d.Allow, status: res.Status,
-		clientAborted: res.ClientAborted, upstreamErr: res.UpstreamErr,
+		clientAborted: res.ClientAborted, upstreamErr: res.UpstreamErr, admissionErr: res.AdmissionErr,
 		bytesIn: res.BytesIn, bytesOut: res.BytesOut, startBeforeEnd: !res.End.Before(r.Start)}
 	h.mu.Lock()
 	h.dones = append(h.dones, rec)

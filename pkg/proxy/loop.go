@@ -309,9 +309,7 @@ wait:
 			if lg.testAfterForce != nil {
 				lg.testAfterForce()
 			}
-			for !lg.idle() {
-				time.Sleep(time.Millisecond)
-			}
+			lg.waitForced()
 			break wait
 		case <-timer.C:
 			poll = min(2*poll, 50*time.Millisecond)
@@ -329,6 +327,27 @@ wait:
 		err = fmt.Errorf("proxy: stop event loops: %w", cerr)
 	}
 	return err
+}
+
+// forcedWait bounds how long Shutdown waits, after its deadline closed
+// every connection, for what still holds one: goroutines of detached
+// connections ending, and pending admissions, which keep their
+// connection until the Hook answers.
+const forcedWait = time.Second
+
+// waitForced waits for the loops to become idle after a forced close, at
+// most forcedWait: a Hook that never answers must not hold Shutdown for
+// ever (its late Resume is dropped by the stopped loop).
+func (lg *loopGroup) waitForced() {
+	until := time.Now().Add(forcedWait)
+	for !lg.idle() {
+		if time.Now().After(until) {
+			lg.p.cfg.Load().logger().Warn("shutdown: admissions still pending after the deadline; stopping without their decisions",
+				"connections", lg.conns.Load(), "admission_jobs", lg.workers.busy.Load())
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // idle reports whether no client connection and no admission worker job

@@ -156,6 +156,10 @@ func (r *lreq) cancelAdmit() {
 // admitDone acts on the Hook's Decision.
 func (c *lconn) admitDone() {
 	r := c.r
+	if r.res.AdmissionErr != nil {
+		c.lateDecision()
+		return
+	}
 	if c.state == lcGone || c.s == nil {
 		r.res.ClientAborted = true
 		c.close()

@@ -123,6 +123,8 @@ func (c *lconn) timeout() {
 			return
 		}
 		c.rejectRule(cfg, svc, "header-timeout", 408)
+	case lcAdmit:
+		c.admitTimeout()
 	case lcUpstream:
 		c.r.upDrop()
 		c.upstreamFail(errUpstreamTimeout(c.r.svc.Upstream))
@@ -429,6 +431,7 @@ func (c *lconn) startRequest(cfg *Config, svc *Service) {
 		return
 	}
 	c.state = lcAdmit
+	c.admitDeadline(cfg)
 	c.admit()
 }
 
@@ -466,6 +469,10 @@ func (c *lconn) complete(keep bool) {
 // or closes.
 func (c *lconn) finishRequest() {
 	r := c.r
+	if r.pending {
+		c.closeGraceful() // the admission timed out: lateDecision reports it
+		return
+	}
 	keep := r.keep
 	if r.admitted {
 		r.res.End = r.cfg.now()
@@ -498,7 +505,9 @@ func (c *lconn) closeGraceful() {
 	if !c.buf.empty() && !c.eof {
 		c.linger = true
 	}
-	c.buf.put(c.ls)
+	if c.r == nil {
+		c.buf.put(c.ls)
+	} // else a pending admission's Request points into it (lateDecision)
 	c.state = lcClosing
 	c.resume()
 	if c.linger && !c.eof {
@@ -557,7 +566,7 @@ func (c *lconn) release() {
 // cancelled.
 func (c *lconn) abort() {
 	if r := c.r; r != nil {
-		r.res.ClientAborted = true
+		r.res.ClientAborted = r.res.AdmissionErr == nil // else the proxy answered already
 		if c.state == lcExchange || c.state == lcFlush {
 			r.res.UpstreamErr = nil // a failed relay is not the upstream's
 		}

@@ -1,0 +1,67 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// The admission deadline (Config.AdmissionTimeout). A Hook that never
+// answers must not hold a connection (nor, for a blocking Hook, a worker
+// goroutine) for ever: when the deadline passes the admission is
+// cancelled, the client is answered 503 and the connection closes once
+// that is out. The request itself stays with its connection until the
+// Hook answers after all (r and d are the Hook's until Resume), and Done
+// then reports it with Result.AdmissionErr.
+
+// admitDeadline arms the admission deadline of c's request; a blocking
+// Hook's Admit context carries it.
+func (c *lconn) admitDeadline(cfg *Config) {
+	d := cfg.admissionTimeout()
+	c.setDeadline(c.ls.l.Now() + int64(d))
+	if _, ok := c.r.hook.(AsyncHook); !ok {
+		c.r.actx.setDeadline(time.Now().Add(d))
+	}
+}
+
+// admitTimeout: no Decision within the admission timeout.
+func (c *lconn) admitTimeout() {
+	r := c.r
+	if !r.pending {
+		return // the Decision is being acted on
+	}
+	d := r.cfg.admissionTimeout()
+	r.res.AdmissionErr = fmt.Errorf("admission: no decision from the hook within %v: %w", d, errLoopTimeout)
+	r.cfg.logger().Debug("admission timed out", "service", r.svc.Name, "remote", c.remote, "timeout", d)
+	if !r.cancelled {
+		r.cancelled = true // at most once per Begin (AsyncHook)
+		if r.async != nil {
+			r.async.Cancel(&r.req)
+		} else {
+			r.actx.cancelWith(context.DeadlineExceeded)
+		}
+	}
+	reportReject(r.cfg, r.svc, c.remote, "admission-timeout", 503)
+	c.answer(503, "Connection: close\r\n")
+	c.linger = true
+	c.complete(false) // finishRequest closes without reporting: the Decision is still due
+}
+
+// lateDecision: the Decision of a request whose admission timed out came
+// back (admitDone). It is not acted on; Done reports the request once the
+// 503 is out (finishRequest then left it pending), at once if it is.
+func (c *lconn) lateDecision() {
+	r := c.r
+	switch c.state {
+	case lcFlush:
+		// the 503 is being written: finishRequest reports it
+	case lcGone:
+		c.close()
+	default: // lcClosing: the 503 is out, the connection lingers
+		r.res.End = r.cfg.now()
+		r.hook.Done(&r.req, &r.dec, &r.res)
+		c.r = nil
+		c.ls.putReq(r)
+		c.buf.put(c.ls) // kept for r's head (closeGraceful)
+	}
+}
