@@ -53,8 +53,9 @@ func (c *lconn) admitTimeout() {
 func (c *lconn) lateDecision() {
 	r := c.r
 	switch c.state {
-	case lcFlush:
-		// the 503 is being written: finishRequest reports it
+	case lcFlush, lcAdmit:
+		// the 503 is being written (or about to be, a Resume from inside
+		// Cancel): finishRequest reports it
 	case lcGone:
 		c.close()
 	default: // lcClosing: the 503 is out, the connection lingers
