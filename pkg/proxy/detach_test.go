@@ -103,9 +103,9 @@ func TestForcedShutdownDetached(t *testing.T) {
 }
 
 // A tunnel is bounded: it ends when no byte moves either way for the
-// tunnel idle bound, when a side does not take the bytes written to it,
-// and when the 101 and the bytes before it cannot be delivered (a detach
-// waits for them only that long).
+// tunnel idle bound and when a side does not take the bytes written to
+// it; an upgrade whose 1xx flood the client does not read never becomes
+// a tunnel and ends at the exchange's idle bound.
 func TestTunnelBounded(t *testing.T) {
 	const switching = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
 	interim := "HTTP/1.1 102 Processing\r\nX-Pad: " + strings.Repeat("p", 4000) + "\r\n\r\n"
@@ -113,12 +113,13 @@ func TestTunnelBounded(t *testing.T) {
 		name        string
 		upstream    func(c net.Conn)
 		readHead    bool // the client reads the 101 (else it never reads)
+		wantStatus  int
 		wantAborted bool
 	}{
 		{"silent-peers", func(c net.Conn) {
 			io.WriteString(c, switching)
 			io.Copy(io.Discard, c)
-		}, true, false},
+		}, true, 101, false},
 		{"client-never-reads-tunnel", func(c net.Conn) {
 			io.WriteString(c, switching)
 			b := make([]byte, 64<<10)
@@ -127,10 +128,14 @@ func TestTunnelBounded(t *testing.T) {
 					return
 				}
 			}
-		}, true, false},
-		{"client-never-reads-101", func(c net.Conn) {
-			// More than the kernel buffers hold (tcp_wmem max 4 MiB plus
-			// the client's small receive buffer): the 101 stays queued.
+		}, true, 101, false},
+		// More 1xx than the kernel buffers and the proxy's queue hold
+		// (tcp_wmem max 4 MiB plus the client's small receive buffer), then
+		// the 101, to a client that reads nothing: the proxy stops reading
+		// the upstream once the client's queue is full (1xx get
+		// backpressure like a body), so the 101 never arrives and the
+		// exchange's idle bound ends the request (504, client gone).
+		{"client-never-reads-interim", func(c net.Conn) {
 			for range (8 << 20) / len(interim) {
 				if _, err := io.WriteString(c, interim); err != nil {
 					return
@@ -138,7 +143,7 @@ func TestTunnelBounded(t *testing.T) {
 			}
 			io.WriteString(c, switching)
 			io.Copy(io.Discard, c)
-		}, false, true},
+		}, false, 504, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			up := newRawUpstream(t, func(_ int, c net.Conn) {
@@ -148,7 +153,11 @@ func TestTunnelBounded(t *testing.T) {
 				tc.upstream(c)
 			})
 			hook := newTestHook(nil)
-			_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, func(c *Config) {
+			svc := &Service{Upstream: up.addr()}
+			if !tc.readHead {
+				svc.IdleTimeout = 100 * time.Millisecond
+			}
+			_, addr := startProxy(t, hook, svc, func(c *Config) {
 				c.EventLoops = 1
 				c.TunnelIdleTimeout = 50 * time.Millisecond
 			})
@@ -169,8 +178,8 @@ func TestTunnelBounded(t *testing.T) {
 				}
 			}
 			done := hook.waitDone(t) // bounded
-			if done.status != 101 || done.clientAborted != tc.wantAborted {
-				t.Fatalf("Done: status %d, client aborted %v; want 101, %v", done.status, done.clientAborted, tc.wantAborted)
+			if done.status != tc.wantStatus || done.clientAborted != tc.wantAborted {
+				t.Fatalf("Done: status %d, client aborted %v; want %d, %v", done.status, done.clientAborted, tc.wantStatus, tc.wantAborted)
 			}
 		})
 	}
