@@ -1,11 +1,18 @@
 package hook
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
 // An unprotected location with a report still notices a client that
@@ -36,5 +43,30 @@ func TestClientAbortUnprotectedReportNoReport(t *testing.T) {
 	}
 	if r.ck.reports.Load() != 0 {
 		t.Fatal("report after client abort")
+	}
+}
+
+// A check that outlives the proxy's admission bound: the proxy cancels it
+// and answers 503 itself; the access line says internal_error (the proxy
+// gave up), not client_abort, and nothing is reported.
+func TestAdmissionTimeoutIsInternalError(t *testing.T) {
+	cancelled := make(chan struct{})
+	r := newRigUpstream(t, "open", func(ctx context.Context, _ *wire.RateRequest, out *admission.CheckResult) {
+		<-ctx.Done() // never answers on its own
+		close(cancelled)
+		out.Valid, out.Fail = false, ratelimitly.CauseCancelled
+	}, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "upstream") }),
+		func(c *proxy.Config) { c.AdmissionTimeout = 20 * time.Millisecond })
+	resp := r.get(t, "/api/x", "k")
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("status %d, want 503", resp.StatusCode)
+	}
+	<-cancelled
+	l := r.accessLines(t, 1)[0]
+	if l["outcome"] != "internal_error" || l["verdict"] != "-" {
+		t.Fatalf("access line %v, want outcome internal_error, verdict -", l)
+	}
+	if r.ck.reports.Load() != 0 {
+		t.Fatal("report after the proxy gave up on admission")
 	}
 }

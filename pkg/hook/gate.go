@@ -320,7 +320,12 @@ func (g *Gate) Done(r *proxy.Request, d *proxy.Decision, res *proxy.Result) {
 	}
 	dec := &st.dec
 	outcome := dec.Outcome
-	if res.ClientAborted {
+	switch {
+	case res.AdmissionErr != nil:
+		// The proxy stopped waiting for the decision and answered 503
+		// itself (Config.AdmissionTimeout): its failure, not the client's.
+		outcome = admission.OutcomeInternalError
+	case res.ClientAborted:
 		outcome = admission.OutcomeClientAbort
 	}
 	loc := dec.Location

@@ -156,7 +156,7 @@ func newRig(t *testing.T, fail string, fn func(context.Context, *wire.RateReques
 }
 
 // newRigUpstream is newRig with the upstream's handler.
-func newRigUpstream(t *testing.T, fail string, fn func(context.Context, *wire.RateRequest, *admission.CheckResult), h http.Handler) *rig {
+func newRigUpstream(t *testing.T, fail string, fn func(context.Context, *wire.RateRequest, *admission.CheckResult), h http.Handler, opts ...func(*proxy.Config)) *rig {
 	t.Helper()
 	up := httptest.NewServer(h)
 	t.Cleanup(up.Close)
@@ -166,7 +166,11 @@ func newRigUpstream(t *testing.T, fail string, fn func(context.Context, *wire.Ra
 	r.g.Swap(pol)
 	r.g.SetChecker(r.ck, nil)
 	svcs := ProxyServices(pol)
-	p, err := proxy.New(proxy.Config{Services: svcs, Hook: hookFor(r.g)})
+	cfg := proxy.Config{Services: svcs, Hook: hookFor(r.g)}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	p, err := proxy.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
