@@ -101,6 +101,7 @@ func TestViaBegin(t *testing.T) {
 		{"TestAccessLineAllowed", TestAccessLineAllowed},
 		{"TestAccessLineCombined", TestAccessLineCombined},
 		{"TestAccessLineDenied", TestAccessLineDenied},
+		{"TestAdmissionTimeoutIsInternalError", TestAdmissionTimeoutIsInternalError},
 		{"TestAllowPassesUpstreamRateLimitUnchanged", TestAllowPassesUpstreamRateLimitUnchanged},
 		{"TestClientAbortNoReport", TestClientAbortNoReport},
 		{"TestClientAbortUnprotectedReportNoReport", TestClientAbortUnprotectedReportNoReport},
