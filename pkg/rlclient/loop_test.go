@@ -36,7 +36,7 @@ type loops struct {
 	once   sync.Once
 }
 
-func startLoops(t *testing.T, c *Client, n int) *loops {
+func startLoops(t testing.TB, c *Client, n int) *loops {
 	t.Helper()
 	g, err := evloop.Start(evloop.Config{Loops: n})
 	if err != nil {
@@ -58,7 +58,7 @@ func startLoops(t *testing.T, c *Client, n int) *loops {
 }
 
 // on runs fn on loop i and waits.
-func (h *loops) on(t *testing.T, i int, fn func()) {
+func (h *loops) on(t testing.TB, i int, fn func()) {
 	t.Helper()
 	ch := make(chan struct{})
 	h.g.Loops()[i].Post(func() { fn(); close(ch) })
@@ -70,7 +70,7 @@ func (h *loops) on(t *testing.T, i int, fn func()) {
 }
 
 // stop detaches the client on every loop and closes the loops.
-func (h *loops) stop(t *testing.T) {
+func (h *loops) stop(t testing.TB) {
 	h.once.Do(func() {
 		for i, d := range h.detach {
 			if d != nil {
