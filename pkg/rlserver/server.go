@@ -335,6 +335,7 @@ type Stats struct {
 	Workers            int
 	Received           uint64 // datagrams read
 	ReadBatches        uint64 // read turns that returned datagrams
+	Coalesced          uint64 // datagrams that arrived several in one message (UDP_GRO)
 	ReadErrors         uint64
 	Requests           uint64 // RATE_REQUESTs decided (not replays)
 	Allows, Denies     uint64
@@ -368,6 +369,7 @@ func (s *Server) Stats() Stats {
 		Workers:            len(s.workers),
 		Received:           c[cReceived],
 		ReadBatches:        c[cReadBatches],
+		Coalesced:          c[cCoalesced],
 		ReadErrors:         c[cReadErrors],
 		Requests:           c[cRequests],
 		Allows:             c[cAllows],

@@ -117,7 +117,10 @@ type batchConn struct {
 	rhdrs  [MaxBatch]unix.Mmsghdr
 	riovs  [MaxBatch]unix.Iovec
 	rnames [MaxBatch]unix.RawSockaddrInet6
-	rbufs  [MaxBatch][recvBufLen]byte
+	rbufs  []byte // MaxBatch buffers of rlen bytes (gro.go)
+	rlen   int
+	rctrl  [MaxBatch][groCmsgSpace]byte
+	gro    bool // UDP_GRO on: a message may carry several datagrams
 
 	shdrs [MaxBatch]unix.Mmsghdr
 	siovs [MaxBatch]unix.Iovec
@@ -143,6 +146,7 @@ func newBatchConn(c *net.UDPConn) (*batchConn, error) {
 	}
 	b := newBatchBufs()
 	b.conn, b.rc, b.fd = c, rc, -1
+	_ = rc.Control(func(fd uintptr) { b.enableGRO(int(fd)) })
 	return b, nil
 }
 
@@ -151,13 +155,14 @@ func newBatchConn(c *net.UDPConn) (*batchConn, error) {
 func newDrivenConn(fd int) *batchConn {
 	b := newBatchBufs()
 	b.fd = fd
+	b.enableGRO(fd)
 	return b
 }
 
 func newBatchBufs() *batchConn {
-	b := &batchConn{}
+	b := &batchConn{rbufs: make([]byte, MaxBatch*recvBufLen), rlen: recvBufLen}
 	for i := range b.rhdrs {
-		b.riovs[i].Base = &b.rbufs[i][0]
+		b.riovs[i].Base = &b.rbufs[i*b.rlen]
 		b.rhdrs[i].Hdr.Iov = &b.riovs[i]
 		b.rhdrs[i].Hdr.Iovlen = 1
 		b.rhdrs[i].Hdr.Name = (*byte)(unsafe.Pointer(&b.rnames[i]))
@@ -235,7 +240,10 @@ func (b *batchConn) prepareRead(max int) {
 		h.Hdr.Namelen = uint32(unsafe.Sizeof(b.rnames[i]))
 		h.Hdr.Flags = 0
 		h.Len = 0
-		b.riovs[i].SetLen(recvBufLen)
+		b.riovs[i].SetLen(b.rlen)
+		if b.gro {
+			h.Hdr.SetControllen(groCmsgSpace)
+		}
 	}
 }
 
@@ -302,11 +310,13 @@ func (b *batchConn) doDrain(fd uintptr) {
 	}
 }
 
-// datagram i of the last read turn; truncated reports a datagram longer
-// than the buffer.
-func (b *batchConn) datagram(i int) (pkt []byte, truncated bool) {
+// message i of the last read turn: one datagram, or with UDP_GRO several
+// of one sender (segments of seg bytes, the last maybe shorter; seg 0:
+// one datagram). truncated reports a message longer than the buffer.
+func (b *batchConn) message(i int) (msg []byte, seg int, truncated bool) {
 	h := &b.rhdrs[i]
-	return b.rbufs[i][:h.Len], h.Hdr.Flags&unix.MSG_TRUNC != 0 || h.Len > wire.MaxDatagram
+	off := i * b.rlen
+	return b.rbufs[off : off+int(h.Len)], b.segSize(i), h.Hdr.Flags&unix.MSG_TRUNC != 0
 }
 
 // setReply makes send slot k carry sbufs[k][:n] to the source of

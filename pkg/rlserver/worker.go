@@ -16,6 +16,7 @@ type counter int
 const (
 	cReceived counter = iota
 	cReadBatches
+	cCoalesced
 	cReadErrors
 	cRequests
 	cAllows
@@ -168,8 +169,9 @@ func (w *worker) drain() {
 	}
 }
 
-// turn handles the n datagrams of one read turn and sends the answers in
-// one batch.
+// turn handles the n messages of one read turn (each one datagram, or
+// several coalesced by UDP_GRO) and sends the answers in one batch (one
+// per MaxBatch answers).
 func (w *worker) turn(n int) {
 	if n == 0 {
 		return
@@ -177,12 +179,27 @@ func (w *worker) turn(n int) {
 	w.inc(cReadBatches)
 	k := 0
 	for i := 0; i < n; i++ {
-		pkt, trunc := w.bc.datagram(i)
-		if m := w.handle(pkt, trunc, w.bc.sbufs[k][:0]); m > 0 {
-			w.bc.setReply(k, i, m)
-			k++
+		msg, seg, trunc := w.bc.message(i)
+		if seg > 0 && seg < len(msg) {
+			w.c[cCoalesced].Add(uint64((len(msg) + seg - 1) / seg))
+		}
+		for first := true; first || len(msg) > 0; first = false { // an empty datagram is one too
+			var pkt []byte
+			pkt, msg = nextDatagram(msg, seg)
+			if m := w.handle(pkt, trunc || len(pkt) > wire.MaxDatagram, w.bc.sbufs[k][:0]); m > 0 {
+				w.bc.setReply(k, i, m)
+				if k++; k == MaxBatch { // a turn of coalesced messages: send slots are full
+					w.sendReplies(k)
+					k = 0
+				}
+			}
 		}
 	}
+	w.sendReplies(k)
+}
+
+// sendReplies sends the first k send slots of the turn.
+func (w *worker) sendReplies(k int) {
 	if k == 0 {
 		return
 	}
