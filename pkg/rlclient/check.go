@@ -128,7 +128,7 @@ func (c *Client) start(r *request, ls *loopShard, mem *membership, req *wire.Rat
 	if testRequestID != nil {
 		r.id = testRequestID()
 	}
-	r.start = c.clock.Now()
+	r.start = c.nowOn(ls)
 	r.round, r.attempt = 0, 0
 	r.full = c.usableMask(mem, r.start.UnixNano())
 	r.answered, r.valid, r.sendFailed = 0, 0, 0
@@ -142,7 +142,7 @@ func (c *Client) start(r *request, ls *loopShard, mem *membership, req *wire.Rat
 		r.finishLocked(CauseCancelled)
 		return true
 	}
-	sent := r.sendRound()
+	sent := r.sendRound(r.start)
 	if sent == 0 {
 		r.finishLocked(CauseSendFailure)
 	} else if r.state == statePending {
@@ -210,10 +210,9 @@ const tokenMask = 63
 // every endpoint of r.full that has not answered this attempt (on a
 // replay: that has no valid answer). r.mu is held, so it only pushes: the
 // caller flushes the shard after unlocking. It returns the number of
-// datagrams queued.
-func (r *request) sendRound() int {
+// datagrams queued. now is the client clock's time (the wire timestamp).
+func (r *request) sendRound(now time.Time) int {
 	c := r.c
-	now := c.clock.Now()
 	h := &r.hdr
 	*h = wire.Header{Kind: wire.KindRateRequest, Attempt: r.attempt, TTLms: c.ttlMs, RequestID: r.id,
 		Timestamp: uint64(now.UnixMilli())}

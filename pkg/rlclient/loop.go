@@ -3,6 +3,7 @@ package rlclient
 import (
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
@@ -33,6 +34,8 @@ type loopShard struct {
 	dirty    bool        // datagrams queued on the shard this turn: flush at turn end
 	ready    []readyDone // checks ended by this turn's reads, for their Completers
 	handler  udpshard.Handler
+	now      time.Time // the client clock, read once per turn (nowOn)
+	nowSet   bool
 }
 
 // readyDone is a check's outcome awaiting its Completer on the loop.
@@ -111,6 +114,7 @@ func (c *Client) flushFrom(ls *loopShard, shard int) {
 // checks ended by the turn's reads (normally run already), then one send
 // of everything the turn queued on the shard.
 func (ls *loopShard) turnEnd() {
+	ls.nowSet = false
 	if !ls.attached {
 		return
 	}
@@ -119,6 +123,23 @@ func (ls *loopShard) turnEnd() {
 		ls.dirty = false
 		ls.c.ring.FlushOwned(ls.idx)
 	}
+}
+
+// nowOn is the client clock's time for work on ls's loop thread (ls
+// attached; nil: any other thread): read once per loop turn and reused by
+// the checks the turn starts and the answers it reads, as the loop's own
+// timers use one time per turn. It is behind the clock by at most the
+// turn's length so far: a round deadline counted from it ends that much
+// early, and wire timestamps (milliseconds, checked with seconds of skew)
+// do not notice.
+func (c *Client) nowOn(ls *loopShard) time.Time {
+	if ls == nil || !ls.attached {
+		return c.clock.Now()
+	}
+	if !ls.nowSet {
+		ls.now, ls.nowSet = c.clock.Now(), true
+	}
+	return ls.now
 }
 
 // runReady hands the checks ended on the loop to their Completers; loop

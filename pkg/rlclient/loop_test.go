@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -302,4 +303,49 @@ func TestLoopsCloseWithChecksInFlight(t *testing.T) {
 		}
 	}
 	rec.none(t)
+}
+
+// countingClock is the real clock, counting Now calls.
+type countingClock struct {
+	realClock
+	n atomic.Int64
+}
+
+func (c *countingClock) Now() time.Time { c.n.Add(1); return time.Now() }
+
+// TestLoopClockOncePerTurn: on an attached loop the client reads its
+// clock once per turn for the turn's checks and answers, and again in the
+// next turn; off the loop every call reads it.
+func TestLoopClockOncePerTurn(t *testing.T) {
+	d := dnstest.Start(t)
+	d.SetSRV(testSRV, targetsFor(startFakeNode(t, 1, testCred()).addr())...)
+	clk := &countingClock{}
+	c := newTestClient(t, d.Addr(), clientOpts{shards: 1, loops: 1, clock: clk})
+	waitReady(t, c)
+	h := startLoops(t, c, 1)
+	ls := c.loops[0]
+	var first, second time.Time
+	var reads int64
+	h.on(t, 0, func() {
+		n0 := clk.n.Load()
+		first, second = c.nowOn(ls), c.nowOn(ls)
+		reads = clk.n.Load() - n0
+	})
+	if reads != 1 || !first.Equal(second) {
+		t.Fatalf("one turn: %d clock reads, times %v and %v; want 1 read, one time", reads, first, second)
+	}
+	h.on(t, 0, func() {
+		n0 := clk.n.Load()
+		c.nowOn(ls)
+		reads = clk.n.Load() - n0
+	})
+	if reads != 1 {
+		t.Fatalf("next turn: %d clock reads, want 1 (the previous turn's time is not reused)", reads)
+	}
+	n0 := clk.n.Load()
+	c.nowOn(nil)
+	c.nowOn(nil)
+	if got := clk.n.Load() - n0; got != 2 {
+		t.Fatalf("off the loop: %d clock reads for 2 calls", got)
+	}
 }

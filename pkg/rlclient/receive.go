@@ -64,7 +64,7 @@ func (c *Client) receive(rx *udpshard.Socket, pkt []byte, from netip.AddrPort, l
 		}
 		return
 	}
-	if wire.CheckTime(h, c.clock.Now(), wire.DefaultSkew) != nil {
+	if wire.CheckTime(h, c.nowOn(ls), wire.DefaultSkew) != nil {
 		c.c.stale.Add(1)
 		return
 	}

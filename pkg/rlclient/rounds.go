@@ -37,7 +37,7 @@ func (r *request) roundEndLocked() {
 		r.round++
 		r.attempt++
 		r.answered = r.valid // replay to every endpoint without a valid answer
-		r.sendRound()
+		r.sendRound(r.c.clock.Now())
 		r.es.schedule(r, deadline.Add(p.Gap(r.round-1)))
 	case r.round == p.Replays && p.FinalReceive > 0:
 		deadline := r.roundEnd()
