@@ -129,13 +129,25 @@ func (n *Node) setClient(pol *admission.Policy) error {
 	oldEmb := n.emb
 	replacedEmb := newEmb && oldEmb != nil
 	closed := n.gate.SetChecker(gc, gc)
+	px := n.proxy
 	if n.client != nil {
 		n.m.ClientRebuilt()
 		n.log.Info("RateLimitly client rebuilt", "srv", srvName)
+		if old := n.client.C; px != nil && old != c {
+			go func() {
+				<-closed // closed after its in-flight checks: its loop shards are idle
+				px.Detach(old)
+			}()
+		}
 	}
 	if replacedEmb || (!rl.Embedded && oldEmb != nil) {
 		go func() {
 			<-closed // the old client is closed: no check can reach the old server
+			if px != nil {
+				if a := oldEmb.LoopAttacher(); a != nil {
+					px.Detach(a)
+				}
+			}
 			_ = oldEmb.Close()
 		}()
 	}
@@ -317,8 +329,8 @@ func (n *Node) eventLoops() int {
 // proxy exists (n.mu held): checks from a loop then go out on that
 // loop's own socket at its turn end and their answers are handled on
 // the loop. A client that cannot attach still works, from its
-// goroutine shards. A replaced client stays attached until the proxy
-// stops; its Close leaves its sockets to the loops, which close them.
+// goroutine shards. A replaced client is detached from the loops once it
+// is closed (setClient), and so is a replaced embedded server.
 func (n *Node) attachClient(c *rlclient.Client) {
 	if n.proxy == nil {
 		return // startProxy attaches it

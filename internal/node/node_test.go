@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"io"
 	"log/slog"
 	"net"
@@ -121,4 +122,7 @@ func TestReloadKeepsOrRebuildsClient(t *testing.T) {
 	if s := get(); s != 200 {
 		t.Fatalf("after client rebuild: %d (fail: close answers 429 without a decision)", s)
 	}
+	// The replaced client leaves the event loops once it is closed: the
+	// proxy holds the embedded server and the new client only.
+	testkit.WaitFor(t, "the replaced client detached from the loops", func() bool { return rt.proxy.Stats().Attached == 2 })
 }

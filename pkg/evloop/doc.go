@@ -81,7 +81,7 @@
 //	func (l *Loop) Connect(fd int, sa unix.Sockaddr, h Handler) (*Sock, error)
 //	func (l *Loop) Watch(fd int, onReadable func()) (*Watch, error)
 //	func (w *Watch) Stop()
-//	func (l *Loop) OnTurnEnd(fn func()) // once at the end of every turn, before waiting
+//	func (l *Loop) OnTurnEnd(fn func()) (remove func()) // once at the end of every turn, before waiting
 //	func (l *Loop) Now() int64          // monotonic ns, cached per turn
 //	type Timer struct{ ... }            // embeddable, zero allocation
 //	func (t *Timer) Init(l *Loop, fn func())

@@ -211,7 +211,7 @@ type Loop struct {
 	free  []uint32
 
 	timers  []*Timer // min-heap on at
-	turnEnd []func()
+	turnEnd []*turnFn
 	later   []*Sock // sockets with deferred work (errors, re-reads, detach)
 	wbufs   [][]byte
 
@@ -256,9 +256,27 @@ func (l *Loop) ID() int { return l.id }
 // wait (so handlers, timers and posted functions of a turn see one time).
 func (l *Loop) Now() int64 { return l.now }
 
+// turnFn is one OnTurnEnd registration (a pointer: funcs do not compare).
+type turnFn struct{ fn func() }
+
 // OnTurnEnd registers fn to run once at the end of every turn, before the
-// loop waits; fn is never removed (check state inside it).
-func (l *Loop) OnTurnEnd(fn func()) { l.turnEnd = append(l.turnEnd, fn) }
+// loop waits. remove unregisters it (on the loop's thread; a second call
+// does nothing); a turn already running the list still runs fn once.
+func (l *Loop) OnTurnEnd(fn func()) (remove func()) {
+	t := &turnFn{fn: fn}
+	l.turnEnd = append(l.turnEnd, t)
+	return func() {
+		// A new slice, not an edit in place: the turn may be ranging
+		// over the old one.
+		kept := make([]*turnFn, 0, len(l.turnEnd))
+		for _, x := range l.turnEnd {
+			if x != t {
+				kept = append(kept, x)
+			}
+		}
+		l.turnEnd = kept
+	}
+}
 
 // Post runs fn on the loop's thread in a later turn; any goroutine. fns
 // posted by one goroutine run in order. After the group closed, fn never
@@ -359,8 +377,8 @@ func (l *Loop) loop() error {
 		l.runTimers()
 		l.runPosted()
 		l.runLater()
-		for _, fn := range l.turnEnd {
-			fn()
+		for _, t := range l.turnEnd {
+			t.fn()
 		}
 	}
 	return nil

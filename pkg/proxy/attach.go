@@ -14,7 +14,7 @@ import (
 type LoopAttacher interface {
 	// AttachLoop runs on l's thread. detach (may be nil) is called on l's thread when the
 	// loops stop (Shutdown/Close, after the loop's connections are gone), before the
-	// evloop group closes.
+	// evloop group closes, or earlier by Proxy.Detach.
 	AttachLoop(l *evloop.Loop) (detach func(), err error)
 }
 
@@ -44,6 +44,7 @@ func (p *Proxy) Attach(a LoopAttacher) error {
 	at := &attachment{a: a}
 	lg.mu.Lock()
 	lg.attached = append(lg.attached, at)
+	lg.nAttached.Store(int64(len(lg.attached)))
 	loops := lg.loops
 	started := lg.g != nil
 	lg.mu.Unlock()
@@ -55,6 +56,7 @@ func (p *Proxy) Attach(a LoopAttacher) error {
 		for i, x := range lg.attached {
 			if x == at {
 				lg.attached = append(lg.attached[:i], lg.attached[i+1:]...)
+				lg.nAttached.Store(int64(len(lg.attached)))
 				break
 			}
 		}
@@ -62,6 +64,34 @@ func (p *Proxy) Attach(a LoopAttacher) error {
 		return err
 	}
 	return nil
+}
+
+// Detach undoes Attach(a) before the loops stop: a's detach functions
+// run now on every loop (Detach waits) and a is forgotten, so a replaced
+// attacher (a RateLimitly client or embedded server swapped on reload)
+// costs the loops nothing and stays referenced by nothing. Detach of an
+// attacher that is not attached (or after Shutdown detached everything)
+// does nothing. It must not be called from a loop's thread.
+func (p *Proxy) Detach(a LoopAttacher) {
+	lg := p.lg
+	lg.shutMu.Lock() // not while Shutdown detaches
+	defer lg.shutMu.Unlock()
+	lg.mu.Lock()
+	var at *attachment
+	for i, x := range lg.attached {
+		if x.a == a {
+			at = x
+			lg.attached = append(lg.attached[:i:i], lg.attached[i+1:]...)
+			lg.nAttached.Store(int64(len(lg.attached)))
+			break
+		}
+	}
+	loops, started := lg.loops, lg.g != nil
+	lg.mu.Unlock()
+	if at == nil || !started || lg.stopped {
+		return
+	}
+	onEach(loops, func(ls *loopState) { at.detachLoop(ls.l.ID()) })
 }
 
 // attachAll runs AttachLoop on every loop and waits; on an error it runs

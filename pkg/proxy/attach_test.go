@@ -252,3 +252,48 @@ func TestAttachErrorRollsBack(t *testing.T) {
 		t.Fatalf("a rolled-back attach was detached again at Shutdown: %v", a.detaches)
 	}
 }
+
+// TestDetach undoes an Attach while the loops run (an attacher replaced on
+// reload): its detach runs at once on each loop's goroutine, the proxy
+// forgets it (Shutdown does not detach it again, a second Detach does
+// nothing), and the other attachers stay attached.
+func TestDetach(t *testing.T) {
+	up := httpUpstream(t, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	p, addr := startProxy(t, nil, &Service{Upstream: up}, func(cfg *Config) { cfg.EventLoops = 2 })
+	getOK(t, addr) // the loops run
+	gone, kept := newTestAttacher(-1), newTestAttacher(-1)
+	for _, a := range []*testAttacher{gone, kept} {
+		if err := p.Attach(a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	loopsG := loopGoroutines(t, p)
+	p.Detach(gone)
+	p.Detach(gone)
+	p.Detach(newTestAttacher(-1)) // never attached: nothing to do
+	check := func(a *testAttacher, want int) {
+		t.Helper()
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		for id, g := range loopsG {
+			if a.detaches[id] != want || want > 0 && a.detachG[id] != g {
+				t.Errorf("loop %d (goroutine %d): detached %d times (want %d) on %d", id, g, a.detaches[id], want, a.detachG[id])
+			}
+		}
+	}
+	check(gone, 1)
+	check(kept, 0)
+	getOK(t, addr) // the loops keep serving
+	if n := p.Stats().Attached; n != 1 {
+		t.Fatalf("%d attachers registered, want 1", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check(gone, 1)
+	check(kept, 1)
+	p.Detach(kept) // after Shutdown: nothing left to do
+	check(kept, 1)
+}

@@ -49,6 +49,9 @@ type loopGroup struct {
 	loops []*loopState // by Loop.ID
 
 	attached []*attachment // Attach (attach.go); lg.mu
+	// nAttached is len(attached) for Stats, which must not take lg.mu
+	// (start holds it while attachers run, and they may read Stats).
+	nAttached atomic.Int64
 
 	conns    atomic.Int64 // open client connections (loop-owned or handed off)
 	upIdle   atomic.Int64 // idle pooled upstream connections
@@ -356,7 +359,7 @@ func (lg *loopGroup) idle() bool { return lg.conns.Load() == 0 && lg.workers.bus
 
 func (lg *loopGroup) stats() Stats {
 	return Stats{Conns: int(lg.conns.Load()), UpstreamIdle: int(lg.upIdle.Load()),
-		UpstreamDiscarded: lg.p.discarded.Load()}
+		UpstreamDiscarded: lg.p.discarded.Load(), Attached: int(lg.nAttached.Load())}
 }
 
 // detachedConns are client connections served by a goroutine after they

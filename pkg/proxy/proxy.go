@@ -290,6 +290,9 @@ type Stats struct {
 	// were closed by the upstream; clean ones closed for idling too long
 	// or after a configuration change are not counted.
 	UpstreamDiscarded uint64
+	// Attached counts the LoopAttachers registered with Attach and not
+	// Detached (they stay registered through Shutdown).
+	Attached int
 }
 
 // Stats returns current counts.

@@ -31,6 +31,7 @@ type loopShard struct {
 	idx      int
 	l        *evloop.Loop
 	attached bool
+	unturn   func()      // removes turnEnd from l's turn-end list (while attached)
 	dirty    bool        // datagrams queued on the shard this turn: flush at turn end
 	ready    []readyDone // checks ended by this turn's reads, for their Completers
 	handler  udpshard.Handler
@@ -69,21 +70,21 @@ func (c *Client) AttachLoop(l *evloop.Loop) (detach func(), err error) {
 	if ls.attached {
 		return nil, fmt.Errorf("rlclient: shard %d is attached already", id)
 	}
-	if ls.l != l {
-		ls.l = l
-		l.OnTurnEnd(ls.turnEnd)
-	}
+	ls.l = l
 	release, err := c.ring.Own(id, loopOwner{ls}, ls.handler)
 	if err != nil {
 		return nil, fmt.Errorf("rlclient: %w", err)
 	}
 	ls.attached = true
+	ls.unturn = l.OnTurnEnd(ls.turnEnd)
 	ls.runReady() // answers read while watching the sockets
 	return func() {
 		ls.turnEnd()
 		ls.attached = false
 		release()
 		ls.runReady()
+		ls.unturn() // a detached shard costs its loop nothing per turn
+		ls.unturn = nil
 	}, nil
 }
 
