@@ -129,27 +129,13 @@ func (n *Node) setClient(pol *admission.Policy) error {
 	oldEmb := n.emb
 	replacedEmb := newEmb && oldEmb != nil
 	closed := n.gate.SetChecker(gc, gc)
-	px := n.proxy
 	if n.client != nil {
 		n.m.ClientRebuilt()
 		n.log.Info("RateLimitly client rebuilt", "srv", srvName)
-		if old := n.client.C; px != nil && old != c {
-			go func() {
-				<-closed // closed after its in-flight checks: its loop shards are idle
-				px.Detach(old)
-			}()
-		}
+		n.retireClient(n.client.C, c, closed)
 	}
 	if replacedEmb || (!rl.Embedded && oldEmb != nil) {
-		go func() {
-			<-closed // the old client is closed: no check can reach the old server
-			if px != nil {
-				if a := oldEmb.LoopAttacher(); a != nil {
-					px.Detach(a)
-				}
-			}
-			_ = oldEmb.Close()
-		}()
+		n.retireEmbedded(oldEmb, closed)
 	}
 	n.client, n.clientKey, n.cred = gc, ckey, cred
 	n.clientErr = nil
@@ -174,6 +160,36 @@ func (n *Node) setClient(pol *admission.Policy) error {
 		return errors.New("discovery not done yet")
 	})
 	return nil
+}
+
+// retireClient detaches the replaced client old from the event loops
+// once it is closed (closed: after its in-flight checks, so its loop
+// shards are idle). n.mu is held.
+func (n *Node) retireClient(old, cur *rlclient.Client, closed <-chan struct{}) {
+	px := n.proxy
+	if px == nil || old == cur {
+		return
+	}
+	go func() {
+		<-closed
+		px.Detach(old)
+	}()
+}
+
+// retireEmbedded detaches a replaced embedded server from the event loops
+// and closes it once the old client is closed (no check can reach it
+// then). n.mu is held.
+func (n *Node) retireEmbedded(old *embedded.Embedded, closed <-chan struct{}) {
+	px := n.proxy
+	go func() {
+		<-closed
+		if px != nil {
+			if a := old.LoopAttacher(); a != nil {
+				px.Detach(a)
+			}
+		}
+		_ = old.Close()
+	}()
 }
 
 // discoveryWait bounds the wait for a rebuilt client's first discovery.
