@@ -1,10 +1,7 @@
 package hook
 
 import (
-	"bytes"
 	"log/slog"
-	"runtime"
-	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -134,7 +131,7 @@ func (c *onLoopConn) Resume() {
 
 func (c *onLoopConn) ResumeOnLoop() {
 	c.inline.Add(1)
-	c.inlineG.Store(goid())
+	c.inlineG.Store(testkit.GoroutineID())
 	c.onLoop()
 }
 
@@ -142,15 +139,6 @@ func (c *onLoopConn) begin() {
 	if c.g.Begin(c.r, &c.d, c) {
 		c.onLoop()
 	}
-}
-
-// goid is the running goroutine's id (tests: which thread ran a call).
-func goid() uint64 {
-	var b [64]byte
-	s := b[:runtime.Stack(b[:], false)]
-	s = bytes.TrimPrefix(s, []byte("goroutine "))
-	n, _ := strconv.ParseUint(string(s[:bytes.IndexByte(s, ' ')]), 10, 64)
-	return n
 }
 
 // With the client attached to the loop, Begin's check goes out on the
@@ -167,7 +155,7 @@ func TestBeginOnLoopShard(t *testing.T) {
 	var detach func()
 	attached := make(chan error, 1)
 	l.Post(func() {
-		loopG = goid()
+		loopG = testkit.GoroutineID()
 		var err error
 		detach, err = cl.AttachLoop(l)
 		attached <- err

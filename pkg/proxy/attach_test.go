@@ -1,13 +1,10 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
-	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,17 +14,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
-)
 
-// goid is the running goroutine's id (tests only: it tells which
-// goroutine ran a callback, i.e. which loop thread).
-func goid() uint64 {
-	var b [64]byte
-	s := b[:runtime.Stack(b[:], false)]
-	s = bytes.TrimPrefix(s, []byte("goroutine "))
-	n, _ := strconv.ParseUint(string(s[:bytes.IndexByte(s, ' ')]), 10, 64)
-	return n
-}
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+)
 
 // testAttacher records on which goroutine each loop was attached and
 // detached; on each loop it watches a pipe (a loop-thread operation),
@@ -63,7 +52,7 @@ func (a *testAttacher) AttachLoop(l *evloop.Loop) (func(), error) {
 		return nil, err
 	}
 	a.mu.Lock()
-	a.attachG[id] = goid()
+	a.attachG[id] = testkit.GoroutineID()
 	a.mu.Unlock()
 	return func() {
 		w.Stop()
@@ -71,7 +60,7 @@ func (a *testAttacher) AttachLoop(l *evloop.Loop) (func(), error) {
 		unix.Close(fds[1])
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		a.detachG[id] = goid()
+		a.detachG[id] = testkit.GoroutineID()
 		a.detaches[id]++
 		if a.p != nil {
 			a.connsAtEnd = append(a.connsAtEnd, a.p.Stats().Conns)
@@ -92,7 +81,7 @@ func loopGoroutines(t *testing.T, p *Proxy) map[int]uint64 {
 	var mu sync.Mutex
 	p.lg.each(func(ls *loopState) {
 		mu.Lock()
-		out[ls.l.ID()] = goid()
+		out[ls.l.ID()] = testkit.GoroutineID()
 		mu.Unlock()
 	})
 	return out

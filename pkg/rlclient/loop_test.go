@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"net"
 	"runtime"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,15 +17,6 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
-
-// goid is the running goroutine's id (tests: which thread ran a call).
-func goid() uint64 {
-	var b [64]byte
-	s := b[:runtime.Stack(b[:], false)]
-	s = bytes.TrimPrefix(s, []byte("goroutine "))
-	n, _ := strconv.ParseUint(string(s[:bytes.IndexByte(s, ' ')]), 10, 64)
-	return n
-}
 
 // loops is an evloop group with the client attached to every loop.
 type loops struct {
@@ -47,7 +37,7 @@ func startLoops(t testing.TB, c *Client, n int) *loops {
 	t.Cleanup(func() { h.stop(t) })
 	for i, l := range g.Loops() {
 		h.on(t, i, func() {
-			h.gids[i] = goid()
+			h.gids[i] = testkit.GoroutineID()
 			d, err := c.AttachLoop(l)
 			if err != nil {
 				t.Errorf("attach loop %d: %v", i, err)
@@ -96,11 +86,11 @@ type loopRec struct{ ch chan loopDone }
 func newLoopRec(n int) *loopRec { return &loopRec{ch: make(chan loopDone, n)} }
 
 func (r *loopRec) CheckDone(out *Decision, err error) {
-	r.ch <- loopDone{gid: goid(), cause: out.Cause, err: err}
+	r.ch <- loopDone{gid: testkit.GoroutineID(), cause: out.Cause, err: err}
 }
 
 func (r *loopRec) CheckDoneOnLoop(out *Decision, err error) {
-	r.ch <- loopDone{gid: goid(), onLoop: true, cause: out.Cause, err: err}
+	r.ch <- loopDone{gid: testkit.GoroutineID(), onLoop: true, cause: out.Cause, err: err}
 }
 
 func (r *loopRec) next(t *testing.T) loopDone {

@@ -5,22 +5,14 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
-)
 
-// goid is the running goroutine's id (tests: which thread ran a call).
-func goid() uint64 {
-	var b [64]byte
-	s := b[:runtime.Stack(b[:], false)]
-	s = bytes.TrimPrefix(s, []byte("goroutine "))
-	n, _ := strconv.ParseUint(string(s[:bytes.IndexByte(s, ' ')]), 10, 64)
-	return n
-}
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+)
 
 // testOwner is an Owner for tests: one goroutine with an edge-triggered
 // epoll set (as an event loop's) that runs watch callbacks, posted
@@ -59,7 +51,7 @@ func newTestOwner(t *testing.T) *testOwner {
 
 func (o *testOwner) run(started chan struct{}) {
 	defer close(o.done)
-	o.gid = goid()
+	o.gid = testkit.GoroutineID()
 	close(started)
 	var evs [16]unix.EpollEvent
 	for !o.stopped {
@@ -161,7 +153,7 @@ func TestOwnedShardReadOnOwnerThread(t *testing.T) {
 	before := readerGoroutines()
 	goroutineRx := make(chan ownedRx, 16)
 	r := newOwnedRing(t, Config{Bind: loopback4, Shards: 2, Owned: 1}, func(s *Socket, p []byte, _ netipAddrPort) {
-		goroutineRx <- ownedRx{gid: goid(), n: len(p), from: s.LocalAddr().Port()}
+		goroutineRx <- ownedRx{gid: testkit.GoroutineID(), n: len(p), from: s.LocalAddr().Port()}
 	})
 	waitFor(t, "the goroutine shard's reader", func() bool { return readerGoroutines()-before >= 1 })
 	if got := readerGoroutines() - before; got != 1 {
@@ -173,7 +165,7 @@ func TestOwnedShardReadOnOwnerThread(t *testing.T) {
 	o.do(t, func() {
 		var err error
 		release, err = r.Own(0, o, func(s *Socket, p []byte, _ netipAddrPort) {
-			rx <- ownedRx{gid: goid(), n: len(p), from: s.LocalAddr().Port()}
+			rx <- ownedRx{gid: testkit.GoroutineID(), n: len(p), from: s.LocalAddr().Port()}
 		})
 		if err != nil {
 			t.Error(err)
@@ -252,7 +244,7 @@ func TestOwnedShardRebind(t *testing.T) {
 	var release func()
 	o.do(t, func() {
 		release, _ = r.Own(0, o, func(s *Socket, p []byte, _ netipAddrPort) {
-			rx <- ownedRx{gid: goid(), n: len(p), from: s.LocalAddr().Port()}
+			rx <- ownedRx{gid: testkit.GoroutineID(), n: len(p), from: s.LocalAddr().Port()}
 		})
 	})
 	defer o.do(t, release)
@@ -285,7 +277,7 @@ func TestOwnedShardRebind(t *testing.T) {
 // from another goroutine uses the goroutine handler.
 func TestOwnedShardCloseBeforeRelease(t *testing.T) {
 	drained := make(chan uint64, 4)
-	r := newOwnedRing(t, Config{Bind: loopback4, Shards: 1, Owned: 1}, func(*Socket, []byte, netipAddrPort) { drained <- goid() })
+	r := newOwnedRing(t, Config{Bind: loopback4, Shards: 1, Owned: 1}, func(*Socket, []byte, netipAddrPort) { drained <- testkit.GoroutineID() })
 	c := dialUDP(t, r.LocalAddr(0))
 	c.Write([]byte("before the owner"))
 	waitFor(t, "drain", func() bool {
@@ -344,7 +336,7 @@ func TestOwnedShardFloodGoesOnInLaterTurns(t *testing.T) {
 	var release func()
 	o.do(t, func() {
 		release, _ = r.Own(0, o, func(*Socket, []byte, netipAddrPort) {
-			if goid() != o.gid {
+			if testkit.GoroutineID() != o.gid {
 				offOwner++
 			}
 			if got++; got == n {
