@@ -120,13 +120,22 @@ func (s *shard) watch(so *Socket) error {
 		s.mu.Unlock()
 		return nil
 	}
+	// Marked before the Watch call, so that a rebind retiring so
+	// meanwhile leaves its close to the owner (reap, which runs on this
+	// thread after us) instead of closing an fd this thread is about to
+	// register (its number could be reused by then).
+	so.watched = true
 	s.mu.Unlock()
 	stop, err := o.Watch(so.fd, so.rd.ownedFn)
+	s.mu.Lock()
 	if err != nil {
+		if !so.closed {
+			so.watched = false
+		} // else it is dying: reap closes it
+		s.mu.Unlock()
 		return fmt.Errorf("watch socket %s: %w", so.local, err)
 	}
-	s.mu.Lock()
-	so.watched, so.stop = true, stop
+	so.stop = stop
 	s.mu.Unlock()
 	so.rd.ownedRead() // datagrams that arrived before the watch
 	return nil
@@ -210,9 +219,24 @@ func (s *shard) release() {
 	}
 }
 
+// ownedEdge is the owner's Watch callback: it reads, unless a
+// continuation is already posted (that one reads in its turn).
+func (rd *reader) ownedEdge() {
+	if !rd.contPosted {
+		rd.ownedRead()
+	}
+}
+
+// ownedCont is a posted continuation of ownedRead.
+func (rd *reader) ownedCont() {
+	rd.contPosted = false
+	rd.ownedRead()
+}
+
 // ownedRead reads so until it is empty (at most maxOwnedTurns read
-// turns, then it goes on in a later turn of the owner) and hands every
-// datagram to the owner's handler; owner's thread (a Watch callback).
+// turns, then it goes on in a later turn of the owner, one continuation
+// at a time) and hands every datagram to the owner's handler; owner's
+// thread.
 func (rd *reader) ownedRead() {
 	so := rd.sock
 	s := so.sh
@@ -251,7 +275,8 @@ func (rd *reader) ownedRead() {
 	s.mu.Lock()
 	o := s.own.owner
 	s.mu.Unlock()
-	if o != nil {
-		o.Post(rd.ownedFn)
+	if o != nil && !rd.contPosted {
+		rd.contPosted = true
+		o.Post(rd.contFn)
 	}
 }

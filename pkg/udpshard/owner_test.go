@@ -361,3 +361,60 @@ func TestOwnedShardFloodGoesOnInLaterTurns(t *testing.T) {
 		t.Fatalf("received %d (want %d), recv errors %d", st.Received, n, st.Dropped.RecvError)
 	}
 }
+
+// manualOwner is an Owner whose turns the test runs by hand.
+type manualOwner struct {
+	watch  func()
+	posted []func()
+}
+
+func (o *manualOwner) Watch(_ int, fn func()) (func(), error) {
+	o.watch = fn
+	return func() { o.watch = nil }, nil
+}
+
+func (o *manualOwner) Post(fn func()) { o.posted = append(o.posted, fn) }
+
+// TestOwnedFloodBoundedPerTurn: a socket with more queued than one read
+// bound, while every owner turn also brings a readiness edge (a flood):
+// each turn reads at most maxOwnedTurns batches and leaves at most one
+// continuation. The continuations used to pile up, one more per turn,
+// and the datagrams read per turn grew with them.
+func TestOwnedFloodBoundedPerTurn(t *testing.T) {
+	r := newOwnedRing(t, Config{Bind: loopback4, Shards: 1, Owned: 1, DisableGRO: true}, func(*Socket, []byte, netipAddrPort) {})
+	const n = 6 * maxOwnedTurns * MaxBatch
+	c := dialUDP(t, r.LocalAddr(0))
+	for i := range n {
+		if _, err := c.Write([]byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := 0
+	o := &manualOwner{}
+	release, err := r.Own(0, o, func(*Socket, []byte, netipAddrPort) { got++ })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if len(o.posted) != 1 {
+		t.Fatalf("Own read a full bound and posted %d continuations, want 1", len(o.posted))
+	}
+	for turn := 1; turn <= 4; turn++ {
+		before := got
+		p := o.posted
+		o.posted = nil
+		for _, fn := range p {
+			fn()
+		}
+		o.watch() // the flood's readiness edge of this turn
+		if read := got - before; read > maxOwnedTurns*MaxBatch {
+			t.Fatalf("turn %d read %d datagrams, bound %d", turn, read, maxOwnedTurns*MaxBatch)
+		}
+		if len(o.posted) > 1 {
+			t.Fatalf("turn %d left %d continuations for one socket", turn, len(o.posted))
+		}
+	}
+	if got == 0 {
+		t.Fatal("nothing read")
+	}
+}

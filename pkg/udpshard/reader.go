@@ -27,7 +27,12 @@ type reader struct {
 	readFn func(fd uintptr) bool
 	// owned mode (owned.go): the Watch callback and the Control callback
 	// of its reads
-	ownedFn func()
+	ownedFn func() // the owner's Watch callback: a readiness edge
+	contFn  func() // a read posted to go on in a later turn of the owner
+	// contPosted: contFn is posted and has not run (owner's thread). An
+	// edge then reads nothing: the continuation will, so a flood reads
+	// at most maxOwnedTurns batches per socket per owner turn.
+	contPosted bool
 	ctlFn   func(fd uintptr)
 	fetched bool
 }
@@ -36,7 +41,8 @@ func newReader(sock *Socket, h Handler, gate func(*Socket), b *rxBatch) *reader 
 	rd := &reader{sock: sock, h: h, gate: gate, b: b}
 	rd.readFn = rd.read
 	if b == nil { // owned mode
-		rd.ownedFn = rd.ownedRead
+		rd.ownedFn = rd.ownedEdge
+		rd.contFn = rd.ownedCont
 		rd.ctlFn = func(fd uintptr) { rd.fetched = rd.b.recv(fd) }
 	}
 	return rd
