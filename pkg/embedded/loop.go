@@ -77,8 +77,8 @@ func (a *LoopAttacher) AttachLoop(l *evloop.Loop) (detach func(), err error) {
 }
 
 func (ls *loopSock) onReadable() {
-	if ls.drainedAt == ls.l.Now() {
-		return
+	if ls.drainedAt == ls.l.Now() || ls.more.Armed() {
+		return // drained this turn, or the timer serves the rest next turn
 	}
 	ls.serve()
 }
@@ -89,7 +89,10 @@ func (ls *loopSock) serve() {
 	}
 	if ls.k.Serve(ServeTurns) {
 		ls.drainedAt = -1
-		ls.more.Reset(ls.l.Now()) // next turn, after the loop's other work
+		// The rest in the next turn, after the loop's other work: due
+		// after this turn's clock (at Now it would fire again in this
+		// turn's timer run, once per armed timer of the loop).
+		ls.more.Reset(ls.l.Now() + 1)
 		return
 	}
 	ls.drainedAt = ls.l.Now()
