@@ -115,15 +115,17 @@ func (c *Client) flushFrom(ls *loopShard, shard int) {
 // checks ended by the turn's reads (normally run already), then one send
 // of everything the turn queued on the shard.
 func (ls *loopShard) turnEnd() {
+	if ls.attached {
+		ls.runReady()
+		if ls.dirty {
+			ls.dirty = false
+			ls.c.ring.FlushOwned(ls.idx)
+		}
+	}
+	// Last: a Completer run above may start a check, which reads the
+	// clock; that time must not carry over the loop's wait into the
+	// next turn.
 	ls.nowSet = false
-	if !ls.attached {
-		return
-	}
-	ls.runReady()
-	if ls.dirty {
-		ls.dirty = false
-		ls.c.ring.FlushOwned(ls.idx)
-	}
 }
 
 // nowOn is the client clock's time for work on ls's loop thread (ls

@@ -33,8 +33,8 @@ type reader struct {
 	// edge then reads nothing: the continuation will, so a flood reads
 	// at most maxOwnedTurns batches per socket per owner turn.
 	contPosted bool
-	ctlFn   func(fd uintptr)
-	fetched bool
+	ctlFn      func(fd uintptr)
+	fetched    bool
 }
 
 func newReader(sock *Socket, h Handler, gate func(*Socket), b *rxBatch) *reader {
