@@ -130,11 +130,13 @@ func (k *Socket) closeLocked() {
 }
 
 // Serve reads, decides and answers the datagrams queued on the socket
-// without waiting: up to maxTurns read turns of up to Config.Batch
-// datagrams, each answered in one send batch (maxTurns < 1 counts as 1).
-// It stops early when a read comes back short (the queue is empty; a
-// datagram arriving later makes the socket readable again). It reports
-// more = true when it stopped at maxTurns with datagrams possibly still
+// without waiting: read turns of up to Config.Batch messages until
+// maxTurns × Config.Batch datagrams were served (maxTurns < 1 counts as
+// 1; a message coalesced by UDP_GRO holds up to 64 datagrams and one read
+// may overshoot the bound by that much), each turn answered in one send
+// batch. It stops early when a read comes back short (the queue is empty;
+// a datagram arriving later makes the socket readable again). It reports
+// more = true when it stopped at the bound with datagrams possibly still
 // queued: an edge-triggered owner must call it again (after serving its
 // other work: that is the point of the bound), since no new readiness
 // event may come for them.
@@ -148,7 +150,11 @@ func (k *Socket) Serve(maxTurns int) (more bool) {
 		return false
 	}
 	w := k.w
-	for i := 0; i < max(maxTurns, 1); i++ {
+	// The bound counts datagrams, not messages: a message coalesced by
+	// UDP_GRO holds up to 64 (one read can still bring MaxBatch such
+	// messages: the bound is checked between reads).
+	budget := max(maxTurns, 1) * w.batch
+	for budget > 0 {
 		n, err := w.bc.recvNow(w.batch)
 		if err != nil {
 			w.inc(cReadErrors)
@@ -157,11 +163,13 @@ func (k *Socket) Serve(maxTurns int) (more bool) {
 		if n == 0 {
 			return false
 		}
-		w.noteTurn(n)
+		d := w.datagrams(n)
+		w.noteTurn(d)
 		w.turn(n)
 		if n < w.batch {
-			return false
+			return false // a short read: the queue is empty
 		}
+		budget -= d
 	}
 	return true
 }

@@ -266,6 +266,12 @@ func TestOverloadRule(t *testing.T) {
 			t.Fatalf("step %d: overloaded %v", i, w.overloaded)
 		}
 	}
+	// One read of coalesced datagrams worth 7 full batches counts as 7
+	// full turns.
+	w = &worker{batch: 64}
+	if w.noteTurn(480); !w.overloaded {
+		t.Fatal("480 datagrams in one turn (7 full batches) not overloaded")
+	}
 	w = &worker{batch: 1}
 	for i := 0; i < 10; i++ {
 		w.noteTurn(1)

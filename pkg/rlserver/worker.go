@@ -139,19 +139,36 @@ func (w *worker) run() {
 			w.inc(cReadErrors)
 			continue
 		}
-		w.noteTurn(n)
+		w.noteTurn(w.datagrams(n))
 		w.turn(n)
 	}
 }
 
+// datagrams counts the datagrams in the n messages of a read turn (a
+// message coalesced by UDP_GRO holds several).
+func (w *worker) datagrams(n int) int {
+	d := 0
+	for i := 0; i < n; i++ {
+		msg, seg, _ := w.bc.message(i)
+		if seg > 0 && seg < len(msg) {
+			d += (len(msg) + seg - 1) / seg
+		} else {
+			d++
+		}
+	}
+	return d
+}
+
 // noteTurn applies the overload rule (docs/protocol.md §6.7) after a read
-// turn of n datagrams.
-func (w *worker) noteTurn(n int) {
+// turn that brought d datagrams: a turn with k full batches' worth
+// (datagrams coalesced by UDP_GRO) counts as k full turns, so a batching
+// client's backlog reports overload as one sent datagram by datagram does.
+func (w *worker) noteTurn(d int) {
 	if w.batch <= 1 {
 		return
 	}
-	if n == w.batch {
-		w.fullTurns++
+	if d >= w.batch {
+		w.fullTurns += d / w.batch
 	} else {
 		w.fullTurns = 0
 	}
