@@ -88,8 +88,8 @@ func (e *epoll) poll(timeout int64) (bool, error) {
 				e.accept(l.listeners[idx])
 			}
 		case udWatch:
-			if int(idx) < len(l.watches) && l.watches[idx] != nil {
-				l.watches[idx].fn()
+			if w := l.watchFor(ud); w != nil {
+				w.fn()
 			}
 		}
 	}
@@ -276,7 +276,7 @@ func (e *epoll) listen(ln *listener) error {
 func (e *epoll) unlisten(ln *listener) { e.ctl(unix.EPOLL_CTL_DEL, ln.fd, 0, 0) }
 
 func (e *epoll) watch(w *Watch) error {
-	return e.ctl(unix.EPOLL_CTL_ADD, w.fd, unix.EPOLLIN|unix.EPOLLET, udWatch|uint64(w.idx))
+	return e.ctl(unix.EPOLL_CTL_ADD, w.fd, unix.EPOLLIN|unix.EPOLLET, w.ud())
 }
 
 func (e *epoll) unwatch(w *Watch) { e.ctl(unix.EPOLL_CTL_DEL, w.fd, 0, 0) }

@@ -217,6 +217,8 @@ type Loop struct {
 
 	listeners []*listener
 	watches   []*Watch
+	watchGens []uint32 // by watch slot
+	watchFree []uint32 // free watch slots
 
 	mu      sync.Mutex
 	posted  []func()

@@ -416,21 +416,54 @@ type Watch struct {
 	fd      int
 	fn      func()
 	idx     int
+	gen     uint32 // of slot idx: a late event of a stopped watch misses
 	stopped bool
 }
+
+// ud is the user data the drivers carry for w's events.
+func (w *Watch) ud() uint64 { return udWatch | uint64(w.gen&0xffffff)<<32 | uint64(w.idx) }
 
 // Watch calls onReadable on the loop thread when fd becomes readable. It
 // is edge-triggered: onReadable must read until EAGAIN, else it may not
 // be called again; it may be called when nothing is there. The caller
 // owns fd (Stop before closing it).
 func (l *Loop) Watch(fd int, onReadable func()) (*Watch, error) {
-	w := &Watch{l: l, fd: fd, fn: onReadable, idx: len(l.watches)}
-	l.watches = append(l.watches, w)
+	w := &Watch{l: l, fd: fd, fn: onReadable}
+	if n := len(l.watchFree); n > 0 { // slots are reused: watches come and go with reloads and rebinds
+		w.idx = int(l.watchFree[n-1])
+		l.watchFree = l.watchFree[:n-1]
+		l.watches[w.idx] = w
+	} else {
+		w.idx = len(l.watches)
+		l.watches = append(l.watches, w)
+		l.watchGens = append(l.watchGens, 0)
+	}
+	w.gen = l.watchGens[w.idx]
 	if err := l.drv.watch(w); err != nil {
-		l.watches[w.idx] = nil
+		l.freeWatch(w)
 		return nil, fmt.Errorf("evloop: watch fd %d: %w", fd, err)
 	}
 	return w, nil
+}
+
+// freeWatch gives w's slot back; a later event for w finds another
+// generation there.
+func (l *Loop) freeWatch(w *Watch) {
+	l.watches[w.idx] = nil
+	l.watchGens[w.idx]++
+	l.watchFree = append(l.watchFree, uint32(w.idx))
+}
+
+// watchFor is the live watch an event's user data names, or nil.
+func (l *Loop) watchFor(ud uint64) *Watch {
+	idx := uint32(ud)
+	if int(idx) >= len(l.watches) {
+		return nil
+	}
+	if w := l.watches[idx]; w != nil && w.gen&0xffffff == uint32(ud>>32)&0xffffff {
+		return w
+	}
+	return nil
 }
 
 // Stop ends the watch; onReadable is not called after Stop returns.
@@ -439,8 +472,8 @@ func (w *Watch) Stop() {
 		return
 	}
 	w.stopped = true
-	w.l.watches[w.idx] = nil
 	w.l.drv.unwatch(w)
+	w.l.freeWatch(w)
 }
 
 // user data: kind in the top byte, generation in bits 32-55, slot/index

@@ -182,8 +182,7 @@ func (u *uring) complete(c cqe) {
 	case udListen:
 		u.listenReady(c)
 	case udWatch:
-		if int(idx) < len(l.watches) && l.watches[idx] != nil {
-			w := l.watches[idx]
+		if w := l.watchFor(c.userData); w != nil {
 			w.fn()
 			if c.flags&cqeFMore == 0 && !w.stopped {
 				u.armWatch(w)
@@ -282,10 +281,10 @@ func (u *uring) watch(w *Watch) error {
 func (u *uring) armWatch(w *Watch) {
 	q := u.r.get()
 	q.opcode, q.fd, q.len, q.opFlags = opPollAdd, int32(w.fd), pollAddMulti, pollIn
-	q.userData = udWatch | uint64(w.idx)
+	q.userData = w.ud()
 }
 
-func (u *uring) unwatch(w *Watch) { u.cancel(udWatch|uint64(w.idx), -1) }
+func (u *uring) unwatch(w *Watch) { u.cancel(w.ud(), -1) }
 
 func (u *uring) add(s *Sock) error {
 	// A multishot recv on an AF_UNIX stream socket can miss the peer's
