@@ -21,7 +21,9 @@ type Owner interface {
 	Post(fn func())
 }
 
-// maxOwnedTurns bounds the read turns of one onReadable call per socket:
+// maxOwnedTurns bounds one onReadable call per socket to maxOwnedTurns ×
+// MaxBatch datagrams (read turns of MaxBatch messages, a message
+// coalesced by UDP_GRO counting its datagrams):
 // with more queued the read goes on in a later turn of the owner (Post),
 // so that a flood cannot hold the owner's other work back.
 const maxOwnedTurns = 8
@@ -258,7 +260,8 @@ func (rd *reader) ownedRead() {
 		b, s.own.bs[mode] = nb, nb
 	}
 	rd.b = b
-	for range maxOwnedTurns {
+	// The bound counts datagrams: with UDP_GRO one message holds up to 64.
+	for budget := maxOwnedTurns * MaxBatch; budget > 0; {
 		rd.turn.Lock() // Drain's barrier
 		rd.fetched = false
 		if so.rc.Control(rd.ctlFn) != nil || !rd.fetched {
@@ -267,6 +270,7 @@ func (rd *reader) ownedRead() {
 		}
 		full := b.deliver(so, h)
 		again := full || b.err != 0 && b.err != unix.EBADF
+		budget -= max(b.delivered, 1)
 		rd.turn.Unlock()
 		if !again {
 			return

@@ -418,3 +418,40 @@ func TestOwnedFloodBoundedPerTurn(t *testing.T) {
 		t.Fatal("nothing read")
 	}
 }
+
+// TestOwnedGROFloodBoundedInDatagrams: with UDP_GRO, one message holds up
+// to 64 datagrams, so the per-wake bound counts datagrams: a backlog of
+// two reads' worth of coalesced messages (128 × 64 datagrams) is read one
+// read at a time, the rest in a continuation (it was read whole: the
+// bound counted read turns of messages).
+func TestOwnedGROFloodBoundedInDatagrams(t *testing.T) {
+	r := newOwnedRing(t, Config{Bind: loopback4, Shards: 1, Owned: 1}, func(*Socket, []byte, netipAddrPort) {})
+	const msgs, segs, seg = 2 * MaxBatch, 64, 8
+	for range msgs {
+		sendSegmented(t, r.LocalAddr(0), segmentedPayload(segs-1, seg, seg), seg)
+	}
+	got := 0
+	o := &manualOwner{}
+	release, err := r.Own(0, o, func(*Socket, []byte, netipAddrPort) { got++ })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if st := r.Stats(); st.GRODatagrams == 0 {
+		testkit.Missing(t, "the kernel did not coalesce the segmented datagrams (UDP_GRO)")
+	}
+	if got > MaxBatch*segs || len(o.posted) != 1 {
+		t.Fatalf("one wake-up read %d datagrams (bound %d, one read may bring %d) and posted %d continuations, want 1",
+			got, maxOwnedTurns*MaxBatch, MaxBatch*segs, len(o.posted))
+	}
+	for len(o.posted) > 0 {
+		p := o.posted
+		o.posted = nil
+		for _, fn := range p {
+			fn()
+		}
+	}
+	if got != msgs*segs {
+		t.Fatalf("read %d datagrams in all, sent %d", got, msgs*segs)
+	}
+}

@@ -42,6 +42,9 @@ type rxBatch struct {
 	gro   bool
 	n     int
 	err   syscall.Errno
+	// delivered is the number of datagrams the last deliver handed on
+	// (a message coalesced by UDP_GRO holds several).
+	delivered int
 }
 
 // newRxBatch makes the buffers of one receive mode. With gro they are an
@@ -130,6 +133,7 @@ func (b *rxBatch) segSize(i int) int {
 // the turn was full.
 func (b *rxBatch) deliver(sock *Socket, h Handler) bool {
 	s := sock.sh
+	b.delivered = 0
 	if b.err != 0 {
 		s.c.recvErr.Add(1)
 		return false
@@ -160,6 +164,7 @@ func (b *rxBatch) deliver(sock *Socket, h Handler) bool {
 			h(sock, pkt[off:end:end], from) // capped: the handler may not reach the next one
 		}
 	}
+	b.delivered = int(delivered)
 	s.c.received.Add(delivered)
 	if coalesced > 0 {
 		s.c.groDatagrams.Add(coalesced)
