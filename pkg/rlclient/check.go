@@ -128,7 +128,7 @@ func (c *Client) start(r *request, ls *loopShard, mem *membership, req *wire.Rat
 	if testRequestID != nil {
 		r.id = testRequestID()
 	}
-	r.start = c.nowOn(ls)
+	r.start = c.startOn(ls)
 	r.round, r.attempt = 0, 0
 	r.full = c.usableMask(mem, r.start.UnixNano())
 	r.answered, r.valid, r.sendFailed = 0, 0, 0

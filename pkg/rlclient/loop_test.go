@@ -339,3 +339,45 @@ func TestLoopClockOncePerTurn(t *testing.T) {
 		t.Fatalf("off the loop: %d clock reads for 2 calls", got)
 	}
 }
+
+// TestLoopCheckStartIsFresh: a check started on a loop counts its round
+// deadlines from a fresh clock read, not from a turn time read earlier in
+// the same turn. The caller's own decision started between the two, so a
+// stale start would end the check before the policy's horizon (CI saw a
+// fail-open after 299.96 ms of 300).
+func TestLoopCheckStartIsFresh(t *testing.T) {
+	d, nodes := fakeCluster(t, 1)
+	nodes[0].set(func(n *fakeNode) { n.drop = true })
+	clk := newManualClock(time.Now())
+	c := newTestClient(t, d.Addr(), clientOpts{shards: 1, loops: 1, clock: clk})
+	waitReady(t, c)
+	h := startLoops(t, c, 1)
+	ls := c.loops[0]
+	const id = 0x5a5a << 32
+	testRequestID = func() uint64 { return id }
+	t.Cleanup(func() { testRequestID = nil })
+	rec := newLoopRec(2)
+	var out Decision
+	var turn, start time.Time
+	h.on(t, 0, func() {
+		turn = c.nowOn(ls) // an answer read early in the turn
+		clk.Advance(40 * time.Millisecond)
+		if _, decided, err := c.CheckAsyncLoop(0, testRequest(), &out, rec); decided {
+			t.Errorf("decided at once: %v", err)
+		}
+		r := c.table.get(id)
+		if r == nil {
+			t.Error("the check is not in the table")
+			return
+		}
+		r.mu.Lock()
+		start = r.start
+		r.mu.Unlock()
+		if got := c.nowOn(ls); !got.Equal(start) {
+			t.Errorf("turn time after the check %v, want the check's start %v", got, start)
+		}
+	})
+	if want := turn.Add(40 * time.Millisecond); !start.Equal(want) {
+		t.Fatalf("check start %v, want the clock at the check (%v), not the turn's earlier time %v", start, want, turn)
+	}
+}
