@@ -51,8 +51,20 @@
 // (20 µs to 10 ms with GOMAXPROCS=1). The goroutine stays locked to its
 // thread (io_uring's SINGLE_ISSUER and DEFER_TASKRUN bind the ring to it),
 // so a wake-up from the netpoller hands the P to the loop's thread.
-// Config.BlockingWait restores the wait inside the system call (for
-// measurements).
+//
+// A park costs the netpoller's epoll_wait and two thread hand-offs, which
+// one request at a time pays on every wait. So for 1 ms after a park the
+// loop waits inside epoll_wait/io_uring_enter instead, as a raw system
+// call bounded by the rest of that span: the thread sleeps in the kernel,
+// keeps its P and is not handed off (an announced blocking call would
+// have the runtime's monitor give the P to another thread after 20 µs).
+// Post wakes such a wait through the ring's or the epoll set's own
+// eventfd. Once the span is over the next idle wait parks, so the other
+// goroutines of the loop's P wait at most about 1 ms (a busy loop never
+// parks; the runtime preempts it after 10 ms as before); a signal (the
+// runtime's preemption, a stop-the-world) ends a kernel wait with EINTR.
+// Stats.Parks and Stats.KernelWaits count both. Config.BlockingWait
+// restores the announced wait inside the system call (for measurements).
 //
 // # API
 //

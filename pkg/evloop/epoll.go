@@ -91,6 +91,8 @@ func (e *epoll) poll(timeout int64) (bool, error) {
 			if w := l.watchFor(ud); w != nil {
 				w.fn()
 			}
+		case udWake:
+			l.nWakes.Add(1)
 		}
 	}
 	return n > 0, nil
@@ -98,15 +100,21 @@ func (e *epoll) poll(timeout int64) (bool, error) {
 
 // wait is epoll_pwait2 (a timeout in ns, so timers are not rounded up
 // to a millisecond), or epoll_wait where the kernel or seccomp refuses
-// it. Both are announced: the scheduler may run others meanwhile.
+// it. Both are announced (the scheduler may run others meanwhile) unless
+// the loop waits in the kernel holding its P (kernelSpan: bounded).
 func (e *epoll) wait(timeout int64) (int, error) {
+	raw := e.l.inKernel.Load()
 	if !e.noNs {
 		var tsp unsafe.Pointer
 		if timeout >= 0 {
 			e.ts = unix.NsecToTimespec(timeout)
 			tsp = unsafe.Pointer(&e.ts)
 		}
-		n, _, errno := unix.Syscall6(unix.SYS_EPOLL_PWAIT2, uintptr(e.epfd), uintptr(unsafe.Pointer(&e.events[0])),
+		call := unix.Syscall6
+		if raw {
+			call = unix.RawSyscall6
+		}
+		n, _, errno := call(unix.SYS_EPOLL_PWAIT2, uintptr(e.epfd), uintptr(unsafe.Pointer(&e.events[0])),
 			uintptr(len(e.events)), uintptr(tsp), 0, 0)
 		switch errno {
 		case 0:
@@ -120,6 +128,14 @@ func (e *epoll) wait(timeout int64) (int, error) {
 	ms := -1
 	if timeout >= 0 {
 		ms = int((timeout + 999_999) / 1_000_000)
+	}
+	if raw {
+		n, _, errno := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(e.epfd), uintptr(unsafe.Pointer(&e.events[0])),
+			uintptr(len(e.events)), uintptr(ms), 0, 0)
+		if errno != 0 {
+			return 0, errno
+		}
+		return int(n), nil
 	}
 	return unix.EpollWait(e.epfd, e.events[:], ms)
 }

@@ -65,6 +65,9 @@ type Stats struct {
 	// is idle.
 	Buffers int
 	Turns   uint64
+	// Parks counts waits in Go's netpoller, KernelWaits waits in the
+	// system call with the loop's P held (see Loop.loop).
+	Parks, KernelWaits uint64
 	// Starved counts io_uring receives that found the provided-buffer
 	// ring empty (ENOBUFS) and waited for buffers to return.
 	Starved uint64
@@ -167,6 +170,8 @@ func (g *Group) Stats() Stats {
 		st.Sockets += int(l.nSocks.Load())
 		st.Buffers += int(l.nBufs.Load())
 		st.Turns += l.nTurns.Load()
+		st.Parks += l.nParks.Load()
+		st.KernelWaits += l.nKWaits.Load()
 		st.Starved += l.nStarved.Load()
 	}
 	return st
@@ -226,11 +231,20 @@ type Loop struct {
 	dead    bool // the driver is closed: Post drops
 	asleep  atomic.Bool
 	stop    atomic.Bool
+	// inKernel: the loop waits (or is about to) in the system call
+	// rather than parked, so wake goes to the ring/epoll set, not the
+	// parker's fd. Set before asleep and cleared after it.
+	inKernel atomic.Bool
+	// kernelUntil (loop clock) bounds the kernel waits after a park.
+	kernelUntil int64
 
 	nSocks   atomic.Int64
 	nBufs    atomic.Int64
 	nTurns   atomic.Uint64
 	nStarved atomic.Uint64
+	nParks   atomic.Uint64
+	nKWaits  atomic.Uint64
+	nWakes   atomic.Uint64 // wake-ups read from the driver's eventfd (tests)
 }
 
 // allowedCPUs lists the CPUs the process may run on.
@@ -355,23 +369,54 @@ func (l *Loop) run(be Backend, ready chan<- error) {
 	}
 }
 
+// kernelSpan is how long after a park a loop with nothing to do waits
+// inside epoll_wait/io_uring_enter instead of parking again: with traffic
+// (one request at a time is the worst case) every wait is short, and a
+// kernel wait costs one system call and one sleep, where a park costs the
+// netpoller's epoll_wait and two thread hand-offs of the locked loop
+// goroutine (17 against 5 syscalls, 7 against 2-3 context switches per
+// request at wrk -c1, docs/bench/evloop.md). The loop holds its P while it
+// waits there, announced to nobody (a raw system call: an announced one
+// has the runtime's monitor hand the P to a new thread after 20 µs), so
+// other goroutines of its P wait for the next park, at most kernelSpan
+// later; an idle loop parks after kernelSpan.
+var kernelSpan = int64(time.Millisecond) // a variable for the tests only
+
 func (l *Loop) loop() error {
 	for !l.stop.Load() {
 		timeout := l.timeout()
+		park := false
 		if timeout != 0 {
+			if l.pk != nil {
+				if now := l.clock(); now < l.kernelUntil {
+					if left := l.kernelUntil - now; timeout < 0 || left < timeout {
+						timeout = left
+					}
+					l.inKernel.Store(true)
+				} else {
+					park = true
+				}
+			}
 			l.asleep.Store(true)
 			if l.hasPosted() {
 				l.asleep.Store(false)
-				timeout = 0
+				timeout, park = 0, false
 			}
 		}
 		var err error
-		if timeout != 0 && l.pk != nil {
+		switch {
+		case park:
+			l.nParks.Add(1)
 			err = l.pk.wait()
-		} else {
+			l.kernelUntil = l.now + kernelSpan
+		case l.inKernel.Load():
+			l.nKWaits.Add(1)
+			_, err = l.drv.poll(timeout)
+		default:
 			_, err = l.drv.poll(timeout)
 		}
 		l.asleep.Store(false)
+		l.inKernel.Store(false)
 		if err != nil {
 			return err
 		}

@@ -122,7 +122,7 @@ func (u *uring) parkFD() (int, func(), func(), error) {
 // always signal the ring's registered eventfd), a loop blocked in
 // io_uring_enter through the READ on the wake eventfd.
 func (u *uring) wake() {
-	if u.parkfd >= 0 {
+	if u.parkfd >= 0 && !u.l.inKernel.Load() {
 		unix.Write(u.parkfd, eventfdOne[:])
 		return
 	}
@@ -152,7 +152,7 @@ func (u *uring) close() {
 
 func (u *uring) poll(timeout int64) (bool, error) {
 	u.flushSends()
-	err := u.r.enter(timeout)
+	err := u.r.enter(timeout, u.l.inKernel.Load())
 	u.l.woke()
 	if err != nil {
 		return false, err
@@ -178,6 +178,7 @@ func (u *uring) complete(c cqe) {
 	idx := uint32(c.userData)
 	switch c.userData & udKind {
 	case udWake:
+		l.nWakes.Add(1)
 		u.armWake()
 	case udListen:
 		u.listenReady(c)

@@ -217,8 +217,9 @@ func (r *ring) submit() {
 
 // enter submits what is queued and waits up to timeout ns for a
 // completion (< 0: no bound, 0: no wait). The wait is announced to the
-// scheduler.
-func (r *ring) enter(timeout int64) error {
+// scheduler unless raw (a bounded kernel wait holding the P, see
+// kernelSpan).
+func (r *ring) enter(timeout int64, raw bool) error {
 	flags := uintptr(enterGetEvents)
 	var minComplete, arg, argSz uintptr
 	if timeout != 0 {
@@ -231,8 +232,8 @@ func (r *ring) enter(timeout int64) error {
 		arg, argSz = uintptr(unsafe.Pointer(&r.arg)), unsafe.Sizeof(r.arg)
 	}
 	var e unix.Errno
-	if minComplete == 0 {
-		_, _, e = unix.RawSyscall6(sysIOUringEnter, uintptr(r.fd), uintptr(r.unsubmitted()), 0, flags, arg, argSz)
+	if minComplete == 0 || raw {
+		_, _, e = unix.RawSyscall6(sysIOUringEnter, uintptr(r.fd), uintptr(r.unsubmitted()), minComplete, flags, arg, argSz)
 	} else {
 		_, _, e = unix.Syscall6(sysIOUringEnter, uintptr(r.fd), uintptr(r.unsubmitted()), minComplete, flags, arg, argSz)
 	}

@@ -1,0 +1,118 @@
+package evloop
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+)
+
+// withKernelSpan sets kernelSpan for one test (before its loops start).
+func withKernelSpan(t *testing.T, d time.Duration) {
+	old := kernelSpan
+	kernelSpan = int64(d)
+	t.Cleanup(func() { kernelSpan = old })
+}
+
+// TestKernelWaitWakes: a loop that waits in the kernel (the span made
+// endless, so no timeout can hide a lost wake-up) is woken by its
+// sockets and by a Post from another goroutine, on both backends.
+func TestKernelWaitWakes(t *testing.T) {
+	withKernelSpan(t, time.Hour)
+	eachBackend(t, func(t *testing.T, be Backend) {
+		g := startGroup(t, be, 1)
+		fd, addr := listenFD(t)
+		listenAll(t, g, fd, func() Handler { return &echo{limit: 64 << 10} })
+		c := dial(t, addr)
+		for i := range 50 {
+			if err := echoOnce(c, []byte("ping")); err != nil {
+				t.Fatalf("round trip %d: %v", i, err)
+			}
+		}
+		st := g.Stats()
+		if st.KernelWaits == 0 {
+			t.Fatalf("stats %+v: no kernel wait with traffic after the first park", st)
+		}
+		l := g.Loops()[0]
+		for i := range 20 {
+			// Post only once the loop is (about to be) in its kernel wait
+			// with nothing queued: only the Post's wake-up can end it.
+			testkit.WaitFor(t, "the loop to wait in the kernel", func() bool { return l.inKernel.Load() && l.asleep.Load() })
+			wakes := l.nWakes.Load()
+			posted := make(chan struct{})
+			l.Post(func() { close(posted) })
+			select {
+			case <-posted:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("post %d: not run in 30 s: the wake-up did not reach the kernel wait", i)
+			}
+			// Not some other wake-up (the runtime's preemption signal ends
+			// a wait that holds a P for 10 ms): the Post's own.
+			testkit.WaitFor(t, "the post's wake-up read by the loop", func() bool { return l.nWakes.Load() > wakes })
+			if err := echoOnce(c, []byte("pong")); err != nil {
+				t.Fatalf("round trip after post %d: %v", i, err)
+			}
+		}
+		if got := g.Stats().Parks; got != st.Parks {
+			t.Fatalf("%d parks while the span was endless, want %d (only the first)", got, st.Parks)
+		}
+	})
+}
+
+// TestKernelWaitYieldsP: with GOMAXPROCS=1 the loop shares its P with
+// the test's client goroutine, which can run only while the loop parks:
+// a loop that waited in the kernel without bound would stall it. Round
+// trips complete, the loop waits in the kernel between them, and it parks
+// again (after kernelSpan) each time it holds the P for that long.
+func TestKernelWaitYieldsP(t *testing.T) {
+	withKernelSpan(t, 200*time.Microsecond)
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	eachBackend(t, func(t *testing.T, be Backend) {
+		g := startGroup(t, be, 1)
+		fd, addr := listenFD(t)
+		listenAll(t, g, fd, func() Handler { return &echo{limit: 64 << 10} })
+		c := dial(t, addr)
+		done := make(chan error, 1)
+		go func() {
+			for range 300 {
+				if err := echoOnce(c, []byte("ping")); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatal("300 round trips did not finish in 60 s: the loop keeps the P")
+		}
+		st := g.Stats()
+		if st.Parks < 2 || st.KernelWaits == 0 {
+			t.Fatalf("stats %+v: want parks (to yield the P) and kernel waits", st)
+		}
+	})
+}
+
+// echoOnce writes data on the kept-open c and reads it back.
+func echoOnce(c net.Conn, data []byte) error {
+	if _, err := c.Write(data); err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	got := make([]byte, len(data))
+	if _, err := io.ReadFull(c, got); err != nil {
+		return fmt.Errorf("read: %w", err)
+	}
+	if !bytes.Equal(got, data) {
+		return fmt.Errorf("echoed %q, sent %q", got, data)
+	}
+	return nil
+}
