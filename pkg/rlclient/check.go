@@ -25,6 +25,11 @@ type request struct {
 	sock  *udpshard.Socket
 	mem   *membership
 	ls    *loopShard // the loop that started the check (CheckAsyncLoop), or nil
+	// onLoop: the check's deadlines are on its loop (loopdl.go); lseq
+	// names the current one there (bumped by every schedule and
+	// unschedule, never reset). Both under r.mu.
+	onLoop bool
+	lseq   uint64
 
 	start      time.Time
 	round      int // 0 initial, 1..Replays replay rounds, Replays+1 final receive
@@ -121,6 +126,7 @@ func (c *Client) start(r *request, ls *loopShard, mem *membership, req *wire.Rat
 		shard = c.goShard()
 	}
 	r.ls = ls
+	r.onLoop = ls != nil
 	r.es = c.shards[shard]
 	r.sock = c.ring.Hold(shard)
 	r.mem = mem
@@ -146,7 +152,7 @@ func (c *Client) start(r *request, ls *loopShard, mem *membership, req *wire.Rat
 	if sent == 0 {
 		r.finishLocked(CauseSendFailure)
 	} else if r.state == statePending {
-		r.es.schedule(r, r.start.Add(c.policy.Unit))
+		r.schedule(r.start.Add(c.policy.Unit))
 	}
 	return true
 }
@@ -259,7 +265,7 @@ func (r *request) finishLocked(cause Cause) {
 	r.state = stateDone
 	r.cause = cause
 	r.c.table.remove(r.id)
-	r.es.unschedule(r)
+	r.unschedule()
 	if cause.Decided() && r.c.policy.Completion {
 		r.sendCompletions()
 	}

@@ -16,8 +16,10 @@ import (
 // read on that loop's thread: after the loop's read of its shard's
 // sockets (outside every lock of the client and of udpshard, and outside
 // any handler of the caller), so it may continue the caller's work
-// inline. Checks that end elsewhere (a deadline on the timer goroutine,
-// Abort, Close, Drain) still get CheckDone.
+// inline. A round deadline of such a check runs on the loop too (its
+// loop timer, see loopdl.go), and a check it ends also gets
+// CheckDoneOnLoop. Checks that end elsewhere (Abort, Close, Drain, or a
+// deadline after the loop detached) still get CheckDone.
 type LoopCompleter interface {
 	Completer
 	CheckDoneOnLoop(out *Decision, err error)
@@ -37,6 +39,10 @@ type loopShard struct {
 	handler  udpshard.Handler
 	now      time.Time // the client clock, read once per turn (nowOn)
 	nowSet   bool
+	dl       loopDeadlines // round deadlines of the loop's checks (loopdl.go)
+	armed    time.Time     // the deadline tm is armed for (zero: none)
+	tm       loopTimer
+	fire     func() // onDeadline, made once
 }
 
 // readyDone is a check's outcome awaiting its Completer on the loop.
@@ -49,6 +55,9 @@ type readyDone struct {
 func newLoopShard(c *Client, idx int) *loopShard {
 	ls := &loopShard{c: c, idx: idx, ready: make([]readyDone, 0, 64)}
 	ls.handler = func(rx *udpshard.Socket, pkt []byte, from netip.AddrPort) { c.receive(rx, pkt, from, ls) }
+	ls.fire = ls.onDeadline
+	ls.dl.fifo = make([]loopEntry, 0, 256)
+	ls.tm = newLoopTimer(ls)
 	return ls
 }
 
@@ -71,6 +80,7 @@ func (c *Client) AttachLoop(l *evloop.Loop) (detach func(), err error) {
 		return nil, fmt.Errorf("rlclient: shard %d is attached already", id)
 	}
 	ls.l = l
+	ls.tm.attach(l)
 	release, err := c.ring.Own(id, loopOwner{ls}, ls.handler)
 	if err != nil {
 		return nil, fmt.Errorf("rlclient: %w", err)
@@ -81,6 +91,7 @@ func (c *Client) AttachLoop(l *evloop.Loop) (detach func(), err error) {
 	return func() {
 		ls.turnEnd()
 		ls.attached = false
+		ls.migrate() // the checks in flight keep their deadlines, on the timer goroutine
 		release()
 		ls.runReady()
 		ls.unturn() // a detached shard costs its loop nothing per turn
@@ -120,6 +131,9 @@ func (ls *loopShard) turnEnd() {
 		if ls.dirty {
 			ls.dirty = false
 			ls.c.ring.FlushOwned(ls.idx)
+		}
+		if ls.dl.size() > 0 || !ls.armed.IsZero() {
+			ls.arm() // after the turn's ends: no wake-up for a deadline decided this turn
 		}
 	}
 	// Last: a Completer run above may start a check, which reads the

@@ -246,8 +246,10 @@ func TestLoopShardRebindLateAnswer(t *testing.T) {
 	}
 }
 
-// TestLoopCheckNeverAnswered: a server that never answers: the deadline
-// ends the check (on the timer goroutine: a hand-off), exactly once.
+// TestLoopCheckNeverAnswered: a server that never answers: the loop's
+// own deadline replays and then times the check out, exactly once, on
+// the loop's goroutine (CheckDoneOnLoop, no hand-off), never before the
+// policy's horizon.
 func TestLoopCheckNeverAnswered(t *testing.T) {
 	n := startFakeNode(t, 1, testCred())
 	n.set(func(n *fakeNode) { n.drop = true })
@@ -255,18 +257,29 @@ func TestLoopCheckNeverAnswered(t *testing.T) {
 	d.SetSRV(testSRV, targetsFor(n.addr())...)
 	c := newTestClient(t, d.Addr(), clientOpts{shards: 1, loops: 1, policy: ratelimitly.Standard(50 * time.Millisecond)})
 	waitReady(t, c)
+	if _, wall := c.loops[0].tm.(*evTimer); !wall {
+		t.Fatalf("loop timer %T with the wall clock, want the loop's own timer", c.loops[0].tm)
+	}
 	h := startLoops(t, c, 1)
 	rec := newLoopRec(4)
+	began := time.Now()
 	startLoopChecks(t, h, 0, 1, rec)
 	got := rec.next(t)
-	if got.onLoop || got.cause != CauseTimeout {
-		t.Fatalf("unanswered check: %+v, want a timeout", got)
+	took := time.Since(began)
+	if !got.onLoop || got.gid != h.gids[0] || got.cause != CauseTimeout {
+		t.Fatalf("unanswered check: %+v, want a timeout on the loop (goroutine %d)", got, h.gids[0])
+	}
+	if took < c.Horizon() {
+		t.Fatalf("timed out after %v, before the horizon %v", took, c.Horizon())
+	}
+	if rs := n.received(); len(rs) != 2 || rs[1].attempt != 1 || !rs[1].replay {
+		t.Fatalf("datagrams %+v, want the request and one replay", rs)
 	}
 	h.stop(t)
 	c.Close()
 	rec.none(t)
-	if st := c.Stats(); st.LoopHandoffs != 1 || st.LoopDone != 0 {
-		t.Fatalf("hand-offs %d, loop completions %d; want 1, 0", st.LoopHandoffs, st.LoopDone)
+	if st := c.Stats(); st.LoopHandoffs != 0 || st.LoopDone != 1 || st.Replays != 1 {
+		t.Fatalf("hand-offs %d, loop completions %d, replays %d; want 0, 1, 1", st.LoopHandoffs, st.LoopDone, st.Replays)
 	}
 }
 

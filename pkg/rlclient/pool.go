@@ -47,6 +47,7 @@ func (p *reqPool) put(r *request) {
 	r.mem = nil
 	r.sock = nil
 	r.es = nil
+	r.onLoop = false
 	r.out, r.comp, r.fire = nil, nil, false
 	r.mu.Unlock()
 	p.mu.Lock()

@@ -38,11 +38,11 @@ func (r *request) roundEndLocked() {
 		r.attempt++
 		r.answered = r.valid // replay to every endpoint without a valid answer
 		r.sendRound(r.c.clock.Now())
-		r.es.schedule(r, deadline.Add(p.Gap(r.round-1)))
+		r.schedule(deadline.Add(p.Gap(r.round - 1)))
 	case r.round == p.Replays && p.FinalReceive > 0:
 		deadline := r.roundEnd()
 		r.round++
-		r.es.schedule(r, deadline.Add(p.FinalReceive))
+		r.schedule(deadline.Add(p.FinalReceive))
 	default:
 		r.finishLocked(r.failCause())
 	}
