@@ -99,10 +99,15 @@ func (r *Ring) Own(shard int, o Owner, h Handler) (release func(), err error) {
 // FlushOwned sends the owned shard's queued datagrams from the owner's
 // thread, the whole turn's worth in sendmmsg batches (one UDP_SEGMENT
 // message per endpoint), unless another goroutine is flushing the shard
-// (it then sends them). It never waits: a datagram the socket's send
-// buffer has no room for is refused as a send error (counted, its token
-// given to OnSendError) instead of parking the owner's thread.
-func (r *Ring) FlushOwned(shard int) { r.shards[shard].flushMode(true) }
+// (it then sends them). It never waits: when the socket's send buffer is
+// full (EAGAIN, ENOBUFS) it stops and reports blocked, and the datagrams
+// it could not send stay queued, in order, ahead of those queued later:
+// backpressure, not a failure. The owner calls it again in a later turn
+// (a full buffer drains at the link's pace, so soon, not at once). The
+// queue (Config.QueueLen) bounds what waits: a Push into a full queue is
+// refused (ErrQueueFull, counted), so a socket that stays blocked ends in
+// counted send failures, never in unbounded memory.
+func (r *Ring) FlushOwned(shard int) (blocked bool) { return r.shards[shard].flushMode(true) }
 
 // Owned reports whether shard has an owner now.
 func (r *Ring) Owned(shard int) bool {

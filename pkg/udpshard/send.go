@@ -53,6 +53,7 @@ type sendSlot struct {
 	to    netip.AddrPort
 	token uint64
 	n     int
+	keep  bool // a full send buffer refused it: back to the queue (flusher-owned)
 	buf   [MaxPayload]byte
 }
 
@@ -196,18 +197,20 @@ func (s *shard) dropQueued() {
 func (s *shard) flush() { s.flushMode(false) }
 
 // flushMode is flush; nowait: never park on a full send buffer (the
-// owner's thread, FlushOwned).
-func (s *shard) flushMode(nowait bool) {
+// owner's thread, FlushOwned). It reports whether a full send buffer
+// stopped it (nowait only): the datagrams it could not send are queued
+// again, ahead of the others.
+func (s *shard) flushMode(nowait bool) (blocked bool) {
 	s.mu.Lock()
 	if s.flushing {
 		s.mu.Unlock()
-		return
+		return false
 	}
 	s.flushing = true
 	s.nowait = nowait
 	for {
 		n := s.qn
-		if n == 0 {
+		if n == 0 || blocked {
 			s.flushing = false
 			wake := s.retireWanted || len(s.errs) > 0
 			s.retireWanted = false
@@ -215,18 +218,65 @@ func (s *shard) flushMode(nowait bool) {
 			if wake {
 				s.kick() // retire / error delivery happen on the loop
 			}
-			return
+			return blocked
 		}
 		batch := s.q
 		s.q, s.spare = s.spare, batch
 		s.qn = 0
 		s.mu.Unlock()
-		s.sendSlots(batch[:n])
+		s.blocked = false
+		stop := s.sendSlots(batch[:n])
+		s.mu.Lock()
+		if s.blocked {
+			blocked = true
+			s.requeueLocked(batch, n, stop)
+			continue
+		}
 		for i := range batch[:n] {
 			batch[i].sock = nil
 		}
-		s.mu.Lock()
 	}
+}
+
+// requeueLocked puts the datagrams of batch[:n] that a full send buffer
+// left unsent (marked keep, and every one from stop on) back at the head
+// of the queue, in their order, ahead of the datagrams queued during the
+// flush; batch becomes the queue. What does not fit (the newest) is
+// refused: counted as QueueFull and reported to OnSendError (EAGAIN), as
+// a Push into a full queue is refused. s.mu held; flusher only.
+func (s *shard) requeueLocked(batch []sendSlot, n, stop int) {
+	w := 0
+	for k := range n {
+		sl := &batch[k]
+		if k < stop && !sl.keep {
+			continue
+		}
+		sl.keep = false
+		if w != k {
+			batch[w] = *sl
+		}
+		w++
+	}
+	s.c.sendBlocked.Add(1)
+	s.c.requeued.Add(uint64(w))
+	for k := range s.qn { // queued during the flush: after the kept ones
+		sl := &s.q[k]
+		if w < len(batch) {
+			batch[w] = *sl
+			w++
+		} else {
+			s.c.queueFull.Add(1)
+			if s.r.cfg.OnSendError != nil && len(s.errs) < cap(s.errs) {
+				s.errs = append(s.errs, sendErr{token: sl.token, err: unix.EAGAIN})
+			}
+		}
+		sl.sock = nil
+	}
+	for k := w; k < n; k++ {
+		batch[k].sock = nil
+	}
+	s.q, s.spare = batch, s.q
+	s.qn = w
 }
 
 // deliverErrors runs OnSendError for refused datagrams (loop goroutine).
@@ -243,8 +293,10 @@ func (s *shard) deliverErrors() {
 }
 
 // sendSlots sends slots in runs of consecutive datagrams for the same
-// socket, at most MaxBatch per run.
-func (s *shard) sendSlots(slots []sendSlot) {
+// socket, at most MaxBatch per run. When a full send buffer stops a run
+// (s.blocked, nowait only) it returns the end of that run: the run's
+// unsent datagrams are marked keep, and none after it was tried.
+func (s *shard) sendSlots(slots []sendSlot) (stop int) {
 	for i := 0; i < len(slots); {
 		sock := slots[i].sock
 		j := i + 1
@@ -252,8 +304,12 @@ func (s *shard) sendSlots(slots []sendSlot) {
 			j++
 		}
 		s.sendRun(sock, slots[i:j])
+		if s.blocked {
+			return j
+		}
 		i = j
 	}
+	return len(slots)
 }
 
 // sendRun sends up to MaxBatch datagrams that all go out through sock. It
@@ -268,6 +324,17 @@ func (s *shard) sendRun(sock *Socket, slots []sendSlot) {
 		nm := s.buildMsgs(sock, slots, n)
 		failed := s.sendMsgs(sock, slots, nm)
 		if failed < 0 {
+			return
+		}
+		if s.blocked {
+			// Messages from failed on were not sent: their datagrams go
+			// back to the queue. Those of one destination are in queue
+			// order across the messages, so the sent ones are the oldest.
+			for e := range n {
+				if s.entMsg[e] >= failed {
+					slots[s.ent[e]].keep = true
+				}
+			}
 			return
 		}
 		// Messages before failed went out; resend the datagrams of the
@@ -370,7 +437,10 @@ func (s *shard) buildMsgs(sock *Socket, slots []sendSlot, n int) int {
 // sendMsgs sends the built messages. It returns -1 when every message was
 // handed to the kernel (or refused and accounted for), or the index of
 // a segmented message the kernel refused as such: segmentation offload is
-// then turned off for sock and the caller resends from there.
+// then turned off for sock and the caller resends from there; or, with
+// s.blocked set, the index of the first message a full send buffer
+// refused (EAGAIN, ENOBUFS) when the flusher must not park: that is
+// backpressure, not a failure, and the rest waits in the queue.
 func (s *shard) sendMsgs(sock *Socket, slots []sendSlot, nm int) int {
 	off := 0
 	for off < nm {
@@ -388,6 +458,10 @@ func (s *shard) sendMsgs(sock *Socket, slots []sendSlot, nm int) int {
 				s.c.closed.Add(uint64(s.mg[m].cnt))
 			}
 			return -1
+		}
+		if s.werr != 0 && s.nowait && (s.werr == unix.EAGAIN || s.werr == unix.ENOBUFS) {
+			s.blocked = true
+			return off
 		}
 		if s.werr != 0 {
 			g := &s.mg[off]
@@ -438,7 +512,7 @@ func gsoRefused(e syscall.Errno) bool {
 }
 
 // writeNoWait is write for a flusher that must not park: a full send
-// buffer is a send error (EAGAIN).
+// buffer ends the flush (EAGAIN; sendMsgs).
 func (s *shard) writeNoWait(fd uintptr) {
 	if !s.write(fd) {
 		s.werr = unix.EAGAIN

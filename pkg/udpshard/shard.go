@@ -35,8 +35,9 @@
 // socket turns readable it runs recvmmsg until the socket is empty and
 // hands every datagram to its handler on that thread. The owner sends
 // what was queued during its turn with FlushOwned at the turn's end (one
-// sendmmsg, one UDP_SEGMENT message per destination; never parking: a
-// full send buffer is a send error). Rebinds and retirements still run
+// sendmmsg, one UDP_SEGMENT message per destination; never parking: what
+// a full send buffer refuses stays queued, in order, for the owner's next
+// FlushOwned, within the queue's bound). Rebinds and retirements still run
 // on the shard loop, which hands new sockets to the owner and leaves the
 // closing of watched ones to it (Post); Drain from another goroutine
 // still reads them (with Config.Handler). Shards nobody owns keep the
@@ -184,6 +185,8 @@ type Stats struct {
 	GSOSegments    uint64 // datagrams sent inside segmented (UDP_SEGMENT) messages
 	GSOFallbacks   uint64 // sockets on which the kernel refused segmentation
 	GRODatagrams   uint64 // datagrams received inside coalesced (UDP_GRO) buffers
+	SendBlocked    uint64 // owned flushes stopped by a full send buffer (FlushOwned)
+	Requeued       uint64 // datagrams such flushes kept queued for a later one
 	Dropped        DropCounts
 }
 
@@ -195,7 +198,7 @@ type counters struct {
 	flushWakes, flushYields                      atomic.Uint64
 	turnFlushes, turnFlushHits                   atomic.Uint64
 	gsoSegments, gsoFallbacks                    atomic.Uint64
-	groDatagrams                                 atomic.Uint64
+	groDatagrams, sendBlocked, requeued          atomic.Uint64
 }
 
 // Ring is a set of per-CPU UDP shards.
@@ -307,6 +310,7 @@ type shard struct {
 
 	own        ownState         // owned mode (owned.go)
 	nowait     bool             // the flusher must not park (FlushOwned); flusher-owned
+	blocked    bool             // a full send buffer stopped the nowait flush; flusher-owned
 	ctlWriteFn func(fd uintptr) // s.writeNoWait (allocated once)
 }
 

@@ -20,6 +20,8 @@ func (r *Ring) Stats() Stats {
 		st.GSOSegments += c.gsoSegments.Load()
 		st.GSOFallbacks += c.gsoFallbacks.Load()
 		st.GRODatagrams += c.groDatagrams.Load()
+		st.SendBlocked += c.sendBlocked.Load()
+		st.Requeued += c.requeued.Load()
 		st.Dropped.QueueFull += c.queueFull.Load()
 		st.Dropped.TooLarge += c.tooLarge.Load()
 		st.Dropped.Family += c.family.Load()
