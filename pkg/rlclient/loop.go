@@ -43,6 +43,12 @@ type loopShard struct {
 	armed    time.Time     // the deadline tm is armed for (zero: none)
 	tm       loopTimer
 	fire     func() // onDeadline, made once
+	// blocked: the shard's socket had a full send buffer at the last
+	// flush, datagrams wait in its queue; retry (backoff) wakes an idle
+	// loop to flush them again.
+	blocked bool
+	retry   evloop.Timer
+	backoff time.Duration
 }
 
 // readyDone is a check's outcome awaiting its Completer on the loop.
@@ -81,6 +87,7 @@ func (c *Client) AttachLoop(l *evloop.Loop) (detach func(), err error) {
 	}
 	ls.l = l
 	ls.tm.attach(l)
+	ls.retry.Init(l, ls.retrySend)
 	release, err := c.ring.Own(id, loopOwner{ls}, ls.handler)
 	if err != nil {
 		return nil, fmt.Errorf("rlclient: %w", err)
@@ -92,6 +99,8 @@ func (c *Client) AttachLoop(l *evloop.Loop) (detach func(), err error) {
 		ls.turnEnd()
 		ls.attached = false
 		ls.migrate() // the checks in flight keep their deadlines, on the timer goroutine
+		ls.retry.Stop()
+		ls.blocked, ls.backoff = false, 0 // what waits in the queue goes with the shard's next flush
 		release()
 		ls.runReady()
 		ls.unturn() // a detached shard costs its loop nothing per turn
@@ -128,9 +137,9 @@ func (c *Client) flushFrom(ls *loopShard, shard int) {
 func (ls *loopShard) turnEnd() {
 	if ls.attached {
 		ls.runReady()
-		if ls.dirty {
+		if ls.dirty || ls.blocked {
 			ls.dirty = false
-			ls.c.ring.FlushOwned(ls.idx)
+			ls.flushOwned()
 		}
 		if ls.dl.size() > 0 || !ls.armed.IsZero() {
 			ls.arm() // after the turn's ends: no wake-up for a deadline decided this turn
@@ -141,6 +150,35 @@ func (ls *loopShard) turnEnd() {
 	// next turn.
 	ls.nowSet = false
 }
+
+// Backoff of the flush retries while the shard's socket has a full send
+// buffer and the loop has nothing else to do.
+const (
+	sendRetryMin = 100 * time.Microsecond
+	sendRetryMax = 10 * time.Millisecond
+)
+
+// flushOwned sends what the turn queued on the shard. A full send buffer
+// is backpressure: udpshard keeps the rest queued, in order, and every
+// later turn end tries again; so that an idle loop does too, the retry
+// timer wakes it after a backoff (a wake-up when the socket turns
+// writable would need a write readiness Watch from evloop).
+func (ls *loopShard) flushOwned() {
+	ls.blocked = ls.c.ring.FlushOwned(ls.idx)
+	if !ls.blocked {
+		if ls.backoff != 0 {
+			ls.backoff = 0
+			ls.retry.Stop()
+		}
+		return
+	}
+	ls.backoff = min(max(2*ls.backoff, sendRetryMin), sendRetryMax)
+	ls.retry.Reset(ls.l.Now() + int64(ls.backoff))
+}
+
+// retrySend is the retry timer's function: the turn it runs in ends with
+// turnEnd, which flushes.
+func (ls *loopShard) retrySend() {}
 
 // nowOn is the client clock's time for work on ls's loop thread (ls
 // attached; nil: any other thread): read once per loop turn and reused by
