@@ -173,11 +173,13 @@ func (r *request) unschedule() {
 	r.es.unschedule(r)
 }
 
-// onDeadline runs on the loop's thread when its timer fired: the round
-// ends that are due by the client clock (read fresh: the timer may fire
-// a little early, see evTimer) run here, then the timer is armed for
-// the next. The loop read its sockets earlier in this turn, so answers
-// that arrived before the timer are taken into account first.
+// onDeadline runs on the loop's thread when its timer fired, as a posted
+// function: the round ends that are due by the client clock (read fresh:
+// the timer may fire a little early, see evTimer) run here, then the
+// timer is armed for the next. Posted functions run after the turn's
+// reads, the continuation of a read bounded by a flood included (posted
+// earlier), so answers that arrived before the deadline decide first, as
+// the timer goroutine's Drain makes them do.
 func (ls *loopShard) onDeadline() {
 	if !ls.attached {
 		return
@@ -289,7 +291,11 @@ type evTimer struct {
 	t  evloop.Timer
 }
 
-func (t *evTimer) attach(l *evloop.Loop) { t.t.Init(l, t.ls.fire) }
+func (t *evTimer) attach(l *evloop.Loop) { t.t.Init(l, t.fired) }
+
+// fired is the evloop timer's function: onDeadline, posted (see there).
+// A Post from the loop's own thread during its turn costs no wake-up.
+func (t *evTimer) fired() { t.ls.l.Post(t.ls.fire) }
 
 // arm converts at to the loop's clock through the turn's time: the
 // loop's Now was read at the turn's start, the client's time later, so
