@@ -62,12 +62,19 @@
 // An answer the loop reads ends its check on the loop; the Completer is
 // called after the read, outside the client's locks, through
 // LoopCompleter.CheckDoneOnLoop when it has it, so the caller can go on
-// inline: no Post, no wake-up, no other thread. Deadlines (replays,
-// final receive, the horizon) stay on the shard's timer goroutine: a
-// check they end is handed to its Completer there (Stats.LoopHandoffs),
-// as are checks ended by Abort, Close or a Drain; Stats.LoopDone counts
-// those ended on their loop. Probes, reports and checks from goroutines
-// (Check, CheckAsync, pkg/h2proxy) use the goroutine shards.
+// inline: no Post, no wake-up, no other thread. The deadlines of such a
+// check (replays, final receive, the horizon) are kept by its loop shard
+// and run on the loop (one loop timer armed for the earliest, see
+// loopdl.go): a replay leaves with the turn's send, a timeout reaches
+// CheckDoneOnLoop. Stats.LoopDone counts the checks ended on their loop;
+// Stats.LoopHandoffs those ended on another thread (Abort, Close, a
+// Drain, or a deadline after the loop detached: detaching hands the
+// pending deadlines to the shard's timer goroutine). When the shard's
+// socket has a full send buffer, what the turn queued waits in the
+// shard's queue, in order (udpshard FlushOwned), and the loop sends it
+// at its next turns; an idle loop wakes itself to retry (a short
+// backoff). Probes, reports and checks from goroutines (Check,
+// CheckAsync, pkg/h2proxy) use the goroutine shards.
 //
 // A check's datagrams are queued on its shard; under load the shard's
 // loop sends the datagrams of many checks together (udpshard FlushAsync:
@@ -75,12 +82,14 @@
 // check per shard in flight the check sends them itself.
 //
 // Request state is pooled and time is kept by one timer goroutine per
-// shard with a min-heap of deadlines: no goroutine or timer per request,
-// and zero allocations per Check or CheckAsync in steady state. Before it acts on a due
+// shard with a min-heap of deadlines (a loop's checks: by the loop): no
+// goroutine or timer per request, and zero allocations per Check,
+// CheckAsync or CheckAsyncLoop in steady state. Before it acts on a due
 // deadline the timer goroutine reads the answers already queued on its
 // shard's sockets (udpshard Drain), so that answers that arrived while the
 // readers could not run (a stalled or overloaded process) still decide
-// instead of being replayed or timed out. A response may arrive on
+// instead of being replayed or timed out; a loop runs its due deadlines
+// after the turn's reads, for the same reason. A response may arrive on
 // any shard's socket: it is matched by request id through a shared table,
 // then authenticated, and matched to an endpoint by source address.
 // Steering feedback (steering_feedback = 0 in an authenticated answer)
@@ -144,7 +153,7 @@ type Stats struct {
 	DecidedEarly   uint64            // decisions taken on an answer (no deadline waited for)
 	DecidedAtUnit  uint64            // decisions taken at a round deadline (a missing endpoint was waited for)
 	LoopDone       uint64            // loop checks whose end was handed to their Completer on their loop's thread
-	LoopHandoffs   uint64            // loop checks that ended on another thread (deadline, Abort, Close, Drain)
+	LoopHandoffs   uint64            // loop checks that ended on another thread (Abort, Close, Drain, a deadline after detach)
 	FailureWarns   uint64            // warnings logged about checks failing for lack of RateLimitly
 	PerEndpoint    []EndpointStats   // the current membership, in discovery order
 	Drops          RecvDrops
