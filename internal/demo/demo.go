@@ -42,6 +42,8 @@ type Config struct {
 	Log        *slog.Logger
 	// Version and Commit label the node's build-info metric.
 	Version, Commit string
+	// EventLoops is node.Options.EventLoops (0: one per CPU).
+	EventLoops int
 }
 
 // Run starts a sample upstream, the embedded RateLimitly and the proxy in
@@ -54,7 +56,7 @@ func Run(cfg Config) error {
 		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	defer d.close()
-	d.version, d.commit = cfg.Version, cfg.Commit
+	d.version, d.commit, d.loops = cfg.Version, cfg.Commit, cfg.EventLoops
 	if err := d.start(); err != nil {
 		return err
 	}
@@ -91,6 +93,7 @@ type demo struct {
 	rt              *node.Node
 	client          *http.Client
 	version, commit string
+	loops           int // Config.EventLoops
 }
 
 func newDemo(src *admission.Policy, srcPath string, out io.Writer, log *slog.Logger) (*demo, error) {
@@ -200,7 +203,7 @@ func (d *demo) start() error {
 	}
 	d.up = &http.Server{Handler: http.HandlerFunc(d.upstream), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = d.up.Serve(ln) }()
-	d.rt, err = node.Start(context.Background(), d.pol, node.Options{Policy: d.path, Admin: "127.0.0.1:0", Log: d.log, Watch: true, Version: d.version, Commit: d.commit})
+	d.rt, err = node.Start(context.Background(), d.pol, node.Options{Policy: d.path, Admin: "127.0.0.1:0", Log: d.log, Watch: true, Version: d.version, Commit: d.commit, EventLoops: d.loops})
 	if err != nil {
 		return err
 	}

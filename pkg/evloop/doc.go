@@ -59,10 +59,13 @@
 // keeps its P and is not handed off (an announced blocking call would
 // have the runtime's monitor give the P to another thread after 20 µs).
 // Post wakes such a wait through the ring's or the epoll set's own
-// eventfd. Once the span is over the next idle wait parks, so the other
-// goroutines of the loop's P wait at most about 1 ms (a busy loop never
-// parks; the runtime preempts it after 10 ms as before); a signal (the
-// runtime's preemption, a stop-the-world) ends a kernel wait with EINTR.
+// eventfd. Once the span is over the next idle wait parks. A loop waits
+// in the kernel only while the process has a P that no loop holds
+// (GOMAXPROCS above the number of running loops; cmd/rl-tproxy raises
+// it by one): otherwise goroutines woken by the netpoller (HTTP/2
+// connections, an admission client's receiver) would find no P until
+// the loop parks, and loops always park. A signal (the runtime's
+// preemption, a stop-the-world) ends a kernel wait with EINTR.
 // Stats.Parks and Stats.KernelWaits count both. Config.BlockingWait
 // restores the announced wait inside the system call (for measurements).
 //

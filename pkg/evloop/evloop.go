@@ -328,6 +328,8 @@ func (l *Loop) run(be Backend, ready chan<- error) {
 	// Never unlocked: when the loop returns, its thread exits with it
 	// rather than going back to the scheduler pinned to one CPU.
 	runtime.LockOSThread()
+	loopsAlive.Add(1)
+	defer loopsAlive.Add(-1)
 	l.now = l.clock()
 	var err error
 	if l.cpu >= 0 {
@@ -369,6 +371,16 @@ func (l *Loop) run(be Backend, ready chan<- error) {
 	}
 }
 
+// loopsAlive counts the running loops of every group in the process.
+var loopsAlive atomic.Int32
+
+// spareP says whether the process has a P that no loop holds (GOMAXPROCS
+// may change at run time: read at each park, not per wait). Without one,
+// a loop waiting in the kernel with its P would leave goroutines woken
+// by the netpoller (HTTP/2 connections, an admission client's receiver,
+// the admin listener) without a P until it parks: then loops always park.
+func spareP() bool { return runtime.GOMAXPROCS(0) > int(loopsAlive.Load()) }
+
 // kernelSpan is how long after a park a loop with nothing to do waits
 // inside epoll_wait/io_uring_enter instead of parking again: with traffic
 // (one request at a time is the worst case) every wait is short, and a
@@ -377,9 +389,11 @@ func (l *Loop) run(be Backend, ready chan<- error) {
 // goroutine (17 against 5 syscalls, 7 against 2-3 context switches per
 // request at wrk -c1, docs/bench/evloop.md). The loop holds its P while it
 // waits there, announced to nobody (a raw system call: an announced one
-// has the runtime's monitor hand the P to a new thread after 20 µs), so
-// other goroutines of its P wait for the next park, at most kernelSpan
-// later; an idle loop parks after kernelSpan.
+// has the runtime's monitor hand the P to a new thread after 20 µs). An
+// idle loop parks after kernelSpan, so that the runtime does not preempt
+// it every 10 ms. Loops wait in the kernel only while the process
+// has a P to spare for goroutines (spareP; cmd/rl-tproxy sets GOMAXPROCS
+// one above the number of loops).
 var kernelSpan = int64(time.Millisecond) // a variable for the tests only
 
 func (l *Loop) loop() error {
@@ -408,7 +422,10 @@ func (l *Loop) loop() error {
 		case park:
 			l.nParks.Add(1)
 			err = l.pk.wait()
-			l.kernelUntil = l.now + kernelSpan
+			l.kernelUntil = 0
+			if spareP() {
+				l.kernelUntil = l.now + kernelSpan
+			}
 		case l.inKernel.Load():
 			l.nKWaits.Add(1)
 			_, err = l.drv.poll(timeout)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,6 +25,7 @@ func withKernelSpan(t *testing.T, d time.Duration) {
 // sockets and by a Post from another goroutine, on both backends.
 func TestKernelWaitWakes(t *testing.T) {
 	withKernelSpan(t, time.Hour)
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // a P to spare
 	eachBackend(t, func(t *testing.T, be Backend) {
 		g := startGroup(t, be, 1)
 		fd, addr := listenFD(t)
@@ -64,42 +66,40 @@ func TestKernelWaitWakes(t *testing.T) {
 	})
 }
 
-// TestKernelWaitYieldsP: with GOMAXPROCS=1 the loop shares its P with
-// the test's client goroutine, which can run only while the loop parks:
-// a loop that waited in the kernel without bound would stall it. Round
-// trips complete, the loop waits in the kernel between them, and it parks
-// again (after kernelSpan) each time it holds the P for that long.
-func TestKernelWaitYieldsP(t *testing.T) {
+// TestKernelWaitNeedsSpareP: a loop waits in the kernel, holding its P,
+// only while the process has a P that no loop holds; with GOMAXPROCS
+// equal to the number of loops it always parks (the test's own client
+// goroutine shares the loop's P). With a spare P it waits in the kernel
+// between round trips and, once idle for longer than kernelSpan, parks.
+func TestKernelWaitNeedsSpareP(t *testing.T) {
 	withKernelSpan(t, 200*time.Microsecond)
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	eachBackend(t, func(t *testing.T, be Backend) {
-		g := startGroup(t, be, 1)
-		fd, addr := listenFD(t)
-		listenAll(t, g, fd, func() Handler { return &echo{limit: 64 << 10} })
-		c := dial(t, addr)
-		done := make(chan error, 1)
-		go func() {
-			for range 300 {
-				if err := echoOnce(c, []byte("ping")); err != nil {
-					done <- err
-					return
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	for _, tc := range []struct {
+		procs  int
+		kernel bool
+	}{{1, false}, {2, true}} {
+		t.Run(fmt.Sprintf("GOMAXPROCS=%d", tc.procs), func(t *testing.T) {
+			runtime.GOMAXPROCS(tc.procs)
+			eachBackend(t, func(t *testing.T, be Backend) {
+				g := startGroup(t, be, 1)
+				fd, addr := listenFD(t)
+				listenAll(t, g, fd, func() Handler { return &echo{limit: 64 << 10} })
+				c := dial(t, addr)
+				for i := range 300 {
+					if err := echoOnce(c, []byte("ping")); err != nil {
+						t.Fatalf("round trip %d: %v", i, err)
+					}
 				}
-			}
-			done <- nil
-		}()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(60 * time.Second):
-			t.Fatal("300 round trips did not finish in 60 s: the loop keeps the P")
-		}
-		st := g.Stats()
-		if st.Parks < 2 || st.KernelWaits == 0 {
-			t.Fatalf("stats %+v: want parks (to yield the P) and kernel waits", st)
-		}
-	})
+				st := g.Stats()
+				if st.Parks == 0 || (st.KernelWaits > 0) != tc.kernel {
+					t.Fatalf("stats %+v: want parks, and kernel waits %v", st, tc.kernel)
+				}
+				if tc.kernel {
+					testkit.WaitFor(t, "the idle loop to park", func() bool { return strings.HasPrefix(loopWaitState(), "IO wait") })
+				}
+			})
+		})
+	}
 }
 
 // echoOnce writes data on the kept-open c and reads it back.
