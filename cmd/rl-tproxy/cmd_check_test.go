@@ -43,6 +43,8 @@ func TestCheckInvalidPolicies(t *testing.T) {
 		{"unknown template variable", "ratelimitly: {embedded: true}\nzones:\n  z: {bucket: \"{client_ip}\", rate: 5/s}\n" + svc, ":3: zones.z.bucket: offset 0: unknown variable {client_ip}"},
 		{"2000-byte static bucket", "ratelimitly: {embedded: true}\nzones:\n  z: {rate: 5/s, bucket: " + strings.Repeat("b", 2000) + "}\n" + svc, ":3: zones.z.bucket: static value is 2000 bytes, over the 1024-byte limit"},
 		{"300-byte label", "ratelimitly: {embedded: true}\n" + svc + "    label: " + strings.Repeat("l", 300) + "\n", ":6: services[0] (web).label: static value is 300 bytes, over the 256-byte limit"},
+		{"admission timeout at the horizon", "ratelimitly: {embedded: true}\n" + svc + "    timeouts: {admission: 60ms}\n", ":6: services[0] (web).timeouts.admission: 60ms must exceed the request policy's horizon 60ms (ratelimitly.request_policy standard)"},
+		{"admission timeout absurd", "ratelimitly: {embedded: true}\ndefaults:\n  timeouts: {admission: 2h}\n" + svc, ":3: defaults.timeouts.admission: duration 2h0m0s out of range 1ms..10m0s"},
 		{"custom horizon over max_horizon", "ratelimitly:\n  embedded: true\n  credentials: creds.yaml\n  request_policy: {name: custom, unit: 50ms, replays: 1, replay_gaps: [50ms], final_receive: 50ms}\n" + svc, ":4: ratelimitly.request_policy: request policy custom: horizon 150ms exceeds the credential's max_horizon 100ms (credential key_id 1 in "},
 	}
 	located := regexp.MustCompile(`^\S+\.yaml:[0-9]+: \S`)

@@ -22,6 +22,9 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("run", "run --policy FILE [--admin ADDR] [--log-format text|json|combined] [--log-level debug|info|warn|error] [--event-loops N] [--upgrade-redirect]",
 		"Runs the proxy with the given policy file. SIGHUP (or a change of the policy or credentials file) reloads it;\n"+
 			"SIGTERM/SIGINT drain in-flight requests (bounded by --drain-timeout) and exit.\n"+
+			"Per-request timeouts are policy settings, per service or in defaults, applied by a reload:\n"+
+			"timeouts.header, .idle, .upstream and .admission (the longest wait for an admission decision\n"+
+			"before a 503, default 70s, above the request policy's horizon; see docs/policy.md).\n"+
 			"Exit codes: 0 after a clean stop, 1 invalid policy or flags, 2 runtime failure.", stderr)
 	policy := fs.String("policy", "", "policy file (YAML)")
 	admin := fs.String("admin", node.DefaultAdmin, "admin listener address for /metrics, /healthz, /readyz (port 0 picks a free port; \"off\" disables)")

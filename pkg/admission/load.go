@@ -25,9 +25,19 @@ const (
 
 // Built-in defaults of inheritable settings.
 const (
-	DefaultHeaderTimeout      = 10 * time.Second
-	DefaultIdleTimeout        = 60 * time.Second
-	DefaultUpstreamTimeout    = 30 * time.Second
+	DefaultHeaderTimeout   = 10 * time.Second
+	DefaultIdleTimeout     = 60 * time.Second
+	DefaultUpstreamTimeout = 30 * time.Second
+	// DefaultAdmissionTimeout is timeouts.admission's default (the
+	// proxy's own, proxy.DefaultAdmissionTimeout): above the wire's
+	// longest request horizon (65535ms), so a check's failure policy
+	// always answers first.
+	DefaultAdmissionTimeout = 70 * time.Second
+	// MaxAdmissionTimeout bounds timeouts.admission: no RateLimitly check
+	// outlives the wire's 65535ms horizon, and a hook that has not
+	// answered for this long holds a connection and its request for
+	// nothing.
+	MaxAdmissionTimeout       = 10 * time.Minute
 	DefaultResolverTimeout    = 2 * time.Second
 	DefaultMaxRequestLine     = 8 << 10
 	DefaultMaxHeaderBytes     = 16 << 10
@@ -101,6 +111,7 @@ type loader struct {
 type serviceSettings struct {
 	xff, xfp, fwd, xri                          *bool
 	headerTimeout, idleTimeout, upstreamTimeout *time.Duration
+	admissionTimeout                            *time.Duration
 	maxRequestLine, maxHeaderBytes, maxHeaders  *int64
 	maxBodyBytes, maxRequestsPerConn            *int64
 	rateLimitHeaders, steerLoopback             *bool

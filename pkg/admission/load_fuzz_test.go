@@ -30,6 +30,7 @@ func FuzzLoad(f *testing.F) {
 		"ratelimitly: {srv: _rl._udp.x, credentials: creds.yaml, request_policy: {name: custom, unit: 5ms, replays: 2, replay_gaps: [5ms]}}\n" + ptService,
 		ptEmbedded + "zones:\n  z: {bucket: \"{remote_addr}{{\", rate: 5/m, burst: 9, cost: 2}\ntrackers:\n  t: {service: \"s:{host}\"}\n" + ptService + "    guard: [{tracker: t, threshold: 5ms}]\n    report: t\n    limit: z\n",
 		"services: [\n",
+		"ratelimitly: {embedded: true, request_policy: {name: single_round, unit: 2s}}\ndefaults:\n  timeouts: {admission: 3s}\n" + ptService + "    timeouts: {admission: 2s}\n",
 		tierPolicy,
 	} {
 		f.Add([]byte(s))
@@ -69,6 +70,9 @@ func FuzzLoad(f *testing.F) {
 				}
 			}
 			_ = p.ServiceFor(netip.AddrPortFrom(netip.MustParseAddr("10.0.0.1"), s.Port))
+			if a := s.Timeouts.Admission; a <= p.RateLimitly.Horizon || a > MaxAdmissionTimeout {
+				t.Fatalf("service %s: accepted admission timeout %v (horizon %v)", s.Name, a, p.RateLimitly.Horizon)
+			}
 			_ = s.Match(r)
 			for _, l := range s.Locations {
 				if len(l.Limits) > MaxPerRequest || len(l.Guards) > MaxPerRequest || l.Deny.Status < 400 || l.Deny.Status > 599 {

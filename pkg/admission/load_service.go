@@ -140,9 +140,10 @@ func inheritServiceSettings(svc *Service, own, defSvc *serviceSettings, ownLoc, 
 		XRealIP:         pick(false, own.xri, defSvc.xri),
 	}
 	svc.Timeouts = Timeouts{
-		Header:   pick(DefaultHeaderTimeout, own.headerTimeout, defSvc.headerTimeout),
-		Idle:     pick(DefaultIdleTimeout, own.idleTimeout, defSvc.idleTimeout),
-		Upstream: pick(DefaultUpstreamTimeout, own.upstreamTimeout, defSvc.upstreamTimeout),
+		Header:    pick(DefaultHeaderTimeout, own.headerTimeout, defSvc.headerTimeout),
+		Idle:      pick(DefaultIdleTimeout, own.idleTimeout, defSvc.idleTimeout),
+		Upstream:  pick(DefaultUpstreamTimeout, own.upstreamTimeout, defSvc.upstreamTimeout),
+		Admission: pick(DefaultAdmissionTimeout, own.admissionTimeout, defSvc.admissionTimeout),
 	}
 	svc.Limits = Limits{
 		MaxRequestLine:     int(pick(DefaultMaxRequestLine, own.maxRequestLine, defSvc.maxRequestLine)),

@@ -35,11 +35,17 @@ func (l *loader) serviceSetting(e kv, ctx string, s *serviceSettings) bool {
 			}
 		}
 	case "timeouts":
-		pairs, ok := l.mapping(e.v, c, "header", "idle", "upstream")
+		pairs, ok := l.mapping(e.v, c, "header", "idle", "upstream", "admission")
 		if !ok {
 			return true
 		}
 		for _, f := range pairs {
+			if f.key == "admission" {
+				if d, ok := l.admissionTimeout(f.v, c+".admission"); ok {
+					s.admissionTimeout = &d
+				}
+				continue
+			}
 			d, ok := l.duration(f.v, c+"."+f.key, time.Millisecond, maxDuration)
 			if !ok {
 				continue
@@ -99,6 +105,25 @@ func (l *loader) serviceSetting(e kv, ctx string, s *serviceSettings) bool {
 		return false
 	}
 	return true
+}
+
+// admissionTimeout parses timeouts.admission: a duration up to
+// MaxAdmissionTimeout that exceeds the request policy's horizon (parsed
+// before any service setting). A shorter one would answer 503 while a
+// RateLimitly check may still be on its way, before its failure policy
+// (fail: open or closed) could decide.
+func (l *loader) admissionTimeout(v *yaml.Node, ctx string) (time.Duration, bool) {
+	d, ok := l.duration(v, ctx, time.Millisecond, MaxAdmissionTimeout)
+	if !ok {
+		return 0, false
+	}
+	rl := &l.p.RateLimitly
+	if h := rl.Horizon; d <= h {
+		l.errorf(v, "%s: %s must exceed the request policy's horizon %s (ratelimitly.request_policy %s): "+
+			"a shorter wait answers 503 before the check's failure policy can decide", ctx, d, h, rl.RequestPolicy.Name)
+		return 0, false
+	}
+	return d, true
 }
 
 func (l *loader) positive(v *yaml.Node, ctx string, n int64) bool {

@@ -74,7 +74,7 @@ services:
 	if in.Forward != (ForwardHeaders{XForwardedFor: true, Forwarded: true}) {
 		t.Errorf("inherits forward %+v", in.Forward)
 	}
-	if in.Timeouts != (Timeouts{Header: 5 * time.Second, Idle: DefaultIdleTimeout, Upstream: DefaultUpstreamTimeout}) {
+	if in.Timeouts != (Timeouts{Header: 5 * time.Second, Idle: DefaultIdleTimeout, Upstream: DefaultUpstreamTimeout, Admission: DefaultAdmissionTimeout}) {
 		t.Errorf("inherits timeouts %+v", in.Timeouts)
 	}
 	if in.Limits.MaxHeaders != 50 || in.Limits.MaxBodyBytes != 1<<20 || in.Limits.MaxHeaderBytes != DefaultMaxHeaderBytes || in.Limits.MaxRequestsPerConn != 0 {

@@ -113,6 +113,7 @@ func TestViaBegin(t *testing.T) {
 		{"TestInvalidDenyThroughProxy", TestInvalidDenyThroughProxy},
 		{"TestLocalFallbackLogsAndCounts", TestLocalFallbackLogsAndCounts},
 		{"TestMatchOnNormalizedPath", TestMatchOnNormalizedPath},
+		{"TestProxyServicesAdmissionTimeout", TestProxyServicesAdmissionTimeout},
 		{"TestRejectionsCountedAndLogged", TestRejectionsCountedAndLogged},
 		{"TestReportRulesThroughProxy", TestReportRulesThroughProxy},
 		{"TestRequestIDGeneratedUpstream", TestRequestIDGeneratedUpstream},

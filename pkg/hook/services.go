@@ -21,6 +21,7 @@ func ProxyServices(p *admission.Policy) []*proxy.Service {
 			HeaderTimeout:      s.Timeouts.Header,
 			IdleTimeout:        s.Timeouts.Idle,
 			UpstreamTimeout:    s.Timeouts.Upstream,
+			AdmissionTimeout:   s.Timeouts.Admission,
 			MaxRequestsPerConn: s.Limits.MaxRequestsPerConn,
 			MaxBodyBytes:       s.Limits.MaxBodyBytes,
 			Limits: httpparse.Limits{

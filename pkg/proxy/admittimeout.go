@@ -17,7 +17,7 @@ import (
 // admitDeadline arms the admission deadline of c's request; a blocking
 // Hook's Admit context carries it.
 func (c *lconn) admitDeadline(cfg *Config) {
-	d := cfg.admissionTimeout()
+	d := cfg.admissionTimeout(c.r.svc)
 	c.setDeadline(c.ls.l.Now() + int64(d))
 	if _, ok := c.r.hook.(AsyncHook); !ok {
 		c.r.actx.setDeadline(time.Now().Add(d))
@@ -30,7 +30,7 @@ func (c *lconn) admitTimeout() {
 	if !r.pending {
 		return // the Decision is being acted on
 	}
-	d := r.cfg.admissionTimeout()
+	d := r.cfg.admissionTimeout(r.svc)
 	r.res.AdmissionErr = fmt.Errorf("admission: no decision from the hook within %v: %w", d, errLoopTimeout)
 	r.cfg.logger().Debug("admission timed out", "service", r.svc.Name, "remote", c.remote, "timeout", d)
 	if !r.cancelled {

@@ -171,6 +171,11 @@ type Service struct {
 	MaxRequestsPerConn int           // 0 = unlimited
 	MaxBodyBytes       int64         // 0 = unlimited; larger bodies get 413
 	Limits             httpparse.Limits
+	// AdmissionTimeout is Config.AdmissionTimeout for this service's
+	// HTTP/1.x requests (the policy's timeouts.admission); 0: the
+	// Config's. An Update applies it to the requests whose head ends
+	// after it.
+	AdmissionTimeout time.Duration
 
 	// ProxyProtocol starts every upstream connection with a PROXY protocol
 	// header naming the client (pinned.go). Such a connection serves one
@@ -259,12 +264,17 @@ type Config struct {
 	// with Connection: close (the proxy does not know the Hook's failure
 	// policy) and the request is reported to a Rejecter as
 	// "admission-timeout"; Done follows once the Hook has answered after
-	// all, with Result.AdmissionErr set. 0 (or less) means
-	// DefaultAdmissionTimeout.
+	// all, with Result.AdmissionErr set. A Service's own AdmissionTimeout
+	// wins; 0 (or less) means DefaultAdmissionTimeout. The HTTP/1.x path
+	// applies it (the HTTP/2 and passthrough paths wait for the Hook).
 	AdmissionTimeout time.Duration
 }
 
-func (c *Config) admissionTimeout() time.Duration {
+// admissionTimeout is the admission bound of svc's requests.
+func (c *Config) admissionTimeout(svc *Service) time.Duration {
+	if svc != nil && svc.AdmissionTimeout > 0 {
+		return svc.AdmissionTimeout
+	}
 	return durOr(c.AdmissionTimeout, DefaultAdmissionTimeout)
 }
 
@@ -304,6 +314,9 @@ func (c *Config) validate() error {
 		}
 		if s.MaxBodyBytes < 0 || s.MaxRequestsPerConn < 0 {
 			return fmt.Errorf("service %q: negative limit", s.Name)
+		}
+		if s.AdmissionTimeout < 0 {
+			return fmt.Errorf("service %q: negative admission timeout %v", s.Name, s.AdmissionTimeout)
 		}
 	}
 	return nil
