@@ -98,8 +98,15 @@ func (c *lconn) onTimer() {
 		return
 	}
 	if now := c.ls.l.Now(); now < c.deadline {
-		c.timerAt = c.deadline
-		c.timer.Reset(c.deadline)
+		next := c.deadline
+		if c.state == lcUpgrading {
+			if c.upgradingPeerGone() {
+				return
+			}
+			next = min(next, now+int64(upgradingProbe))
+		}
+		c.timerAt = next
+		c.timer.Reset(next)
 		return
 	}
 	c.deadline = 0

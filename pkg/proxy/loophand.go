@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
 	"github.com/rl-tproxy/rl-tproxy/pkg/sniff"
 )
 
@@ -137,9 +138,57 @@ func (c *lconn) upgrade(u *lup, rest []byte) {
 	}
 	c.state = lcUpgrading
 	c.tun = &tunnelJob{c: c, u: u, cfd: -1, ufd: -1, idle: r.cfg.tunnelIdle(r.svc)}
-	c.setDeadline(c.ls.l.Now() + int64(c.tun.idle))
+	now := c.ls.l.Now()
+	c.setDeadline(now + int64(c.tun.idle))
 	c.detachTunnel()
+	if c.state == lcUpgrading && now+int64(upgradingProbe) < c.timerAt {
+		c.timerAt = now + int64(upgradingProbe) // onTimer probes the peers
+		c.timer.Reset(c.timerAt)
+	}
 }
+
+// upgradingProbe is how often a connection waiting in lcUpgrading checks
+// that both peers are still there. Both sides' reading is paused then,
+// and a reset of a paused socket is not reported by every loop backend
+// (io_uring has no receive in flight to fail), so a peer that vanished
+// would otherwise hold the other side's stalled bytes until the tunnel
+// idle bound.
+const upgradingProbe = time.Second
+
+// upgradingPeerGone ends the connection when a peer's socket was reset
+// (TCP state CLOSE) and reports whether it did. A peer that only shut
+// its write side is still a tunnel peer: the tunnel relays that.
+func (c *lconn) upgradingPeerGone() bool {
+	if err := sockGone(c.s); err != nil {
+		c.abort()
+		return true
+	}
+	if err := sockGone(c.tun.u.s); err != nil {
+		c.r.res.UpstreamErr = fmt.Errorf("upgraded upstream: %w", err)
+		c.close()
+		return true
+	}
+	return false
+}
+
+// sockGone reports why s's connection is closed (reset, or failed), nil
+// while it is open.
+func sockGone(s *evloop.Sock) error {
+	if s == nil || s.FD() < 0 {
+		return nil
+	}
+	ti, err := unix.GetsockoptTCPInfo(s.FD(), unix.IPPROTO_TCP, unix.TCP_INFO)
+	if err != nil || ti.State != tcpClose {
+		return nil
+	}
+	if errno, err := unix.GetsockoptInt(s.FD(), unix.SOL_SOCKET, unix.SO_ERROR); err == nil && errno != 0 {
+		return unix.Errno(errno)
+	}
+	return unix.ECONNRESET
+}
+
+// tcpClose is TCP_CLOSE of the kernel's TCP states (tcp_states.h).
+const tcpClose = 7
 
 // detachTunnel detaches both connections when nothing is queued on
 // either: a Detach waits for its queued bytes without a bound, so the
