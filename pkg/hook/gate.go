@@ -368,7 +368,13 @@ func (g *Gate) Done(r *proxy.Request, d *proxy.Decision, res *proxy.Result) {
 	if st.gen != nil && st.gen.pol.RateLimitly.Debug && dec.Location != nil && dec.Location.Protected() {
 		g.logDecision(st)
 	}
-	g.logAccess(r, d, res, st, outcome, reported)
+	// Checked here as well as in logAccess: its frame (the access line's
+	// attributes, ~3 KB) would otherwise be entered on every request, and
+	// on an HTTP/2 stream's goroutine that made its stack grow (a copy)
+	// per request even with the access log off.
+	if g.access.Enabled(context.Background(), slog.LevelInfo) {
+		g.logAccess(r, d, res, st, outcome, reported)
+	}
 	g.release(st.ref)
 	st.ref, st.gen, st.info = nil, nil, nil
 	st.areq = admission.Request{}
