@@ -38,16 +38,36 @@ func (st *stream) forward(w http.ResponseWriter, r *http.Request, d *proxy.Decis
 }
 
 // send sends the request upstream and returns the response head, or nil
-// when it answered the stream itself (an error).
+// when it answered the stream itself (an error). Building the request
+// and answering a failure are functions of their own (not inlined): the
+// request template and the error formatting are then not part of send's
+// frame while the round trip runs below it on the handler's stack.
 func (st *stream) send(w http.ResponseWriter, r *http.Request, d *proxy.Decision) *http.Response {
 	h := st.h
-	svc := h.svc
 	up, err := h.upstream()
 	if err != nil {
 		st.res.UpstreamErr = err
 		st.fail(w, http.StatusBadGateway)
 		return nil
 	}
+	out := st.upstreamRequest(r, d)
+	st.res.Upstream = h.svc.Upstream
+	upStart := h.now()
+	res, err := up.rt.RoundTrip(out)
+	if err != nil {
+		st.sendFailed(w, r, err)
+		return nil
+	}
+	st.res.UpstreamStatus = res.StatusCode
+	st.res.UpstreamTTFB = h.now().Sub(upStart)
+	return res
+}
+
+// upstreamRequest is the request sent upstream for r.
+//
+//go:noinline
+func (st *stream) upstreamRequest(r *http.Request, d *proxy.Decision) *http.Request {
+	svc := st.h.svc
 	u := &url.URL{Scheme: "http", Host: svc.Upstream, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery}
 	if r.URL.Path == "*" {
 		u = &url.URL{Scheme: "http", Host: svc.Upstream, Opaque: "*"}
@@ -87,31 +107,27 @@ func (st *stream) send(w http.ResponseWriter, r *http.Request, d *proxy.Decision
 	// transport's (ResponseHeaderTimeout, from the end of the request
 	// body), and a relay that ends early closes the response body, which
 	// resets the upstream stream too.
-	out := tmpl.WithContext(r.Context())
-	st.res.Upstream = svc.Upstream
-	upStart := h.now()
-	res, err := up.rt.RoundTrip(out)
-	if err == nil {
-		st.res.UpstreamStatus = res.StatusCode
-		st.res.UpstreamTTFB = h.now().Sub(upStart)
+	return tmpl.WithContext(r.Context())
+}
+
+// sendFailed answers a stream whose round trip failed.
+//
+//go:noinline
+func (st *stream) sendFailed(w http.ResponseWriter, r *http.Request, err error) {
+	svc := st.h.svc
+	switch {
+	case r.Context().Err() != nil:
+		st.res.ClientAborted = true
+	case st.body != nil && st.body.tooBig.Load():
+		st.fail(w, http.StatusRequestEntityTooLarge)
+	case isHeadTimeout(err):
+		st.res.UpstreamErr = fmt.Errorf("upstream %s: no response head within %s", svc.Upstream,
+			durOr(svc.UpstreamTimeout, proxy.DefaultUpstreamTimeout))
+		st.fail(w, http.StatusGatewayTimeout)
+	default:
+		st.res.UpstreamErr = fmt.Errorf("upstream %s: %w", svc.Upstream, err)
+		st.fail(w, http.StatusBadGateway)
 	}
-	if err != nil {
-		switch {
-		case r.Context().Err() != nil:
-			st.res.ClientAborted = true
-		case st.body != nil && st.body.tooBig.Load():
-			st.fail(w, http.StatusRequestEntityTooLarge)
-		case isHeadTimeout(err):
-			st.res.UpstreamErr = fmt.Errorf("upstream %s: no response head within %s", svc.Upstream,
-				durOr(svc.UpstreamTimeout, proxy.DefaultUpstreamTimeout))
-			st.fail(w, http.StatusGatewayTimeout)
-		default:
-			st.res.UpstreamErr = fmt.Errorf("upstream %s: %w", svc.Upstream, err)
-			st.fail(w, http.StatusBadGateway)
-		}
-		return nil
-	}
-	return res
 }
 
 // isHeadTimeout reports whether a RoundTrip error is the transport's

@@ -122,14 +122,7 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer putStream(st) // after Done (deferred below)
 	st.build(r)
 	if status, rule := st.check(r); status != 0 {
-		if h.cfg.OnReject != nil {
-			h.cfg.OnReject(h.svc, h.remote, rule, status)
-		}
-		if rj, ok := h.cfg.Hook.(proxy.Rejecter); ok {
-			rj.Reject(h.svc, h.remote, rule, status)
-		}
-		logger(h.cfg).Debug("http2 request rejected", "service", h.svc.Name, "remote", h.remote, "rule", rule)
-		st.answer(w, status, nil, []byte(http.StatusText(status)+"\n"), "text/plain; charset=utf-8")
+		st.reject(w, status, rule)
 		return
 	}
 	hook := h.cfg.Hook
@@ -137,24 +130,58 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		st.forward(w, r, nil)
 		return
 	}
-	st.dec = hook.Admit(r.Context(), &st.req)
-	d := &st.dec
-	defer func() {
-		if st.res.End.IsZero() {
-			st.res.End = h.now()
-		}
-		st.res.BytesIn = st.bytesIn()
-		hook.Done(&st.req, d, &st.res)
-	}()
+	st.admit(hook, r)
+	defer st.done(hook)
 	if r.Context().Err() != nil {
 		st.res.ClientAborted = true
 		return
 	}
-	if !d.Allow {
-		st.deny(w, d)
+	if !st.dec.Allow {
+		st.deny(w, &st.dec)
 		return
 	}
-	st.forward(w, r, d)
+	st.forward(w, r, &st.dec)
+}
+
+// The handler's stack: the codec starts every stream's handler on a new
+// goroutine, whose stack starts at the runtime's adaptive size and is
+// copied to a twice larger one whenever a call goes past its end. What
+// is not on the forwarding path (rejects, the Hook's calls with their
+// large results) runs in functions of its own, not inlined, so that
+// their frames are not part of ServeHTTP's while the upstream round trip
+// runs below it.
+
+// reject answers a stream that failed check.
+//
+//go:noinline
+func (st *stream) reject(w http.ResponseWriter, status int, rule string) {
+	h := st.h
+	if h.cfg.OnReject != nil {
+		h.cfg.OnReject(h.svc, h.remote, rule, status)
+	}
+	if rj, ok := h.cfg.Hook.(proxy.Rejecter); ok {
+		rj.Reject(h.svc, h.remote, rule, status)
+	}
+	logger(h.cfg).Debug("http2 request rejected", "service", h.svc.Name, "remote", h.remote, "rule", rule)
+	st.answer(w, status, nil, []byte(http.StatusText(status)+"\n"), "text/plain; charset=utf-8")
+}
+
+// admit asks the Hook for the stream's decision.
+//
+//go:noinline
+func (st *stream) admit(hook proxy.Hook, r *http.Request) {
+	st.dec = hook.Admit(r.Context(), &st.req)
+}
+
+// done tells the Hook how the stream ended.
+//
+//go:noinline
+func (st *stream) done(hook proxy.Hook) {
+	if st.res.End.IsZero() {
+		st.res.End = st.h.now()
+	}
+	st.res.BytesIn = st.bytesIn()
+	hook.Done(&st.req, &st.dec, &st.res)
 }
 
 // build fills the Hook's view of the stream: :method, :path (split at
