@@ -7,11 +7,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/textproto"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
@@ -84,14 +87,6 @@ func (st *stream) upstreamRequest(r *http.Request, d *proxy.Decision) *http.Requ
 		ContentLength: r.ContentLength,
 		Trailer:       r.Trailer,
 	}
-	if d != nil { // a copy (outHeader) when there are fields to forward
-		for _, f := range d.Forward { // the hook's fields replace the client's
-			tmpl.Header.Del(string(f.Name))
-		}
-		for _, f := range d.Forward {
-			tmpl.Header.Add(string(f.Name), string(f.Value))
-		}
-	}
 	// A stream that ended with its header block has ContentLength 0 (the
 	// codec still hands a non-nil, empty Body): sending NoBody lets the
 	// upstream request end with its HEADERS frame instead of an extra
@@ -146,22 +141,26 @@ func isHeadTimeout(err error) bool {
 // fields of the service and the hook's (d.Forward, replacing the
 // client's). When none of that changes anything, it is the client's
 // header itself, shared read-only (the codec does not touch it once the
-// handler runs, and the upstream side only reads it).
+// handler runs, and the upstream side only reads it). Otherwise it is a
+// new map built in one pass: the client's value slices are shared
+// (capacity-capped, so that an append copies), the connection-specific
+// fields are left out rather than deleted from a clone, and the hook's
+// fields go in with one allocation for their values.
 func outHeader(r *http.Request, st *stream, d *proxy.Decision) http.Header {
 	svc := st.h.svc
+	var fwd []httpparse.Header
+	if d != nil {
+		fwd = d.Forward
+	}
 	if r.Header != nil && !svc.XForwardedFor && !svc.XForwardedProto && !svc.Forwarded && !svc.XRealIP &&
-		(d == nil || len(d.Forward) == 0) && !hasHopByHop(r.Header) {
+		len(fwd) == 0 && !hasHopByHop(r.Header) {
 		return r.Header
 	}
-	out := r.Header.Clone()
-	if out == nil {
-		out = http.Header{}
-	}
-	for _, k := range hopByHop {
-		if k == "Te" && strings.EqualFold(out.Get("Te"), "trailers") {
-			continue
+	out := make(http.Header, len(r.Header)+len(fwd)+2)
+	for k, vs := range r.Header {
+		if !isHopByHop(k, vs) {
+			out[k] = vs[:len(vs):len(vs)]
 		}
-		delete(out, k)
 	}
 	ip := st.h.remote.Addr().Unmap()
 	if svc.XForwardedFor {
@@ -188,7 +187,39 @@ func outHeader(r *http.Request, st *stream, d *proxy.Decision) http.Header {
 	if svc.XRealIP {
 		out.Set("X-Real-Ip", ip.String())
 	}
+	addForward(out, fwd)
 	return out
+}
+
+// addForward puts the hook's fields into h, each name's values replacing
+// the client's (as Del of every name, then Add of every field).
+func addForward(h http.Header, fwd []httpparse.Header) {
+	if len(fwd) == 0 {
+		return
+	}
+	var kbuf [8]string
+	keys := kbuf[:0]
+	vals := make([]string, len(fwd))
+	for i, f := range fwd {
+		k := textproto.CanonicalMIMEHeaderKey(string(f.Name))
+		vals[i] = string(f.Value)
+		if slices.Contains(keys, k) { // a later field of a name already replaced
+			h[k] = append(h[k], vals[i])
+			continue
+		}
+		keys = append(keys, k)
+		h[k] = vals[i : i+1 : i+1]
+	}
+}
+
+// isHopByHop reports whether the client's field k (values vs) stays off
+// the upstream request: one of hopByHop, but a TE whose first value is
+// "trailers".
+func isHopByHop(k string, vs []string) bool {
+	if !slices.Contains(hopByHop, k) {
+		return false
+	}
+	return k != "Te" || len(vs) == 0 || !strings.EqualFold(vs[0], "trailers")
 }
 
 // relay writes the upstream response: head, body as it arrives (flushed
@@ -286,15 +317,10 @@ func (st *stream) fail(w http.ResponseWriter, status int) {
 	st.answer(w, status, nil, []byte(strconv.Itoa(status)+" "+http.StatusText(status)+"\n"), "text/plain; charset=utf-8")
 }
 
-// hasHopByHop reports whether outHeader would delete a field of h (all
-// of hopByHop but a TE whose first value is "trailers").
+// hasHopByHop reports whether outHeader would leave a field of h out.
 func hasHopByHop(h http.Header) bool {
 	for _, k := range hopByHop {
-		vs, ok := h[k]
-		if !ok {
-			continue
-		}
-		if k != "Te" || len(vs) == 0 || !strings.EqualFold(vs[0], "trailers") {
+		if vs, ok := h[k]; ok && isHopByHop(k, vs) {
 			return true
 		}
 	}

@@ -15,6 +15,9 @@ import (
 // the client's header is left as it was.
 func TestOutHeader(t *testing.T) {
 	fwd := &proxy.Decision{Allow: true, Forward: []httpparse.Header{{Name: []byte("X-Id"), Value: []byte("h")}}}
+	fwd2 := &proxy.Decision{Allow: true, Forward: []httpparse.Header{
+		{Name: []byte("x-id"), Value: []byte("h1")}, {Name: []byte("X-Other"), Value: []byte("o")}, {Name: []byte("X-ID"), Value: []byte("h2")},
+	}}
 	tests := []struct {
 		name   string
 		in     http.Header
@@ -30,8 +33,14 @@ func TestOutHeader(t *testing.T) {
 		{"trailer field", http.Header{"Trailer": {"X"}, "A": {"1"}}, proxy.Service{}, nil, false, http.Header{"A": {"1"}}},
 		{"xff", http.Header{"A": {"1"}}, proxy.Service{XForwardedFor: true}, nil, false, http.Header{"A": {"1"}, "X-Forwarded-For": {"192.0.2.1"}}},
 		{"real ip", http.Header{}, proxy.Service{XRealIP: true}, nil, false, http.Header{"X-Real-Ip": {"192.0.2.1"}}},
-		{"hook fields", http.Header{"X-Id": {"client"}}, proxy.Service{}, fwd, false, http.Header{"X-Id": {"client"}}},
+		{"hook fields", http.Header{"X-Id": {"client"}, "A": {"1"}}, proxy.Service{}, fwd, false, http.Header{"X-Id": {"h"}, "A": {"1"}}},
+		{"hook fields, repeated name", http.Header{"X-Id": {"client", "c2"}}, proxy.Service{}, fwd2, false,
+			http.Header{"X-Id": {"h1", "h2"}, "X-Other": {"o"}}},
+		{"hook fields and xff", http.Header{"X-Forwarded-For": {"198.51.100.7"}}, proxy.Service{XForwardedFor: true}, fwd, false,
+			http.Header{"X-Id": {"h"}, "X-Forwarded-For": {"198.51.100.7, 192.0.2.1"}}},
 		{"nil header", nil, proxy.Service{}, nil, false, http.Header{}},
+		{"values with spare capacity", http.Header{"A": append(make([]string, 0, 4), "1"), "Te": {"gzip"}}, proxy.Service{}, nil, false,
+			http.Header{"A": {"1"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -48,6 +57,11 @@ func TestOutHeader(t *testing.T) {
 			}
 			if !equalHeader(got, want) {
 				t.Fatalf("got %v, want %v", got, want)
+			}
+			if !tt.shared { // a copy: appending to it leaves the client's values alone
+				for k := range got {
+					got[k] = append(got[k], "appended")
+				}
 			}
 			if !equalHeader(tt.in, before) {
 				t.Fatalf("client header changed: %v, was %v", tt.in, before)
