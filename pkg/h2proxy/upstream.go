@@ -74,6 +74,12 @@ func (u *upstreams) get(svc *proxy.Service, cfg *proxy.Config) (*upstream, error
 		if err != nil {
 			return nil, fmt.Errorf("dial %s: %w", addr, err)
 		}
+		if proto == ProtoHTTP1 {
+			// One request at a time per connection: nothing to batch,
+			// and a write straight from the transport's writer saves
+			// the coalescer's goroutine per request.
+			return c, nil
+		}
 		return newCoalescer(c), nil
 	}
 	idle := durOr(cfg.UpstreamIdleTimeout, proxy.DefaultUpstreamIdleTimeout)
