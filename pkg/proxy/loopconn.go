@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"math"
 	"net/netip"
 	"time"
 
@@ -51,8 +52,8 @@ type lconnVars struct {
 	fresh      bool  // accepted, first request not started
 	sniffed    bool  // protocol dispatch done
 	inServe    bool  // serveBuffered runs (no recursion)
-	nreq       int   //
-	discarded  int   // bytes discarded while lingering
+	nreq       int32 // requests started (saturates)
+	discarded  int32 // bytes discarded while lingering (<= lingerMax + one read)
 	freshUntil int64 // loop clock: a drain waits for the first request until then
 	headStart  int64 // loop clock: first byte of the head being read
 	start      time.Time
@@ -164,7 +165,7 @@ func (c *lconn) OnRead(_ *evloop.Sock, b []byte) {
 		}
 		c.bufferIn(b)
 	case lcClosing:
-		c.discarded += len(b)
+		c.discarded += int32(len(b))
 		if c.discarded > lingerMax {
 			c.close()
 		}
@@ -410,7 +411,9 @@ func (c *lconn) startRequest(cfg *Config, svc *Service) {
 	}
 	c.buf.r += h.HeadLen
 	c.buf.floor = c.buf.r
-	c.nreq++
+	if c.nreq < math.MaxInt32 {
+		c.nreq++
+	}
 	c.fresh = false
 	r.cfg, r.svc, r.hook = cfg, svc, cfg.Hook
 	r.req = Request{Remote: c.remote, Local: c.local, Service: svc, Head: h, Start: c.start, Proto: ProtoHTTP11}
@@ -450,7 +453,7 @@ func (c *lconn) keepClient() bool {
 		return false
 	}
 	svc := c.r.svc
-	return svc.MaxRequestsPerConn <= 0 || c.nreq < svc.MaxRequestsPerConn
+	return svc.MaxRequestsPerConn <= 0 || int(c.nreq) < svc.MaxRequestsPerConn
 }
 
 // complete ends the request in flight (or a connection-level answer when

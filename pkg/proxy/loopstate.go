@@ -71,9 +71,8 @@ func (ls *loopState) write2(s *evloop.Sock, a, b []byte) {
 // unread window is b[r:w]; floor is where compaction may move it (the end
 // of the head of the request in flight, whose fields point into b).
 type lbuf struct {
-	arr         *bufArr
-	big         []byte // a buffer larger than bufArr (Limits beyond the default)
-	b           []byte
+	arr         *bufArr // the loop's array while held (put gives it back)
+	b           []byte  // arr[:], or a larger heap buffer (a head beyond bufArr, Limits beyond the default)
 	r, w, floor int
 }
 
@@ -82,8 +81,7 @@ func (b *lbuf) get(ls *loopState, need int) {
 		return
 	}
 	if need > bufSize {
-		b.big = make([]byte, need)
-		b.b = b.big
+		b.b = make([]byte, need)
 		return
 	}
 	b.arr = ls.getBuf()
@@ -139,7 +137,7 @@ func (b *lbuf) addGrow(p []byte) {
 	nb := make([]byte, 0, b.w-b.r+len(p)+4096)
 	nb = append(nb, b.unread()...)
 	nb = append(nb, p...)
-	b.big, b.b, b.r, b.w, b.floor = nb[:cap(nb)], nb[:cap(nb)], 0, len(nb), 0
+	b.b, b.r, b.w, b.floor = nb[:cap(nb)], 0, len(nb), 0
 	// b.arr stays with b until put gives it back to the loop
 }
 
