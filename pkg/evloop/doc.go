@@ -60,12 +60,15 @@
 // have the runtime's monitor give the P to another thread after 20 µs).
 // Post wakes such a wait through the ring's or the epoll set's own
 // eventfd. Once the span is over the next idle wait parks. A loop waits
-// in the kernel only while the process has a P that no loop holds
+// in the kernel only on io_uring (epoll's parker, a duplicate of the epoll
+// set in Go's netpoller, would wake the netpoller at every event) and
+// only while the process has a P that no loop holds
 // (GOMAXPROCS above the number of running loops; cmd/rl-tproxy raises
 // it by one): otherwise goroutines woken by the netpoller (HTTP/2
 // connections, an admission client's receiver) would find no P until
 // the loop parks, and loops always park. A signal (the runtime's
-// preemption, a stop-the-world) ends a kernel wait with EINTR.
+// preemption, a stop-the-world) ends a kernel wait with EINTR; with
+// GODEBUG=asyncpreemptoff=1 a stop-the-world may wait for the span.
 // Stats.Parks and Stats.KernelWaits count both. Config.BlockingWait
 // restores the announced wait inside the system call (for measurements).
 //
@@ -103,7 +106,7 @@
 //	func (t *Timer) Reset(at int64)     // absolute, in Now's clock
 //	func (t *Timer) Stop()
 //
-//	type AcceptHandler interface{ OnAccept(l *Loop, fd int, remote unix.Sockaddr) }
+//	type AcceptHandler interface{ OnAccept(l *Loop, fd int, remote netip.AddrPort) }
 //	type Handler interface {
 //		OnConnect(s *Sock, err error) // only for Connect; on err the loop closes s after it returns
 //		OnRead(s *Sock, b []byte)     // b valid only during the call

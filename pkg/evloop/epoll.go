@@ -110,12 +110,15 @@ func (e *epoll) wait(timeout int64) (int, error) {
 			e.ts = unix.NsecToTimespec(timeout)
 			tsp = unsafe.Pointer(&e.ts)
 		}
-		call := unix.Syscall6
+		var n uintptr
+		var errno unix.Errno
 		if raw {
-			call = unix.RawSyscall6
+			n, _, errno = unix.RawSyscall6(unix.SYS_EPOLL_PWAIT2, uintptr(e.epfd), uintptr(unsafe.Pointer(&e.events[0])),
+				uintptr(len(e.events)), uintptr(tsp), 0, 0)
+		} else {
+			n, _, errno = unix.Syscall6(unix.SYS_EPOLL_PWAIT2, uintptr(e.epfd), uintptr(unsafe.Pointer(&e.events[0])),
+				uintptr(len(e.events)), uintptr(tsp), 0, 0)
 		}
-		n, _, errno := call(unix.SYS_EPOLL_PWAIT2, uintptr(e.epfd), uintptr(unsafe.Pointer(&e.events[0])),
-			uintptr(len(e.events)), uintptr(tsp), 0, 0)
 		switch errno {
 		case 0:
 			return int(n), nil
@@ -142,10 +145,10 @@ func (e *epoll) wait(timeout int64) (int, error) {
 
 func (e *epoll) accept(ln *listener) {
 	for i := 0; i < 64 && !ln.gone; i++ {
-		fd, sa, err := unix.Accept4(ln.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		fd, remote, err := e.l.accept4(ln.fd)
 		switch err {
 		case nil:
-			ln.h.OnAccept(e.l, fd, sa)
+			ln.h.OnAccept(e.l, fd, remote)
 		case unix.EINTR, unix.ECONNABORTED:
 		case unix.EAGAIN:
 			return

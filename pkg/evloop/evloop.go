@@ -237,6 +237,7 @@ type Loop struct {
 	inKernel atomic.Bool
 	// kernelUntil (loop clock) bounds the kernel waits after a park.
 	kernelUntil int64
+	rsa         unix.RawSockaddrAny // accept4's peer address
 
 	nSocks   atomic.Int64
 	nBufs    atomic.Int64
@@ -393,7 +394,9 @@ func spareP() bool { return runtime.GOMAXPROCS(0) > int(loopsAlive.Load()) }
 // idle loop parks after kernelSpan, so that the runtime does not preempt
 // it every 10 ms. Loops wait in the kernel only while the process
 // has a P to spare for goroutines (spareP; cmd/rl-tproxy sets GOMAXPROCS
-// one above the number of loops).
+// one above the number of loops), and only on io_uring: epoll's parker is
+// a duplicate of the loop's epoll set, registered in Go's netpoller, so
+// every event during a kernel wait would also wake the netpoller.
 var kernelSpan = int64(time.Millisecond) // a variable for the tests only
 
 func (l *Loop) loop() error {
@@ -412,8 +415,11 @@ func (l *Loop) loop() error {
 				}
 			}
 			l.asleep.Store(true)
-			if l.hasPosted() {
+			// After asleep (and inKernel): a Post or Close that came
+			// before is seen here, one that comes after wakes the wait.
+			if l.hasPosted() || l.stop.Load() {
 				l.asleep.Store(false)
+				l.inKernel.Store(false)
 				timeout, park = 0, false
 			}
 		}
@@ -423,7 +429,7 @@ func (l *Loop) loop() error {
 			l.nParks.Add(1)
 			err = l.pk.wait()
 			l.kernelUntil = 0
-			if spareP() {
+			if l.ur != nil && spareP() {
 				l.kernelUntil = l.now + kernelSpan
 			}
 		case l.inKernel.Load():

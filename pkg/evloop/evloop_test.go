@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -135,7 +136,7 @@ func TestRelay(t *testing.T) {
 		for _, l := range g.Loops() {
 			bsa := &unix.SockaddrInet4{Port: port, Addr: [4]byte{127, 0, 0, 1}} // one per loop: Connect writes into it
 			on(l, func() {
-				l.Listen(fd, acceptFunc(func(l *Loop, cfd int, _ unix.Sockaddr) {
+				l.Listen(fd, acceptFunc(func(l *Loop, cfd int, _ netip.AddrPort) {
 					ufd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 					if err != nil {
 						unix.Close(cfd)
@@ -253,7 +254,7 @@ func accepted(t testing.TB, g *Group, h func() Handler) (string, <-chan *Sock) {
 	socks := make(chan *Sock, 1024)
 	l := g.Loops()[0]
 	on(l, func() {
-		if err := l.Listen(fd, acceptFunc(func(l *Loop, cfd int, _ unix.Sockaddr) {
+		if err := l.Listen(fd, acceptFunc(func(l *Loop, cfd int, _ netip.AddrPort) {
 			s, err := l.Add(cfd, h())
 			if err != nil {
 				unix.Close(cfd)
@@ -524,9 +525,9 @@ func TestFamilies(t *testing.T) {
 			defer f.Close()
 			fd := int(f.Fd())
 			unix.SetNonblock(fd, true)
-			remote := make(chan unix.Sockaddr, 1)
+			remote := make(chan netip.AddrPort, 1)
 			on(l, func() {
-				l.Listen(fd, acceptFunc(func(l *Loop, cfd int, sa unix.Sockaddr) {
+				l.Listen(fd, acceptFunc(func(l *Loop, cfd int, sa netip.AddrPort) {
 					remote <- sa
 					l.Add(cfd, &echo{})
 				}))
@@ -534,8 +535,8 @@ func TestFamilies(t *testing.T) {
 			if err := roundTrip(t, dial(t, ln.Addr().String()), []byte("over IPv6")); err != nil {
 				t.Fatal(err)
 			}
-			if sa, ok := (<-remote).(*unix.SockaddrInet6); !ok || sa.Addr != [16]byte{15: 1} {
-				t.Fatalf("remote %#v, want ::1", sa)
+			if sa := <-remote; sa.Addr() != netip.IPv6Loopback() || sa.Port() == 0 {
+				t.Fatalf("remote %v, want [::1]:port", sa)
 			}
 			on(l, func() { l.Unlisten(fd) })
 		})

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"testing"
 	"time"
@@ -78,9 +79,9 @@ func listenFD(t testing.TB) (int, string) {
 }
 
 // acceptFunc adapts a function to AcceptHandler.
-type acceptFunc func(l *Loop, fd int, remote unix.Sockaddr)
+type acceptFunc func(l *Loop, fd int, remote netip.AddrPort)
 
-func (f acceptFunc) OnAccept(l *Loop, fd int, remote unix.Sockaddr) { f(l, fd, remote) }
+func (f acceptFunc) OnAccept(l *Loop, fd int, remote netip.AddrPort) { f(l, fd, remote) }
 
 // listenAll makes every loop of g accept on fd and Add what it accepts
 // with the handler newH returns.
@@ -89,7 +90,7 @@ func listenAll(t testing.TB, g *Group, fd int, newH func() Handler) {
 	for _, l := range g.Loops() {
 		var err error
 		on(l, func() {
-			err = l.Listen(fd, acceptFunc(func(l *Loop, cfd int, _ unix.Sockaddr) {
+			err = l.Listen(fd, acceptFunc(func(l *Loop, cfd int, _ netip.AddrPort) {
 				if _, err := l.Add(cfd, newH()); err != nil {
 					unix.Close(cfd)
 				}

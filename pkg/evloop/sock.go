@@ -2,6 +2,7 @@ package evloop
 
 import (
 	"fmt"
+	"net/netip"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -11,7 +12,7 @@ import (
 // non-blocking and close-on-exec; the handler owns it (Add it, or close
 // it). remote may be nil when the peer's address is unknown.
 type AcceptHandler interface {
-	OnAccept(l *Loop, fd int, remote unix.Sockaddr)
+	OnAccept(l *Loop, fd int, remote netip.AddrPort)
 }
 
 // Handler gets a socket's events, on the loop thread. It must not block.

@@ -244,10 +244,10 @@ func (u *uring) listenReady(c cqe) {
 
 func (u *uring) accept(ln *listener) {
 	for !ln.gone {
-		fd, sa, err := unix.Accept4(ln.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		fd, remote, err := u.l.accept4(ln.fd)
 		switch err {
 		case nil:
-			ln.h.OnAccept(u.l, fd, sa)
+			ln.h.OnAccept(u.l, fd, remote)
 		case unix.EINTR, unix.ECONNABORTED:
 		case unix.EAGAIN:
 			return

@@ -166,7 +166,11 @@ func (lg *loopGroup) serveOn(ln net.Listener, pick func(*Config, netip.AddrPort)
 			}
 		})
 	}
-	if lerr == nil {
+	switch {
+	case lerr != nil:
+	case fd >= 0:
+		err = waitClosed(ln)
+	default:
 		err = lst.acceptGo(ln)
 	}
 	if fd >= 0 {
@@ -209,10 +213,41 @@ func dupListener(ln net.Listener) (int, error) {
 	return fd, nil
 }
 
+// closedPoll is how often waitClosed looks whether its listener closed.
+const closedPoll = 50 * time.Millisecond
+
+// waitClosed returns once ln is closed (by Shutdown or the caller), which
+// is how Serve learns that it must stop, without accepting: the loops
+// accept on their duplicate of the socket. A goroutine accepting beside
+// them won every connection it was woken for first once the process had
+// a P the loops did not hold (GOMAXPROCS above the loops: cmd/rl-tproxy),
+// each one a net.Conn, a dup, a close and a hand-off to a loop. A
+// listener's RawConn cannot wait for readability (Read is EINVAL), and a
+// wait on a duplicate would not end with ln's Close: it looks every
+// closedPoll instead, so Serve returns at most that much after the close.
+func waitClosed(ln net.Listener) error {
+	sc, ok := ln.(syscall.Conn)
+	if !ok {
+		return fmt.Errorf("listener %T has no descriptor", ln)
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	t := time.NewTicker(closedPoll)
+	defer t.Stop()
+	for range t.C {
+		if err := raw.Control(func(uintptr) {}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // acceptGo accepts on ln itself until ln is closed (by Shutdown or the
-// caller), which is how Serve learns that it must stop: the loops take
-// almost every connection first, and the few this goroutine wins are
-// posted to a loop. Transient errors (EMFILE and friends) back off.
+// caller), for a listener with no descriptor to share with the loops (a
+// wrapper): every connection is posted to a loop in turn. Transient
+// errors (EMFILE and friends) back off.
 func (a *loopListener) acceptGo(ln net.Listener) error {
 	var backoff time.Duration
 	next := 0
@@ -239,12 +274,12 @@ func (a *loopListener) acceptGo(ln net.Listener) error {
 		}
 		l := a.lg.loops[next%len(a.lg.loops)].l
 		next++
-		l.Post(func() { a.OnAccept(l, fd, nil) })
+		l.Post(func() { a.OnAccept(l, fd, netip.AddrPort{}) })
 	}
 }
 
 // OnAccept takes a new client connection onto the accepting loop.
-func (a *loopListener) OnAccept(l *evloop.Loop, fd int, remote unix.Sockaddr) {
+func (a *loopListener) OnAccept(l *evloop.Loop, fd int, remote netip.AddrPort) {
 	lg := a.lg
 	if lg.p.shutdown.Load() {
 		unix.Close(fd)
@@ -253,13 +288,11 @@ func (a *loopListener) OnAccept(l *evloop.Loop, fd int, remote unix.Sockaddr) {
 	ls := lg.loops[l.ID()]
 	c := ls.getConn()
 	c.pick = a.pick
-	if remote == nil {
-		remote, _ = unix.Getpeername(fd)
+	if !remote.IsValid() {
+		remote = evloop.PeerAddr(fd)
 	}
-	c.remote = sockaddrPort(remote)
-	if sa, err := unix.Getsockname(fd); err == nil {
-		c.local = sockaddrPort(sa)
-	}
+	c.remote = remote
+	c.local = evloop.LocalAddr(fd)
 	unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 	s, err := l.Add(fd, c)
 	if err != nil {
@@ -271,17 +304,6 @@ func (a *loopListener) OnAccept(l *evloop.Loop, fd int, remote unix.Sockaddr) {
 	ls.link(c)
 	c.s = s
 	c.opened()
-}
-
-func sockaddrPort(sa unix.Sockaddr) netip.AddrPort {
-	switch a := sa.(type) {
-	case *unix.SockaddrInet4:
-		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port))
-	case *unix.SockaddrInet6:
-		ap := netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port))
-		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-	}
-	return netip.AddrPort{}
 }
 
 // shutdown is Shutdown on the loop path (listeners are closed already).
