@@ -49,6 +49,7 @@ type loopShard struct {
 	blocked bool
 	retry   evloop.Timer
 	backoff time.Duration
+	retried bool // the retry timer fired this turn
 }
 
 // readyDone is a check's outcome awaiting its Completer on the loop.
@@ -100,8 +101,15 @@ func (c *Client) AttachLoop(l *evloop.Loop) (detach func(), err error) {
 		ls.attached = false
 		ls.migrate() // the checks in flight keep their deadlines, on the timer goroutine
 		ls.retry.Stop()
-		ls.blocked, ls.backoff = false, 0 // what waits in the queue goes with the shard's next flush
+		blocked := ls.blocked
+		ls.blocked, ls.backoff, ls.retried = false, 0, false
 		release()
+		if blocked {
+			// Datagrams wait behind a full buffer, and no turn end of
+			// this loop will flush them again: the shard's goroutine
+			// mode does (not on the loop: it may wait for room).
+			go c.ring.Flush(id)
+		}
 		ls.runReady()
 		ls.unturn() // a detached shard costs its loop nothing per turn
 		ls.unturn = nil
@@ -172,13 +180,19 @@ func (ls *loopShard) flushOwned() {
 		}
 		return
 	}
-	ls.backoff = min(max(2*ls.backoff, sendRetryMin), sendRetryMax)
+	// The backoff paces an idle loop's retries: it grows when a retry
+	// found the buffer still full, not at the turn ends of a busy loop
+	// (which retry anyway; they only move the timer).
+	if ls.retried || ls.backoff == 0 {
+		ls.backoff = min(max(2*ls.backoff, sendRetryMin), sendRetryMax)
+	}
+	ls.retried = false
 	ls.retry.Reset(ls.l.Now() + int64(ls.backoff))
 }
 
 // retrySend is the retry timer's function: the turn it runs in ends with
 // turnEnd, which flushes.
-func (ls *loopShard) retrySend() {}
+func (ls *loopShard) retrySend() { ls.retried = true }
 
 // nowOn is the client clock's time for work on ls's loop thread (ls
 // attached; nil: any other thread): read once per loop turn and reused by
