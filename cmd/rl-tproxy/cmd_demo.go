@@ -38,8 +38,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		printLoadError(stderr, "demo", *policy, err)
 		return exitInvalid
 	}
-	if err := demo.Run(demo.Config{Policy: src, PolicyPath: *policy, NoWait: *noWait, Out: stdout, Log: log, Version: version, Commit: commit,
-		EventLoops: loopsAndSpareP(0, log)}); err != nil {
+	if err := demo.Run(demo.Config{Policy: src, PolicyPath: *policy, NoWait: *noWait, Out: stdout, Log: log, Version: version, Commit: commit}); err != nil {
 		fmt.Fprintf(stderr, "rl-tproxy demo: %v\n", err)
 		if errors.Is(err, demo.ErrInvalid) {
 			return exitInvalid

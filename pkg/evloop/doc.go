@@ -63,8 +63,8 @@
 // in the kernel only on io_uring (epoll's parker, a duplicate of the epoll
 // set in Go's netpoller, would wake the netpoller at every event) and
 // only while the process has a P that no loop holds
-// (GOMAXPROCS above the number of running loops; cmd/rl-tproxy raises
-// it by one): otherwise goroutines woken by the netpoller (HTTP/2
+// (GOMAXPROCS above the number of running loops, e.g. rl-tproxy run
+// --event-loops below it): otherwise goroutines woken by the netpoller (HTTP/2
 // connections, an admission client's receiver) would find no P until
 // the loop parks, and loops always park. A signal (the runtime's
 // preemption, a stop-the-world) ends a kernel wait with EINTR; with

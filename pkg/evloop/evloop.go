@@ -393,8 +393,9 @@ func spareP() bool { return runtime.GOMAXPROCS(0) > int(loopsAlive.Load()) }
 // has the runtime's monitor hand the P to a new thread after 20 µs). An
 // idle loop parks after kernelSpan, so that the runtime does not preempt
 // it every 10 ms. Loops wait in the kernel only while the process
-// has a P to spare for goroutines (spareP; cmd/rl-tproxy sets GOMAXPROCS
-// one above the number of loops), and only on io_uring: epoll's parker is
+// has a P to spare for goroutines (spareP: fewer loops than GOMAXPROCS;
+// not rl-tproxy's default, which measured better without, see
+// docs/bench/evloop.md), and only on io_uring: epoll's parker is
 // a duplicate of the loop's epoll set, registered in Go's netpoller, so
 // every event during a kernel wait would also wake the netpoller.
 var kernelSpan = int64(time.Millisecond) // a variable for the tests only

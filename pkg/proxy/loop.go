@@ -220,7 +220,7 @@ const closedPoll = 50 * time.Millisecond
 // is how Serve learns that it must stop, without accepting: the loops
 // accept on their duplicate of the socket. A goroutine accepting beside
 // them won every connection it was woken for first once the process had
-// a P the loops did not hold (GOMAXPROCS above the loops: cmd/rl-tproxy),
+// a P the loops did not hold (GOMAXPROCS above the loops),
 // each one a net.Conn, a dup, a close and a hand-off to a loop. A
 // listener's RawConn cannot wait for readability (Read is EINVAL), and a
 // wait on a duplicate would not end with ln's Close: it looks every
