@@ -3,7 +3,6 @@
 package evloop
 
 import (
-	"net"
 	"testing"
 	"time"
 
@@ -101,20 +100,7 @@ func TestAllocsPerTimer(t *testing.T) {
 // (unix.Getsockname and Accept4 allocate a Sockaddr per call: garbage an
 // idle connection's 1 KiB budget cannot afford).
 func TestAllocsPerAddr(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	raw, err := c.(*net.TCPConn).SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, _, raw := loopbackConn(t)
 	raw.Control(func(fd uintptr) {
 		if a := testing.AllocsPerRun(1000, func() { LocalAddr(int(fd)); PeerAddr(int(fd)) }); a != 0 {
 			t.Fatalf("%v allocations per LocalAddr+PeerAddr, want 0", a)

@@ -3,6 +3,7 @@ package evloop
 import (
 	"net"
 	"net/netip"
+	"syscall"
 	"testing"
 	"unsafe"
 
@@ -48,27 +49,35 @@ func TestSockaddrPort(t *testing.T) {
 	}
 }
 
-// TestLocalPeerAddr reads both ends of a real connection, and nothing
-// from a closed descriptor.
-func TestLocalPeerAddr(t *testing.T) {
+// loopbackConn is a connected TCP client on loopback, its listener's
+// address, and the client's raw descriptor access.
+func loopbackConn(t *testing.T) (net.Conn, net.Addr, syscall.RawConn) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	t.Cleanup(func() { ln.Close() })
 	c, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
 	raw, err := c.(*net.TCPConn).SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c, ln.Addr(), raw
+}
+
+// TestLocalPeerAddr reads both ends of a real connection, and nothing
+// from a closed descriptor.
+func TestLocalPeerAddr(t *testing.T) {
+	c, lnAddr, raw := loopbackConn(t)
 	var local, peer netip.AddrPort
 	raw.Control(func(fd uintptr) { local, peer = LocalAddr(int(fd)), PeerAddr(int(fd)) })
-	if local.String() != c.LocalAddr().String() || peer.String() != ln.Addr().String() {
-		t.Fatalf("local %v peer %v, want %v and %v", local, peer, c.LocalAddr(), ln.Addr())
+	if local.String() != c.LocalAddr().String() || peer.String() != lnAddr.String() {
+		t.Fatalf("local %v peer %v, want %v and %v", local, peer, c.LocalAddr(), lnAddr)
 	}
 	if got := LocalAddr(-1); got.IsValid() {
 		t.Fatalf("LocalAddr(-1) = %v", got)
