@@ -188,18 +188,8 @@ func upstreamTakesNothing(t *testing.T, end upgradingEnd) {
 		}
 		t.Logf("lcUpgrading holds %d bytes for the upstream, %d buffered (client sent %d)", st.uPending, st.buffered, sent.Load())
 	}
-	switch end {
-	case endIdle:
-		fireTimer(p)
-	case endClientVanishes:
-		rstClose(nc)
-	case endUpstreamVanish:
-		close(vanish)
-	}
-	d := hook.waitDone(t)
+	d := endUpgrading(t, end, p, nc, vanish, hook)
 	switch {
-	case d.status != 101:
-		t.Fatalf("Done status %d, want 101", d.status)
 	case end == endClientVanishes && !d.clientAborted:
 		t.Fatalf("Done %+v: want a client abort", d)
 	case (end == endIdle || end == endIdleTimer) && (d.clientAborted || !isTimeout(d.upstreamErr) || !strings.Contains(d.upstreamErr.Error(), "write to upgraded upstream")):
@@ -277,18 +267,8 @@ func clientTakesNothing(t *testing.T, end upgradingEnd) {
 		}
 		t.Logf("lcUpgrading holds %d bytes for the client", st.cPending)
 	}
-	switch end {
-	case endIdle:
-		fireTimer(p)
-	case endClientVanishes:
-		rstClose(nc)
-	case endUpstreamVanish:
-		close(vanish)
-	}
-	d := hook.waitDone(t)
+	d := endUpgrading(t, end, p, nc, vanish, hook)
 	switch {
-	case d.status != 101:
-		t.Fatalf("Done status %d, want 101", d.status)
 	case end != endUpstreamVanish && !d.clientAborted:
 		t.Fatalf("Done %+v: want a client abort (it took nothing, or left)", d)
 	case end == endUpstreamVanish && (d.clientAborted || d.upstreamErr == nil || !strings.Contains(d.upstreamErr.Error(), "upgraded upstream")):
@@ -338,4 +318,25 @@ func closeOnce(ch chan struct{}) {
 	default:
 		close(ch)
 	}
+}
+
+// endUpgrading ends a stalled lcUpgrading connection the way end says
+// (the idle timer fired at once, the client reset, the upstream gone; a
+// real idle timer needs nothing) and returns its Done record, which must
+// be the 101's.
+func endUpgrading(t *testing.T, end upgradingEnd, p *Proxy, nc net.Conn, vanish chan struct{}, hook *testHook) doneRec {
+	t.Helper()
+	switch end {
+	case endIdle:
+		fireTimer(p)
+	case endClientVanishes:
+		rstClose(nc)
+	case endUpstreamVanish:
+		close(vanish)
+	}
+	d := hook.waitDone(t)
+	if d.status != 101 {
+		t.Fatalf("Done status %d, want 101", d.status)
+	}
+	return d
 }
