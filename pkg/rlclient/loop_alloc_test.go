@@ -24,13 +24,9 @@ type errorString string
 
 func (e errorString) Error() string { return string(e) }
 
-// TestLoopCheckZeroAllocsSteadyState: a check started on a loop, sent at
-// its turn end, answered and completed on the loop allocates nothing.
-func TestLoopCheckZeroAllocsSteadyState(t *testing.T) {
-	d := dnstest.Start(t)
-	d.SetSRV(testSRV, targetsFor(startQuietNode(t), startQuietNode(t))...)
-	c := newTestClient(t, d.Addr(), clientOpts{shards: 1, loops: 1})
-	waitReady(t, c)
+// loopChecker returns a function that runs one check on c's loop 0 and
+// waits for its end, failing unless the end is want.
+func loopChecker(t *testing.T, c *Client, want error) func() {
 	h := startLoops(t, c, 1)
 	l := h.g.Loops()[0]
 	req := testRequest()
@@ -42,12 +38,22 @@ func TestLoopCheckZeroAllocsSteadyState(t *testing.T) {
 			done <- err
 		}
 	}
-	check := func() {
+	return func() {
 		l.Post(start)
-		if err := <-done; err != nil {
-			t.Fatalf("check: %v", err)
+		if err := <-done; err != want {
+			t.Fatalf("check: %v, want %v", err, want)
 		}
 	}
+}
+
+// TestLoopCheckZeroAllocsSteadyState: a check started on a loop, sent at
+// its turn end, answered and completed on the loop allocates nothing.
+func TestLoopCheckZeroAllocsSteadyState(t *testing.T) {
+	d := dnstest.Start(t)
+	d.SetSRV(testSRV, targetsFor(startQuietNode(t), startQuietNode(t))...)
+	c := newTestClient(t, d.Addr(), clientOpts{shards: 1, loops: 1})
+	waitReady(t, c)
+	check := loopChecker(t, c, nil)
 	for range 500 {
 		check()
 	}
@@ -69,23 +75,7 @@ func TestLoopDeadlineZeroAllocsSteadyState(t *testing.T) {
 	d.SetSRV(testSRV, targetsFor(silent.LocalAddr().(*net.UDPAddr).AddrPort())...)
 	c := newTestClient(t, d.Addr(), clientOpts{shards: 1, loops: 1, policy: ratelimitly.Standard(time.Millisecond)})
 	waitReady(t, c)
-	h := startLoops(t, c, 1)
-	l := h.g.Loops()[0]
-	req := testRequest()
-	var dec Decision
-	done := make(chanLoopCompleter, 1)
-	var comp Completer = done
-	start := func() {
-		if _, decided, err := c.CheckAsyncLoop(0, req, &dec, comp); decided {
-			done <- err
-		}
-	}
-	check := func() {
-		l.Post(start)
-		if err := <-done; err != ErrTimeout {
-			t.Fatalf("check: %v, want a timeout on the loop", err)
-		}
-	}
+	check := loopChecker(t, c, ErrTimeout)
 	for range 100 {
 		check()
 	}
