@@ -316,9 +316,9 @@ func (w *worker) rateRequest(ke *keyEntry, nowNs int64, out []byte) int {
 	nowMs := nowNs / 1e6
 	dk := dedupKey{keyID: w.h.KeyID, id: w.h.RequestID}
 	d := w.s.dedup
-	ds := d.shard(dk)
+	ds, tag := d.shard(dk)
 	ds.mu.Lock()
-	if sl := d.lookup(ds, dk, nowMs); sl != nil {
+	if sl := d.lookup(ds, dk, tag, nowMs); sl != nil {
 		if len(sl.body) == 0 { // the id of a report: not a request we decided
 			ds.mu.Unlock()
 			w.dropped(dropReplayedReport)
@@ -330,7 +330,7 @@ func (w *worker) rateRequest(ke *keyEntry, nowNs int64, out []byte) int {
 		w.inc(cReplays)
 		return n
 	}
-	sl := d.insert(ds, dk, w.until(), nowMs)
+	sl := d.insert(ds, dk, tag, w.until(), nowMs)
 	w.decide(ke, &w.req, modeRequest, nowNs)
 	w.inc(cRequests)
 	switch {
@@ -391,14 +391,14 @@ func (w *worker) report(ke *keyEntry, nowNs int64) {
 	nowMs := nowNs / 1e6
 	dk := dedupKey{keyID: w.h.KeyID, id: w.h.RequestID}
 	d := w.s.dedup
-	ds := d.shard(dk)
+	ds, tag := d.shard(dk)
 	ds.mu.Lock()
-	if d.lookup(ds, dk, nowMs) != nil {
+	if d.lookup(ds, dk, tag, nowMs) != nil {
 		ds.mu.Unlock()
 		w.dropped(dropReplayedReport)
 		return
 	}
-	d.insert(ds, dk, w.until(), nowMs)
+	d.insert(ds, dk, tag, w.until(), nowMs)
 	ds.mu.Unlock()
 	t := w.s.trackers
 	for i := range w.rep.Entries {
@@ -419,17 +419,17 @@ func (w *worker) completion(ke *keyEntry, nowNs int64) {
 	w.inc(cCompletions)
 	dk := dedupKey{keyID: w.h.KeyID, id: w.h.RequestID}
 	d := w.s.dedup
-	ds := d.shard(dk)
+	ds, tag := d.shard(dk)
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
-	if sl := d.lookup(ds, dk, nowMs); sl != nil {
+	if sl := d.lookup(ds, dk, tag, nowMs); sl != nil {
 		// Keep the id as long as this completion can pass the timestamp
 		// check: a captured copy re-sent later must still find it.
 		sl.until = max(sl.until, w.until())
 		w.inc(cCompletionsIgnored)
 		return
 	}
-	sl := d.insert(ds, dk, w.until(), nowMs)
+	sl := d.insert(ds, dk, tag, w.until(), nowMs)
 	m := modeForceDeny
 	if w.comp.Decision == wire.DecisionAllow {
 		m = modeForceAllow
