@@ -203,7 +203,9 @@ func (n *Node) startProxy(ctx context.Context, pol *admission.Policy) error {
 	}
 	n.m.SetProxyStats(func() metrics.ProxyStats {
 		st := n.proxy.Stats()
-		return metrics.ProxyStats{OpenConnections: int64(st.Conns), UpstreamIdle: int64(st.UpstreamIdle)}
+		return metrics.ProxyStats{OpenConnections: int64(st.Conns), UpstreamIdle: int64(st.UpstreamIdle),
+			EventLoops: st.Loops.Loops, LoopTurns: st.Loops.Turns, LoopParks: st.Loops.Parks,
+			LoopKernelWaits: st.Loops.KernelWaits, LoopBuffers: int64(st.Loops.Buffers), LoopStarved: st.Loops.Starved}
 	})
 	if err := n.syncListeners(ctx, pol); err != nil {
 		return err

@@ -50,6 +50,14 @@ type ServerStats struct {
 type ProxyStats struct {
 	OpenConnections int64
 	UpstreamIdle    int64 // idle pooled upstream connections
+	// The event loops (0 before they start): loop turns, waits parked in
+	// Go's netpoller and waits inside the system call, buffers held by
+	// connections, receives that found no provided buffer.
+	EventLoops                 int
+	LoopTurns                  uint64
+	LoopParks, LoopKernelWaits uint64
+	LoopBuffers                int64
+	LoopStarved                uint64
 }
 
 // statsCollector is a collector computed from a callback at scrape time.
@@ -113,6 +121,11 @@ var (
 
 	descOpenConns    = desc("open_connections", "Client connections currently open on the proxy.")
 	descUpstreamIdle = desc("upstream_idle_connections", "Idle pooled keep-alive connections to upstreams.")
+	descLoops        = desc("event_loops", "Event loops serving the HTTP/1.1 data path.")
+	descLoopTurns    = desc("event_loop_turns_total", "Event loop turns (one wait for events and the work it found).")
+	descLoopWaits    = desc("event_loop_waits_total", "Event loop waits for events, by how: parked in Go's netpoller (netpoller) or inside the system call holding the loop's P (kernel).", "how")
+	descLoopBuffers  = desc("event_loop_buffers", "Receive and write buffers held by connections (0 when every connection is idle).")
+	descLoopStarved  = desc("event_loop_starved_total", "io_uring receives that found the provided-buffer ring empty and waited for buffers.")
 )
 
 // Sources are the scrape-time collectors; set their callbacks with the
@@ -131,7 +144,8 @@ func (m *Metrics) sources() *sources {
 				descClientCauses, descClientResolve, descReportsDropped, descClientUsable, descClientProbes, descClientDecided,
 				descEndpointUsable, descEndpointChosen}},
 			server: &statsCollector{descs: []*prometheus.Desc{descSrvRequests, descSrvAllows, descSrvDenies, descSrvReports, descSrvCompl, descSrvDropped}},
-			proxy:  &statsCollector{descs: []*prometheus.Desc{descOpenConns, descUpstreamIdle}},
+			proxy: &statsCollector{descs: []*prometheus.Desc{descOpenConns, descUpstreamIdle,
+				descLoops, descLoopTurns, descLoopWaits, descLoopBuffers, descLoopStarved}},
 		}
 		m.Registry.MustRegister(m.src.client, m.src.server, m.src.proxy)
 	}
@@ -229,6 +243,12 @@ func (m *Metrics) SetProxyStats(fn func() ProxyStats) {
 		s := fn()
 		gauge(ch, descOpenConns, float64(s.OpenConnections))
 		gauge(ch, descUpstreamIdle, float64(s.UpstreamIdle))
+		gauge(ch, descLoops, float64(s.EventLoops))
+		counter(ch, descLoopTurns, s.LoopTurns)
+		counter(ch, descLoopWaits, s.LoopParks, "netpoller")
+		counter(ch, descLoopWaits, s.LoopKernelWaits, "kernel")
+		gauge(ch, descLoopBuffers, float64(s.LoopBuffers))
+		counter(ch, descLoopStarved, s.LoopStarved)
 	})
 }
 

@@ -41,7 +41,9 @@ func populated(t *testing.T) *Metrics {
 	m.SetServerStats(func() ServerStats {
 		return ServerStats{Requests: 4, Allows: 3, Denies: 1, Dropped: map[string]uint64{"auth": 1}}
 	})
-	m.SetProxyStats(func() ProxyStats { return ProxyStats{OpenConnections: 2, UpstreamIdle: 11} })
+	m.SetProxyStats(func() ProxyStats {
+		return ProxyStats{OpenConnections: 2, UpstreamIdle: 11, EventLoops: 2, LoopTurns: 900, LoopParks: 40, LoopKernelWaits: 7, LoopBuffers: 3, LoopStarved: 1}
+	})
 	return m
 }
 
@@ -108,6 +110,12 @@ func TestScrapeHasEveryFamily(t *testing.T) {
 		`rl_tproxy_policy_reload_errors_total 3`,
 		`rl_tproxy_policy_generation 2`,
 		`rl_tproxy_open_connections 2`,
+		`rl_tproxy_event_loops 2`,
+		`rl_tproxy_event_loop_turns_total 900`,
+		`rl_tproxy_event_loop_waits_total{how="netpoller"} 40`,
+		`rl_tproxy_event_loop_waits_total{how="kernel"} 7`,
+		`rl_tproxy_event_loop_buffers 3`,
+		`rl_tproxy_event_loop_starved_total 1`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("scrape lacks %q", want)

@@ -52,6 +52,7 @@ type loopGroup struct {
 	// nAttached is len(attached) for Stats, which must not take lg.mu
 	// (start holds it while attachers run, and they may read Stats).
 	nAttached atomic.Int64
+	started   atomic.Pointer[evloop.Group] // g for Stats, once started
 
 	conns    atomic.Int64 // open client connections (loop-owned or handed off)
 	upIdle   atomic.Int64 // idle pooled upstream connections
@@ -92,6 +93,7 @@ func (lg *loopGroup) start() error {
 	}
 	lg.loops = loops
 	lg.g = g
+	lg.started.Store(g)
 	return nil
 }
 
@@ -380,8 +382,12 @@ func (lg *loopGroup) waitForced() {
 func (lg *loopGroup) idle() bool { return lg.conns.Load() == 0 && lg.workers.busy.Load() == 0 }
 
 func (lg *loopGroup) stats() Stats {
-	return Stats{Conns: int(lg.conns.Load()), UpstreamIdle: int(lg.upIdle.Load()),
+	st := Stats{Conns: int(lg.conns.Load()), UpstreamIdle: int(lg.upIdle.Load()),
 		UpstreamDiscarded: lg.p.discarded.Load(), Attached: int(lg.nAttached.Load())}
+	if g := lg.started.Load(); g != nil {
+		st.Loops = g.Stats()
+	}
+	return st
 }
 
 // detachedConns are client connections served by a goroutine after they

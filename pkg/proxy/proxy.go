@@ -82,6 +82,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
 )
 
 // Proxy serves HTTP/1.1 clients on any number of listeners.
@@ -293,6 +295,9 @@ type Stats struct {
 	// Attached counts the LoopAttachers registered with Attach and not
 	// Detached (they stay registered through Shutdown).
 	Attached int
+	// Loops is the event loops' own counts (turns, waits, buffers); zero
+	// before the first Serve starts them.
+	Loops evloop.Stats
 }
 
 // Stats returns current counts.

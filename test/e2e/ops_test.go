@@ -78,6 +78,20 @@ func TestMetricsPromtool(t *testing.T) {
 			t.Errorf("scrape lacks %q", want)
 		}
 	}
+	// The event loops served both requests: turns and parks counted, and
+	// once curl's connections are gone no connection holds a buffer.
+	if v := e.p.metric("rl_tproxy_event_loops"); v < 1 {
+		t.Errorf("rl_tproxy_event_loops %v", v)
+	}
+	if v := e.p.metric("rl_tproxy_event_loop_turns_total"); v < 2 {
+		t.Errorf("rl_tproxy_event_loop_turns_total %v for 2 requests", v)
+	}
+	if v := e.p.metric(`rl_tproxy_event_loop_waits_total{how="netpoller"}`); v < 1 {
+		t.Errorf("no loop parked in the netpoller (%v)", v)
+	}
+	testkit.WaitFor(t, "no open connection and no buffer held", func() bool {
+		return e.p.metric("rl_tproxy_open_connections") == 0 && e.p.metric("rl_tproxy_event_loop_buffers") == 0
+	})
 	if r := curl(t, "http://"+e.p.admin+"/healthz"); r.status != 200 {
 		t.Errorf("/healthz %d", r.status)
 	}
