@@ -69,7 +69,8 @@
 // the loop parks, and loops always park. A signal (the runtime's
 // preemption, a stop-the-world) ends a kernel wait with EINTR; with
 // GODEBUG=asyncpreemptoff=1 a stop-the-world may wait for the span.
-// Stats.Parks and Stats.KernelWaits count both. Config.BlockingWait
+// Stats.Parks counts the parks that slept (the first check found nothing),
+// Stats.KernelWaits the kernel waits entered. Config.BlockingWait
 // restores the announced wait inside the system call (for measurements).
 //
 // # API

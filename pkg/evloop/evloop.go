@@ -65,7 +65,8 @@ type Stats struct {
 	// is idle.
 	Buffers int
 	Turns   uint64
-	// Parks counts waits in Go's netpoller, KernelWaits waits in the
+	// Parks counts waits in Go's netpoller that slept (the first
+	// non-blocking check found nothing), KernelWaits waits entered in the
 	// system call with the loop's P held (see Loop.loop).
 	Parks, KernelWaits uint64
 	// Starved counts io_uring receives that found the provided-buffer
@@ -427,7 +428,6 @@ func (l *Loop) loop() error {
 		var err error
 		switch {
 		case park:
-			l.nParks.Add(1)
 			err = l.pk.wait()
 			l.kernelUntil = 0
 			if l.ur != nil && spareP() {

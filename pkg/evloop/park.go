@@ -26,6 +26,8 @@ type parker struct {
 	check func(uintptr) bool // p.poll, made once (no allocation per turn)
 	got   bool
 	err   error
+	slept bool  // the wait's first check found nothing: the goroutine parked
+	first bool  // the next check is the wait's first
 	dl    int64 // deadline set on f, in the loop's clock; 0: none
 	// before runs ahead of the first non-blocking check of a wait, after
 	// when the wait ends (io_uring: enable and disable the eventfd).
@@ -61,7 +63,11 @@ func newParker(l *Loop, fd int) (*parker, error) {
 // its fd without a completion on io_uring).
 func (p *parker) poll(uintptr) bool {
 	p.got, p.err = p.l.drv.poll(0)
-	return p.got || p.err != nil || p.l.stop.Load() || p.l.hasPosted()
+	ready := p.got || p.err != nil || p.l.stop.Load() || p.l.hasPosted()
+	if p.first {
+		p.first, p.slept = false, !ready
+	}
+	return ready
 }
 
 // wait runs the driver once without blocking and, when that found
@@ -85,10 +91,13 @@ func (p *parker) wait() error {
 	if p.before != nil {
 		p.before()
 	}
-	p.got, p.err = false, nil
+	p.got, p.err, p.first, p.slept = false, nil, true, false
 	err := p.rc.Read(p.check)
 	if p.after != nil {
 		p.after()
+	}
+	if p.slept {
+		p.l.nParks.Add(1)
 	}
 	switch {
 	case err == nil:
