@@ -29,8 +29,12 @@
 # Pinning: every server process (nginx: 1 worker; HAProxy: 1 thread;
 # rl-tproxy: GOMAXPROCS=1, embedded RateLimitly in the same process) runs on
 # CPU $SERVER_CPU; wrk runs on CPU $CLIENT_CPU. Rounds alternate the rows to
-# spread machine noise; each row reports the round with the median req/s
-# (its p50/p99 from wrk --latency) and the ratio to nginx proxy_pass.
+# spread machine noise, even rounds in reverse order (ABBA: a drift over a
+# round does not favour the rows measured first); each row reports the
+# round with the median req/s and the ratio to nginx proxy_pass, and the
+# medians over the rounds of p50/p99 (wrk --latency) and of the perf counts.
+# The ratios that decide the issue's bars are also given paired: the two
+# rows' req/s in each round, and the median of those ratios.
 # Access logs are off everywhere (rl-tproxy: --log-level warn).
 #
 # Per row, `perf stat -e raw_syscalls:sys_enter,task-clock,context-switches
@@ -405,10 +409,16 @@ outcomes() {
 
 declare -A RES SRES
 measure() { # rows... : ROUNDS alternating rounds
-  local r row
+  local r row order
   for r in $(seq 1 "$ROUNDS"); do
     local line="round $r:"
-    for row in "$@"; do
+    # Even rounds run the rows in reverse (ABBA): a drift of the machine
+    # over a round does not favour the rows that come first.
+    order=("$@")
+    if [ $((r % 2)) = 0 ]; then
+      local i; order=(); for ((i = $#; i >= 1; i--)); do order+=("${!i}"); done
+    fi
+    for row in "${order[@]}"; do
       local res
       res=$(run_wrk "$row")
       RES[$row]+="$res;"
@@ -500,13 +510,34 @@ basecpu=$(median_col proxy_pass 5)
 table="| setup | req/s (median of $ROUNDS) | p50 ms | p99 ms | req/s vs nginx proxy_pass | CPU µs/req | CPU vs proxy_pass | syscalls/req | ctx switches/req | errors/non-2xx |
 |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for row in "${rows[@]}"; do
-  read -r rps p50 p99 errs _ <<<"$(pick "$row")"
+  read -r rps _ _ errs _ <<<"$(pick "$row")"
+  p50=$(median_col "$row" 2); p99=$(median_col "$row" 3)
   cpu=$(median_col "$row" 5); sys=$(median_col "$row" 6); cs=$(median_col "$row" 7)
   ratio=$(awk -v a="$rps" -v b="$base" 'BEGIN {printf "%.2f", a/b}')
   cratio=$(awk -v a="$cpu" -v b="$basecpu" 'BEGIN {printf "%.2f", a/b}')
   table+="
 | ${DESC[$row]} | $rps | $p50 | $p99 | $ratio | $cpu | $cratio | $sys | $cs | $errs |"
 done
+# paired ROW BASE: ROW's req/s over BASE's in each round (both measured in
+# the same round), and their median: the ratio least moved by the machine's
+# drift between rounds.
+paired() {
+  [ -n "${RES[$1]:-}" ] && [ -n "${RES[$2]:-}" ] || return 0
+  local ratios
+  ratios=$(paste -d' ' <(tr ';' '\n' <<<"${RES[$1]}" | sed '/^$/d' | cut -d' ' -f1) \
+    <(tr ';' '\n' <<<"${RES[$2]}" | sed '/^$/d' | cut -d' ' -f1) | awk '{printf "%.2f\n", $1 / $2}')
+  echo "- $1 ÷ $2, per round: $(paste -sd, <<<"$ratios" | sed 's/,/, /g'); median $(sort -g <<<"$ratios" | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')"
+}
+pairs=""
+for pr in "unprotected proxy_pass" "admission limit_req" "unprotected unprotected_old" "admission admission_old"; do
+  # shellcheck disable=SC2086 # two row names
+  l=$(paired $pr); [ -n "$l" ] && pairs+="$l"$'\n'
+done
+pairs=${pairs%$'\n'}
+[ -n "$pairs" ] && table+="
+
+req/s ratios paired within each round:
+$pairs"
 serial=""
 if [ "$SERIAL" = 1 ]; then
   # Every column is its median over the rounds: a single request's latency
@@ -556,7 +587,7 @@ dirty=$(git status --porcelain -- cmd pkg internal 2>/dev/null | grep -q . && ec
   echo "- command: \`${ONLY:+ONLY=\"$ONLY\" }${BIN_OLD:+BIN=$BIN BIN_OLD=$BIN_OLD }DURATION=$DURATION CONNS=$CONNS THREADS=$THREADS ROUNDS=$ROUNDS SERVER_CPU=$SERVER_CPU CLIENT_CPU=$CLIENT_CPU test/bench/run.sh\`"
   echo "- wrk: \`taskset -c $CLIENT_CPU $WRK URL\`; servers \`taskset -c $SERVER_CPU\`: nginx $(nginx -v 2>&1 | sed 's/.*\///') 1 worker, $(haproxy -v | awk 'NR==1 {print "HAProxy " $3}') nbthread 1, $(caddy version | awk '{print "Caddy " $1}') GOMAXPROCS=1, rl-tproxy GOMAXPROCS=1 (embedded RateLimitly in the same process)"
   echo "- body: 612 bytes static (nginx default page size); access logs off everywhere (rl-tproxy \`--log-level warn\`)"
-  echo "- rounds alternate the rows; each row shows its median round (req/s, p50, p99); CPU, syscalls and context switches per request are medians over the rounds, from \`perf stat -e raw_syscalls:sys_enter,task-clock,context-switches -p PIDS\` on the row's server process(es) alone (nginx: master + worker; rl-tproxy: the whole process, embedded RateLimitly included) for exactly the wrk run"
+  echo "- rounds alternate the rows (even rounds in reverse order); each row shows its median round's req/s; p50, p99, CPU, syscalls and context switches per request are medians over the rounds, from \`perf stat -e raw_syscalls:sys_enter,task-clock,context-switches -p PIDS\` on the row's server process(es) alone (nginx: master + worker; rl-tproxy: the whole process, embedded RateLimitly included) for exactly the wrk run"
   echo
   echo "$table"
   echo
