@@ -172,9 +172,9 @@ type Service struct {
 	MaxBodyBytes       int64         // 0 = unlimited; larger bodies get 413
 	Limits             httpparse.Limits
 	// AdmissionTimeout is Config.AdmissionTimeout for this service's
-	// HTTP/1.x requests (the policy's timeouts.admission); 0: the
-	// Config's. An Update applies it to the requests whose head ends
-	// after it.
+	// HTTP/1.x requests, HTTP/2 streams and TLS passthrough connections
+	// (the policy's timeouts.admission); 0: the Config's. An Update
+	// applies it to the requests whose head ends after it.
 	AdmissionTimeout time.Duration
 
 	// ProxyProtocol starts every upstream connection with a PROXY protocol
@@ -265,9 +265,25 @@ type Config struct {
 	// policy) and the request is reported to a Rejecter as
 	// "admission-timeout"; Done follows once the Hook has answered after
 	// all, with Result.AdmissionErr set. A Service's own AdmissionTimeout
-	// wins; 0 (or less) means DefaultAdmissionTimeout. The HTTP/1.x path
-	// applies it (the HTTP/2 and passthrough paths wait for the Hook).
+	// wins; 0 (or less) means DefaultAdmissionTimeout. Every path applies
+	// it: an HTTP/2 stream (pkg/h2proxy) is answered 503 (a gRPC request
+	// UNAVAILABLE) and only that stream ends; a TLS passthrough
+	// connection (pkg/passthrough) is reset without an answer and
+	// reported with status 0. Neither waits for a Hook that ignores its
+	// context: Done comes when Admit returns.
 	AdmissionTimeout time.Duration
+}
+
+// AdmissionTimeoutFor is the admission bound of svc's requests: svc's
+// own AdmissionTimeout, else c's, else DefaultAdmissionTimeout. For the
+// paths outside this package (HTTP/2, passthrough).
+func (c *Config) AdmissionTimeoutFor(svc *Service) time.Duration { return c.admissionTimeout(svc) }
+
+// ReportReject tells OnReject and a Rejecter Hook that the proxy itself
+// answered (or closed) a request of svc under rule; for the paths outside
+// this package. It must not block, like them.
+func (c *Config) ReportReject(svc *Service, remote netip.AddrPort, rule string, status int) {
+	reportReject(c, svc, remote, rule, status)
 }
 
 // admissionTimeout is the admission bound of svc's requests.
