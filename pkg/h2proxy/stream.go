@@ -45,6 +45,7 @@ type stream struct {
 	grpc  bool
 	body  *bodyCount // nil for a request without a body
 	arena []byte     // the bytes head's slices point into
+	adm   admission  // the Hook's Admit call (admit.go)
 }
 
 // bodyCount counts a request body as the upstream reads it.
@@ -75,8 +76,10 @@ func putStream(st *stream) {
 		hs = nil
 	}
 	clear(st.head.Headers[:cap(st.head.Headers)])
+	ch, fn := st.adm.ch, st.adm.fn
 	*st = stream{arena: arena}
 	st.head.Headers = hs
+	st.adm.ch, st.adm.fn = ch, fn
 	streams.Put(st)
 }
 
@@ -119,28 +122,32 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	h := hc.view(hd.srv)
 	st := getStream(h)
-	defer putStream(st) // after Done (deferred below)
 	st.build(r)
 	if status, rule := st.check(r); status != 0 {
 		st.reject(w, status, rule)
+		putStream(st)
 		return
 	}
 	hook := h.cfg.Hook
 	if hook == nil {
+		defer putStream(st)
 		st.forward(w, r, nil)
 		return
 	}
-	st.admit(hook, r)
+	if !st.admit(hook, w, r) {
+		return // answered; Admit's late return finishes st (admit.go)
+	}
+	defer putStream(st) // after Done (deferred below)
 	defer st.done(hook)
-	if r.Context().Err() != nil {
+	switch {
+	case st.res.AdmissionErr != nil: // answered 503
+	case r.Context().Err() != nil:
 		st.res.ClientAborted = true
-		return
-	}
-	if !st.dec.Allow {
+	case !st.dec.Allow:
 		st.deny(w, &st.dec)
-		return
+	default:
+		st.forward(w, r, &st.dec)
 	}
-	st.forward(w, r, &st.dec)
 }
 
 // The handler's stack: the codec starts every stream's handler on a new
@@ -156,21 +163,9 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 //go:noinline
 func (st *stream) reject(w http.ResponseWriter, status int, rule string) {
 	h := st.h
-	if h.cfg.OnReject != nil {
-		h.cfg.OnReject(h.svc, h.remote, rule, status)
-	}
-	if rj, ok := h.cfg.Hook.(proxy.Rejecter); ok {
-		rj.Reject(h.svc, h.remote, rule, status)
-	}
+	h.cfg.ReportReject(h.svc, h.remote, rule, status)
 	logger(h.cfg).Debug("http2 request rejected", "service", h.svc.Name, "remote", h.remote, "rule", rule)
 	st.answer(w, status, nil, []byte(http.StatusText(status)+"\n"), "text/plain; charset=utf-8")
-}
-
-// admit asks the Hook for the stream's decision.
-//
-//go:noinline
-func (st *stream) admit(hook proxy.Hook, r *http.Request) {
-	st.dec = hook.Admit(r.Context(), &st.req)
 }
 
 // done tells the Hook how the stream ended.
