@@ -30,9 +30,12 @@ const (
 	Malformed               // not a well-formed ClientHello (or too large): reset
 	Timeout                 // the ClientHello did not arrive within the header timeout
 	Failed                  // the upstream could not be reached: reset
+	// AdmissionTimeout: the Hook gave no decision within the admission
+	// timeout (proxy.Config.AdmissionTimeout): reset.
+	AdmissionTimeout
 )
 
-var actionNames = [...]string{"relayed", "rejected", "denied", "malformed", "timeout", "upstream_error"}
+var actionNames = [...]string{"relayed", "rejected", "denied", "malformed", "timeout", "upstream_error", "admission_timeout"}
 
 func (a Action) String() string { return actionNames[a] }
 
@@ -84,6 +87,8 @@ type conn struct {
 	dec     proxy.Decision
 	res     proxy.Result
 	scratch *[sniff.MaxHello + 4]byte
+	// expiring is held while expire runs (admit.go).
+	expiring sync.WaitGroup
 }
 
 var scratchPool = sync.Pool{New: func() any { return new([sniff.MaxHello + 4]byte) }}
@@ -125,6 +130,9 @@ func (r *Relay) ServeConn(hc *proxy.HandoffConn) {
 			c.ev.Admitted = true
 			if !c.admit(hook) {
 				c.ev.Action = Denied
+				if c.res.AdmissionErr != nil {
+					c.ev.Action, c.ev.Err = AdmissionTimeout, c.res.AdmissionErr
+				}
 				reset(hc.Conn)
 				c.done(hook)
 				return
@@ -165,16 +173,6 @@ func (c *conn) readHello(data []byte) ([]byte, bool) {
 			return nil, false
 		}
 	}
-}
-
-// admit asks the Hook once for the connection.
-func (c *conn) admit(hook proxy.Hook) bool {
-	hc := c.hc
-	c.req = proxy.Request{Remote: hc.Remote, Local: hc.Local, Service: hc.Service, Start: hc.Start,
-		Proto: proxy.ProtoTLSPassthrough, SNI: c.hello.SNI, ALPN: c.hello.FirstALPN()}
-	c.dec = hook.Admit(context.Background(), &c.req)
-	c.res = proxy.Result{}
-	return c.dec.Allow
 }
 
 // done reports the connection's outcome to the Hook (access line,

@@ -1,0 +1,54 @@
+package passthrough
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+)
+
+// The admission deadline (proxy.Config.AdmissionTimeout, a Service's own
+// winning). Admit's context carries it; when it passes first, the
+// context's AfterFunc (expire, on the goroutine the context starts for
+// it) reports "admission-timeout" (status 0: there is no HTTP to answer)
+// and resets the client, which therefore does not wait for a Hook that
+// ignores its context. The connection's goroutine stays in Admit until
+// the Hook returns (the Request points into the proxy's read buffer,
+// valid until ServeConn returns), and Done then reports the connection
+// with Result.AdmissionErr set; nothing is relayed.
+
+// admit asks the Hook once for the connection, within the admission
+// timeout. It returns false when the Hook denied or did not decide in
+// time (c.res.AdmissionErr set, the client already reset).
+func (c *conn) admit(hook proxy.Hook) bool {
+	hc := c.hc
+	c.req = proxy.Request{Remote: hc.Remote, Local: hc.Local, Service: hc.Service, Start: hc.Start,
+		Proto: proxy.ProtoTLSPassthrough, SNI: c.hello.SNI, ALPN: c.hello.FirstALPN()}
+	d := hc.Config.AdmissionTimeoutFor(hc.Service)
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	c.expiring.Add(1)
+	stop := context.AfterFunc(ctx, c.expire)
+	c.dec = hook.Admit(ctx, &c.req)
+	expired := !stop()
+	if expired {
+		c.expiring.Wait() // the report and the reset are done
+	} else {
+		c.expiring.Done()
+	}
+	cancel()
+	c.res = proxy.Result{}
+	if expired {
+		c.res.AdmissionErr = fmt.Errorf("admission: no decision from the hook within %v: %w", d, context.DeadlineExceeded)
+		return false
+	}
+	return c.dec.Allow
+}
+
+// expire runs when the admission deadline passed before the Hook
+// decided: it reports the rejection, then resets the client.
+func (c *conn) expire() {
+	defer c.expiring.Done()
+	hc := c.hc
+	hc.Config.ReportReject(hc.Service, hc.Remote, "admission-timeout", 0)
+	reset(hc.Conn)
+}
