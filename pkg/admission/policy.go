@@ -201,9 +201,10 @@ type Timeouts struct {
 	Header   time.Duration // whole request head must arrive within this
 	Idle     time.Duration // keep-alive idle between requests
 	Upstream time.Duration // connect + response head from the upstream
-	// Admission bounds the wait for an HTTP/1.x request's admission
-	// decision (proxy.Service.AdmissionTimeout): past it the client gets
-	// 503. Always above the request policy's horizon.
+	// Admission bounds the wait for a request's (HTTP/1.x, an HTTP/2
+	// stream, a TLS passthrough connection) admission decision
+	// (proxy.Service.AdmissionTimeout): past it the client gets 503 (TLS:
+	// a reset). Always above the request policy's horizon.
 	Admission time.Duration
 }
 

@@ -78,7 +78,8 @@ func TestAdmissionTimeout(t *testing.T) {
 			h := &stuckHook{ignoreCtx: tc.ignoreCtx, release: make(chan struct{})}
 			addr, ev := start(t, h, &proxy.Service{Upstream: up, TLS: proxy.ModePassthrough, AdmissionTimeout: 50 * time.Millisecond})
 			t.Cleanup(h.releaseAll) // before the proxy's Shutdown
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // only a proxy that never answers meets it
+			// The bound only a proxy that never answers meets.
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			d := tls.Dialer{Config: &tls.Config{ServerName: "a.example", RootCAs: pool}}
 			if c, err := d.DialContext(ctx, "tcp", addr); err == nil {

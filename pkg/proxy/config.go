@@ -52,10 +52,11 @@ type Hook interface {
 // timeout ("detect-timeout", status 0, with Config.Handoff set). Most of these never reach Admit; a chunked
 // body found too large or malformed after admission also gets Done, and
 // so does "admission-timeout" (503: no Decision within
-// Config.AdmissionTimeout). Reject
-// runs on the connection's loop thread before the answer is written, so it
-// must not block; it also runs for requests whose Service is the only
-// thing known (no Request is built).
+// Config.AdmissionTimeout; status 0 for a TLS passthrough connection,
+// reset without an answer). Reject runs before the answer is written, on
+// the connection's loop thread (HTTP/1.x) or another goroutine (the
+// HTTP/2 and passthrough paths), so it must not block; it also runs for
+// requests whose Service is the only thing known (no Request is built).
 type Rejecter interface {
 	Reject(svc *Service, remote netip.AddrPort, rule string, status int)
 }
