@@ -19,35 +19,45 @@ import (
 
 // admit asks the Hook once for the connection, within the admission
 // timeout. It returns false when the Hook denied or did not decide in
-// time (c.res.AdmissionErr set, the client already reset).
+// time (c.res.AdmissionErr set, the client already reset); a Decision
+// that comes back once the deadline passed is not used.
 func (c *conn) admit(hook proxy.Hook) bool {
 	hc := c.hc
 	c.req = proxy.Request{Remote: hc.Remote, Local: hc.Local, Service: hc.Service, Start: hc.Start,
 		Proto: proxy.ProtoTLSPassthrough, SNI: c.hello.SNI, ALPN: c.hello.FirstALPN()}
 	d := hc.Config.AdmissionTimeoutFor(hc.Service)
 	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
 	c.expiring.Add(1)
-	stop := context.AfterFunc(ctx, c.expire)
+	stop := context.AfterFunc(ctx, c.expireAfter)
 	c.dec = hook.Admit(ctx, &c.req)
-	expired := !stop()
-	if expired {
-		c.expiring.Wait() // the report and the reset are done
-	} else {
+	if stop() {
 		c.expiring.Done()
+		if ctx.Err() != nil {
+			// The Decision came as the deadline passed, before the
+			// AfterFunc started: it is not used either.
+			c.expire()
+		}
+	} else {
+		c.expiring.Wait() // the report and the reset are done
 	}
-	cancel()
 	c.res = proxy.Result{}
-	if expired {
+	if ctx.Err() != nil { // only the deadline ends ctx
 		c.res.AdmissionErr = fmt.Errorf("admission: no decision from the hook within %v: %w", d, context.DeadlineExceeded)
 		return false
 	}
 	return c.dec.Allow
 }
 
-// expire runs when the admission deadline passed before the Hook
-// decided: it reports the rejection, then resets the client.
-func (c *conn) expire() {
+// expireAfter is expire as the context's AfterFunc.
+func (c *conn) expireAfter() {
 	defer c.expiring.Done()
+	c.expire()
+}
+
+// expire ends a connection whose admission deadline passed before the
+// Hook decided: it reports the rejection, then resets the client.
+func (c *conn) expire() {
 	hc := c.hc
 	hc.Config.ReportReject(hc.Service, hc.Remote, "admission-timeout", 0)
 	reset(hc.Conn)
