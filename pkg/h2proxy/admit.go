@@ -10,8 +10,12 @@ import (
 )
 
 // The admission deadline (proxy.Config.AdmissionTimeout, a Service's own
-// winning). Admit runs on a goroutine of its own with a context that
-// carries the deadline, and the stream's handler waits for the Decision
+// winning). Admit gets a context that carries the deadline. A Hook that
+// returns when its context ends (proxy.ContextBound: hook.Gate) is called
+// on the stream's goroutine, and a Decision that comes back after the
+// deadline is not used: the stream is answered 503 as below and gets Done
+// with Result.AdmissionErr. Any other Hook's Admit runs on a goroutine of
+// its own, and the stream's handler waits for the Decision
 // or the context's end, whichever comes first: a Hook that ignores its
 // context cannot hold the stream (the codec answers a stream only when
 // its handler returns). When the deadline passes first the stream is
@@ -37,6 +41,10 @@ type admission struct {
 	fn   func()        // st.runAdmit
 }
 
+// admitGoroutines counts the Admit calls that ran on a goroutine of their
+// own (tests: a ContextBound Hook's never do).
+var admitGoroutines atomic.Int64
+
 const (
 	admitPending   int32 = iota // Admit is running, the handler waits
 	admitDecided                // Admit returned first: ch tells the handler
@@ -55,6 +63,14 @@ func (st *stream) admit(hook proxy.Hook, w http.ResponseWriter, r *http.Request)
 	h := st.h
 	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.AdmissionTimeoutFor(h.svc))
 	defer cancel()
+	if _, ok := hook.(proxy.ContextBound); ok {
+		st.dec = hook.Admit(ctx, &st.req)
+		if ctx.Err() != nil {
+			st.giveUp(w, r)
+		}
+		return true
+	}
+	admitGoroutines.Add(1)
 	a := &st.adm
 	if a.fn == nil {
 		a.ch = make(chan struct{}, 1)

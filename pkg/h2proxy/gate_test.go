@@ -179,3 +179,5 @@ func mustPolicy(g *hook.Gate) *admission.Policy {
 }
 
 var _ proxy.Hook = (*hook.Gate)(nil)
+
+var _ proxy.ContextBound = (*hook.Gate)(nil)

@@ -210,6 +210,12 @@ type state struct {
 	tk        ticket
 }
 
+// AdmitReturnsOnContextEnd marks the Gate as a proxy.ContextBound Hook:
+// its checks end with their context (the RateLimitly client's wait and
+// the engine's decision both select on it), so the HTTP/2 path calls
+// Admit on the stream's own goroutine.
+func (g *Gate) AdmitReturnsOnContextEnd() {}
+
 // Admit implements proxy.Hook.
 func (g *Gate) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
 	st, svc := g.prepare(r)

@@ -44,6 +44,16 @@ type Hook interface {
 	Done(r *Request, d *Decision, res *Result)
 }
 
+// ContextBound is an optional interface of a Hook whose Admit returns
+// promptly once its context ends (the admission deadline or the client's
+// going away), whatever it then decides. The HTTP/2 path calls such a
+// Hook's Admit on the stream's own goroutine; any other Hook's runs on a
+// goroutine of its own, so that one that ignores its context cannot hold
+// the stream past the deadline. The method is a marker: it is not called.
+type ContextBound interface {
+	AdmitReturnsOnContextEnd()
+}
+
 // Rejecter is an optional interface of a Hook. The proxy calls Reject for
 // every request it answers itself under a rule: a strictness rule (rule
 // names from httpparse, 400/414/417/431/501/505), "header-timeout" (408)

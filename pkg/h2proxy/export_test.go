@@ -1,0 +1,4 @@
+package h2proxy
+
+// AdmitGoroutines is admitGoroutines for the external tests.
+var AdmitGoroutines = &admitGoroutines
