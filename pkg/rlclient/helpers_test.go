@@ -281,16 +281,16 @@ func waitValid(t testing.TB, c *Client, n int) {
 		for i := range c.table.stripes {
 			st := &c.table.stripes[i]
 			st.mu.Lock()
-			for _, r := range st.m {
+			found := false
+			st.each(func(r *request) {
 				r.mu.Lock()
-				got := bits.OnesCount64(r.valid)
+				found = found || bits.OnesCount64(r.valid) >= n
 				r.mu.Unlock()
-				if got >= n {
-					st.mu.Unlock()
-					return true
-				}
-			}
+			})
 			st.mu.Unlock()
+			if found {
+				return true
+			}
 		}
 		return false
 	})
@@ -304,16 +304,16 @@ func waitAnswered(t testing.TB, c *Client, n int) {
 		for i := range c.table.stripes {
 			st := &c.table.stripes[i]
 			st.mu.Lock()
-			for _, r := range st.m {
+			found := false
+			st.each(func(r *request) {
 				r.mu.Lock()
-				got := bits.OnesCount64(r.answered)
+				found = found || bits.OnesCount64(r.answered) >= n
 				r.mu.Unlock()
-				if got >= n {
-					st.mu.Unlock()
-					return true
-				}
-			}
+			})
 			st.mu.Unlock()
+			if found {
+				return true
+			}
 		}
 		return false
 	})

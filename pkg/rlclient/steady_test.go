@@ -87,7 +87,7 @@ func TestNoLeaksAfterManyChecksWithCancellations(t *testing.T) {
 	for i := range c.table.stripes {
 		s := &c.table.stripes[i]
 		s.mu.Lock()
-		live += len(s.m)
+		live += s.n
 		s.mu.Unlock()
 	}
 	if live != 0 {

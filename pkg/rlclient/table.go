@@ -9,6 +9,11 @@ import (
 const (
 	stripeShift = 6
 	stripeMask  = 63
+	// homeShift drops the token and stripe bits: what is left of the
+	// (random, client-chosen) id picks the home slot within a stripe.
+	homeShift = stripeShift + 6
+	// stripeSlots is a stripe's first size (grown by doubling).
+	stripeSlots = 64
 )
 
 // reqTable maps live request ids to their state, striped to spread lock
@@ -18,31 +23,80 @@ type reqTable struct {
 	stripes [stripeMask + 1]tableStripe
 }
 
+// tableStripe is open addressing with linear probing, at most half full:
+// a lookup for an answer's id reads one or two slots (ids are random, so
+// their bits are the hash). A Go map here cost hashing and several cache
+// misses per check (rlclient's share of the admission profile). Growth
+// doubles the slots (an allocation only when more checks are in flight
+// than ever before on the stripe); removal moves entries back over the
+// hole, so no tombstones pile up.
 type tableStripe struct {
-	mu sync.Mutex
-	m  map[uint64]*request
-	_  [40]byte
+	mu    sync.Mutex
+	slots []*request // nil: empty
+	n     int
+	_     [32]byte
 }
 
 func (t *reqTable) init() {
 	for i := range t.stripes {
-		t.stripes[i].m = make(map[uint64]*request, 64)
+		t.stripes[i].slots = make([]*request, stripeSlots)
 	}
 }
 
 func (t *reqTable) stripe(id uint64) *tableStripe { return &t.stripes[(id>>stripeShift)&stripeMask] }
 
+func (s *tableStripe) home(id uint64) int { return int(id>>homeShift) & (len(s.slots) - 1) }
+
+// insert places r (its id not in s; the slots have room).
+func (s *tableStripe) insert(r *request) {
+	mask := len(s.slots) - 1
+	i := s.home(r.id)
+	for s.slots[i] != nil {
+		i = (i + 1) & mask
+	}
+	s.slots[i] = r
+	s.n++
+}
+
+// find returns the slot holding id, or -1.
+func (s *tableStripe) find(id uint64) int {
+	mask := len(s.slots) - 1
+	for i := s.home(id); s.slots[i] != nil; i = (i + 1) & mask {
+		if s.slots[i].id == id {
+			return i
+		}
+	}
+	return -1
+}
+
 func (t *reqTable) put(r *request) {
 	s := t.stripe(r.id)
 	s.mu.Lock()
-	s.m[r.id] = r
+	if i := s.find(r.id); i >= 0 { // the same id again (a 58-bit collision): replace
+		s.slots[i] = r
+		s.mu.Unlock()
+		return
+	}
+	if 2*(s.n+1) > len(s.slots) {
+		old := s.slots
+		s.slots, s.n = make([]*request, 2*len(old)), 0
+		for _, o := range old {
+			if o != nil {
+				s.insert(o)
+			}
+		}
+	}
+	s.insert(r)
 	s.mu.Unlock()
 }
 
 func (t *reqTable) get(id uint64) *request {
 	s := t.stripe(id)
 	s.mu.Lock()
-	r := s.m[id]
+	var r *request
+	if i := s.find(id); i >= 0 {
+		r = s.slots[i]
+	}
 	s.mu.Unlock()
 	return r
 }
@@ -50,8 +104,29 @@ func (t *reqTable) get(id uint64) *request {
 func (t *reqTable) remove(id uint64) {
 	s := t.stripe(id)
 	s.mu.Lock()
-	delete(s.m, id)
+	if hole := s.find(id); hole >= 0 {
+		mask := len(s.slots) - 1
+		for j := (hole + 1) & mask; s.slots[j] != nil; j = (j + 1) & mask {
+			// The entry at j may move back to the hole unless its home
+			// lies cyclically in (hole, j]: its probe starts after the hole.
+			if (j-s.home(s.slots[j].id))&mask >= (j-hole)&mask {
+				s.slots[hole] = s.slots[j]
+				hole = j
+			}
+		}
+		s.slots[hole] = nil
+		s.n--
+	}
 	s.mu.Unlock()
+}
+
+// each calls fn for every live request of the stripe (s.mu held).
+func (s *tableStripe) each(fn func(*request)) {
+	for _, r := range s.slots {
+		if r != nil {
+			fn(r)
+		}
+	}
 }
 
 // failAll ends every live request with CauseCancelled (Close).
@@ -60,9 +135,7 @@ func (t *reqTable) failAll(*Client) {
 	for i := range t.stripes {
 		s := &t.stripes[i]
 		s.mu.Lock()
-		for _, r := range s.m {
-			live = append(live, r)
-		}
+		s.each(func(r *request) { live = append(live, r) })
 		s.mu.Unlock()
 	}
 	for _, r := range live {
