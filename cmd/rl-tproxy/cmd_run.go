@@ -19,7 +19,7 @@ func init() {
 // both to node.Run, which serves until SIGTERM/SIGINT and reloads on
 // SIGHUP and on file change.
 func runRun(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("run", "run --policy FILE [--admin ADDR] [--log-format text|json|combined] [--log-level debug|info|warn|error] [--event-loops N] [--upgrade-redirect]",
+	fs := newFlagSet("run", "run --policy FILE [--admin ADDR] [--log-format text|json|combined] [--log-level debug|info|warn|error] [--event-loops N] [--loop-kernel-wait] [--upgrade-redirect]",
 		"Runs the proxy with the given policy file. SIGHUP (or a change of the policy or credentials file) reloads it;\n"+
 			"SIGTERM/SIGINT drain in-flight requests (bounded by --drain-timeout) and exit.\n"+
 			"Per-request timeouts are policy settings, per service or in defaults, applied by a reload:\n"+
@@ -34,6 +34,7 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	watch := fs.Bool("watch", true, "reload when the policy or credentials file changes (inotify on their directories)")
 	upgrade := fs.Bool("upgrade-redirect", false, "replace a pinned sk_lookup program of another build in place (keeping the sockmap, ports and counters) instead of refusing to start")
 	loops := fs.Int("event-loops", 0, "serve HTTP/1.x on N event loops, one thread each (0: one per CPU); with N below GOMAXPROCS an idle loop waits in io_uring_enter for up to 1 ms before parking")
+	kwait := fs.Bool("loop-kernel-wait", false, "let idle event loops wait in io_uring_enter holding their thread's P (up to 1 ms after each park) even with no P to spare, while no HTTP/2, TLS or tunnel connection is open: fewer system calls and context switches one request at a time, more CPU under load; other goroutines may wait up to 1 ms (docs/operations.md)")
 	if done, code := parseFlags(fs, args, stdout); done {
 		return code
 	}
@@ -60,7 +61,7 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		return exitInvalid
 	}
 	opts := node.Options{Policy: *policy, Admin: *admin, Log: log, Watch: *watch, UpgradeRedirect: *upgrade,
-		EventLoops: *loops, Version: version, Commit: commit}
+		EventLoops: *loops, LoopKernelWait: *kwait, Version: version, Commit: commit}
 	if err := node.Run(context.Background(), pol, opts, *drain); err != nil {
 		return exitRuntime
 	}

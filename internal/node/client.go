@@ -351,7 +351,9 @@ func (n *Node) attachClient(c *rlclient.Client) {
 	if n.proxy == nil {
 		return // startProxy attaches it
 	}
-	if err := n.proxy.Attach(c); err != nil {
+	err := n.proxy.Attach(c)
+	n.checksOffLoop.Store(err != nil)
+	if err != nil {
 		n.log.Warn("RateLimitly client not attached to the event loops; checks go through its goroutine shards", "error", err.Error())
 	}
 }

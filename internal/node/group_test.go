@@ -2,6 +2,7 @@ package node
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"path/filepath"
 	"syscall"
@@ -10,7 +11,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
 )
 
 // groupOf returns the listener group the node serves on addr (nil when
@@ -100,5 +103,37 @@ func TestListenerModeGroups(t *testing.T) {
 	}
 	if got := getBody(t, "http://"+la+"/"); got != "a" {
 		t.Fatalf("%s answered %q, want a", la, got)
+	}
+}
+
+// TestLoopKernelWait: with Options.LoopKernelWait the loops wait in the
+// kernel between requests (io_uring; the HoldP the node gives the proxy
+// says the embedded RateLimitly is on the loops), without it they only
+// park; both answer every request.
+func TestLoopKernelWait(t *testing.T) {
+	if err := evloop.ProbeIOUring(); err != nil {
+		testkit.Missing(t, "io_uring refused on this machine: %v", err)
+	}
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprint("LoopKernelWait=", on), func(t *testing.T) {
+			upA, upB := namedUpstream(t, "a"), namedUpstream(t, "b")
+			la, lb := freeAddr(t), freeAddr(t)
+			path := filepath.Join(t.TempDir(), "policy.yaml")
+			writeTwoServices(t, path, la, upA, lb, upB)
+			pol, err := admission.Load(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rt := startLoadedWith(t, pol, path, func(o *Options) { o.LoopKernelWait = on })
+			for range 50 {
+				if got := getBody(t, "http://"+la+"/"); got != "a" {
+					t.Fatalf("%s answered %q, want a", la, got)
+				}
+			}
+			st := rt.proxy.Stats().Loops
+			if (st.KernelWaits > 0) != on {
+				t.Fatalf("loop stats %+v with LoopKernelWait %v", st, on)
+			}
+		})
 	}
 }

@@ -47,6 +47,12 @@ type Options struct {
 	// EventLoops is proxy.Config.EventLoops: the number of event loops
 	// that serve HTTP/1.x (0: one per CPU).
 	EventLoops int
+	// LoopKernelWait lets idle event loops wait inside io_uring_enter
+	// holding their P (up to 1 ms after each park) also when every P runs
+	// a loop, while the RateLimitly client runs on the loops and no
+	// connection is served by a goroutine (proxy.Config.HoldP): cheaper
+	// one request at a time, dearer under load (docs/operations.md).
+	LoopKernelWait bool
 	// ServerHooks are test hooks for an embedded server (demo only).
 	ServerHooks *rlserver.TestHooks
 	// load replaces admission.Load for reloads (tests).
@@ -56,17 +62,21 @@ type Options struct {
 // Node is the running product: policy, gate, RateLimitly client
 // (and embedded server), proxy listeners, redirect, admin listener.
 type Node struct {
-	opts     Options
-	log      *slog.Logger
-	m        *metrics.Metrics
-	ready    *metrics.Readiness
-	gate     *hook.Gate
-	proxy    *proxy.Proxy
-	h2       *h2proxy.Server // HTTP/2 connections handed off by the proxy
-	admin    *metrics.Admin
-	reloader *admission.Reloader
-	redirect *redirect.Redirect
-	failed   chan error
+	opts  Options
+	log   *slog.Logger
+	m     *metrics.Metrics
+	ready *metrics.Readiness
+	gate  *hook.Gate
+	proxy *proxy.Proxy
+	h2    *h2proxy.Server // HTTP/2 connections handed off by the proxy
+	// checksOffLoop is set while the RateLimitly client in use is not
+	// attached to the event loops (its checks are answered by goroutine
+	// shards): the loops must then park on every wait (proxy.Config.HoldP).
+	checksOffLoop atomic.Bool
+	admin         *metrics.Admin
+	reloader      *admission.Reloader
+	redirect      *redirect.Redirect
+	failed        chan error
 	// takenOver is closed when another proxy took the steered listeners'
 	// sockmap slots (a newer instance started): drain and exit.
 	takenOver chan struct{}
@@ -177,6 +187,9 @@ func (n *Node) startProxy(ctx context.Context, pol *admission.Policy) error {
 	}
 	pcfg := proxy.Config{Services: hook.ProxyServices(pol), Hook: n.gate, Logger: n.log,
 		Handoff: &proxy.HandoffMux{HTTP2: n.h2, TLS: relay, Other: relay}, EventLoops: n.opts.EventLoops}
+	if n.opts.LoopKernelWait {
+		pcfg.HoldP = func() bool { return !n.checksOffLoop.Load() }
+	}
 	if steeredPorts(pol) != nil {
 		if err := n.attachRedirect(pol); err != nil {
 			return err

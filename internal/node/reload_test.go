@@ -70,8 +70,15 @@ func startNode(t *testing.T, path string, watch bool) *Node {
 
 func startLoaded(t *testing.T, pol *admission.Policy, path string, watch bool) *Node {
 	t.Helper()
-	rt, err := Start(context.Background(), pol, Options{Policy: path, Admin: "off", Watch: watch,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	return startLoadedWith(t, pol, path, func(o *Options) { o.Watch = watch })
+}
+
+// startLoadedWith starts a node on pol with the options set adjusts.
+func startLoadedWith(t *testing.T, pol *admission.Policy, path string, set func(*Options)) *Node {
+	t.Helper()
+	opts := Options{Policy: path, Admin: "off", Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	set(&opts)
+	rt, err := Start(context.Background(), pol, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

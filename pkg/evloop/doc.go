@@ -64,9 +64,12 @@
 // set in Go's netpoller, would wake the netpoller at every event) and
 // only while the process has a P that no loop holds
 // (GOMAXPROCS above the number of running loops, e.g. rl-tproxy run
-// --event-loops below it): otherwise goroutines woken by the netpoller (HTTP/2
-// connections, an admission client's receiver) would find no P until
-// the loop parks, and loops always park. A signal (the runtime's
+// --event-loops below it) or Config.HoldP reports that no goroutine needs
+// one (checked before every wait): otherwise goroutines woken by the
+// netpoller (HTTP/2 connections, an admission client's receiver) would
+// find no P until the loop parks, and loops park at once. Goroutines that
+// need a P while HoldP says none does (timers, an admin request, the
+// garbage collector's workers) wait for the span's end. A signal (the runtime's
 // preemption, a stop-the-world) ends a kernel wait with EINTR; with
 // GODEBUG=asyncpreemptoff=1 a stop-the-world may wait for the span.
 // Stats.Parks counts the parks that slept (the first check found nothing),
@@ -77,14 +80,16 @@
 //
 //	type Backend uint8 // Auto, IOUring, Epoll; String()
 //	type Config struct {
-//		Loops   int          // default runtime.GOMAXPROCS(0)
-//		Backend Backend
-//		BufSize int          // receive buffer size (default 16 KiB)
-//		Logger  *slog.Logger // default slog.Default()
-//		Pin     bool         // bind loop i's thread to the i-th allowed CPU
-//		BlockingWait bool    // wait in the system call, holding the P (measurements)
+//		Loops        int          // default runtime.GOMAXPROCS(0)
+//		Backend      Backend
+//		BufSize      int          // receive buffer size (default 16 KiB)
+//		Logger       *slog.Logger // default slog.Default()
+//		Pin          bool         // bind loop i's thread to the i-th allowed CPU
+//		BlockingWait bool         // wait in the system call, holding the P (measurements)
+//		HoldP        func() bool  // no goroutine needs a P: idle loops may wait in the kernel
 //	}
 //	func Start(cfg Config) (*Group, error)
+//	func ProbeIOUring() error // nil when Auto would pick IOUring
 //	func (g *Group) Loops() []*Loop
 //	func (g *Group) Backend() Backend   // the one actually running
 //	func (g *Group) Stats() Stats       // any goroutine

@@ -48,6 +48,17 @@ type Config struct {
 	// parking in the netpoller; for measurements). By default an idle
 	// loop parks in Go's netpoller, so other goroutines run at once.
 	BlockingWait bool
+	// HoldP, when set, lets an idle io_uring loop wait inside the system
+	// call holding its P (for up to kernelSpan after each park) while it
+	// returns true, also when no P is spare (see kernelSpan). It is called
+	// before every wait, so it must be cheap, and it must return false
+	// whenever a goroutine other than the loops may need a P soon: one a
+	// loop hands work to (a connection served by a goroutine, a blocking
+	// call's worker) or one whose answer a loop waits for. Goroutines that
+	// need a P while it returns true (timers, an admin request, the
+	// garbage collector's workers) wait until the loop parks, at most
+	// kernelSpan plus one turn later.
+	HoldP func() bool
 }
 
 // DefaultBufSize is Config.BufSize's default.
@@ -78,6 +89,7 @@ type Stats struct {
 type Group struct {
 	loops   []*Loop
 	backend Backend
+	holdP   func() bool // Config.HoldP
 	wg      sync.WaitGroup
 	once    sync.Once
 	errMu   sync.Mutex
@@ -139,7 +151,7 @@ func Start(cfg Config) (*Group, error) {
 			return nil, err
 		}
 	}
-	g := &Group{backend: be}
+	g := &Group{backend: be, holdP: cfg.HoldP}
 	base := time.Now()
 	for i := 0; i < cfg.Loops; i++ {
 		l := &Loop{g: g, id: i, bufSize: cfg.BufSize, base: base, log: cfg.Logger, cpu: -1, block: cfg.BlockingWait}
@@ -380,8 +392,16 @@ var loopsAlive atomic.Int32
 // may change at run time: read at each park, not per wait). Without one,
 // a loop waiting in the kernel with its P would leave goroutines woken
 // by the netpoller (HTTP/2 connections, an admission client's receiver,
-// the admin listener) without a P until it parks: then loops always park.
+// the admin listener) without a P until it parks: then loops park unless
+// Config.HoldP says no goroutine needs a P.
 func spareP() bool { return runtime.GOMAXPROCS(0) > int(loopsAlive.Load()) }
+
+// mayHoldP says whether the loop may wait in the kernel holding its P:
+// a spare P exists, or the group's Config.HoldP says no goroutine needs
+// one.
+func (l *Loop) mayHoldP() bool {
+	return spareP() || (l.g.holdP != nil && l.g.holdP())
+}
 
 // kernelSpan is how long after a park a loop with nothing to do waits
 // inside epoll_wait/io_uring_enter instead of parking again: with traffic
@@ -393,10 +413,12 @@ func spareP() bool { return runtime.GOMAXPROCS(0) > int(loopsAlive.Load()) }
 // waits there, announced to nobody (a raw system call: an announced one
 // has the runtime's monitor hand the P to a new thread after 20 µs). An
 // idle loop parks after kernelSpan, so that the runtime does not preempt
-// it every 10 ms. Loops wait in the kernel only while the process
-// has a P to spare for goroutines (spareP: fewer loops than GOMAXPROCS;
-// not rl-tproxy's default, which measured better without, see
-// docs/bench/evloop.md), and only on io_uring: epoll's parker is
+// it every 10 ms; so goroutines that need a P meanwhile wait at most
+// kernelSpan plus a turn. Loops wait in the kernel only while the process
+// has a P to spare for goroutines (spareP: fewer loops than GOMAXPROCS)
+// or Config.HoldP says no goroutine needs one (rl-tproxy: no connection
+// served by a goroutine, no blocking Hook at work), checked before every
+// wait, and only on io_uring: epoll's parker is
 // a duplicate of the loop's epoll set, registered in Go's netpoller, so
 // every event during a kernel wait would also wake the netpoller.
 var kernelSpan = int64(time.Millisecond) // a variable for the tests only
@@ -407,7 +429,7 @@ func (l *Loop) loop() error {
 		park := false
 		if timeout != 0 {
 			if l.pk != nil {
-				if now := l.clock(); now < l.kernelUntil {
+				if now := l.clock(); now < l.kernelUntil && l.mayHoldP() {
 					if left := l.kernelUntil - now; timeout < 0 || left < timeout {
 						timeout = left
 					}
@@ -430,7 +452,7 @@ func (l *Loop) loop() error {
 		case park:
 			err = l.pk.wait()
 			l.kernelUntil = 0
-			if l.ur != nil && spareP() {
+			if l.ur != nil && l.mayHoldP() {
 				l.kernelUntil = l.now + kernelSpan
 			}
 		case l.inKernel.Load():

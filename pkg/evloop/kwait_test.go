@@ -7,6 +7,7 @@ import (
 	"net"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -122,4 +123,52 @@ func echoOnce(c net.Conn, data []byte) error {
 		return fmt.Errorf("echoed %q, sent %q", got, data)
 	}
 	return nil
+}
+
+// TestKernelWaitHoldP: without a spare P (GOMAXPROCS=1, one loop) an
+// io_uring loop waits in the kernel while Config.HoldP says no goroutine
+// needs a P, and parks on every wait once it says one does (the test's
+// own client goroutine shares the loop's P, so each round trip also
+// shows that such a goroutine still runs: at the latest when the span
+// ends and the loop parks).
+func TestKernelWaitHoldP(t *testing.T) {
+	withKernelSpan(t, 200*time.Microsecond)
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	if err := probeUring(); err != nil {
+		testkit.Missing(t, "io_uring refused on this machine: %v", err)
+	}
+	var hold atomic.Bool
+	hold.Store(true)
+	g, err := Start(Config{Loops: 1, Backend: IOUring, Logger: quietLogger(), BufSize: 4096, HoldP: hold.Load})
+	if err != nil {
+		t.Fatalf("start io_uring: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := g.Close(); err != nil {
+			t.Errorf("close group: %v", err)
+		}
+	})
+	fd, addr := listenFD(t)
+	listenAll(t, g, fd, func() Handler { return &echo{limit: 64 << 10} })
+	c := dial(t, addr)
+	trips := func(n int) {
+		for i := range n {
+			if err := echoOnce(c, []byte("ping")); err != nil {
+				t.Fatalf("round trip %d: %v", i, err)
+			}
+		}
+	}
+	trips(200)
+	st := g.Stats()
+	if st.KernelWaits == 0 {
+		t.Fatalf("stats %+v: no kernel wait while HoldP said no goroutine needs a P", st)
+	}
+	hold.Store(false)
+	trips(1) // the wait in progress may still be a kernel one
+	st = g.Stats()
+	trips(200)
+	if got := g.Stats(); got.KernelWaits != st.KernelWaits || got.Parks == st.Parks {
+		t.Fatalf("after HoldP turned false: kernel waits %d -> %d, parks %d -> %d; want no new kernel wait, new parks",
+			st.KernelWaits, got.KernelWaits, st.Parks, got.Parks)
+	}
 }

@@ -351,6 +351,11 @@ func (p *pbufRing) close() {
 // its error stands for io_uring_setup refusing.
 var uringSetupHook func() error
 
+// ProbeIOUring reports whether this process may use io_uring as the
+// loops need it: nil when Backend Auto would pick IOUring, else why the
+// kernel or the seccomp profile refused it.
+func ProbeIOUring() error { return probeUring() }
+
 // probeUring reports whether this process may use io_uring as the loops
 // need it (setup with the loop's flags and a provided-buffer ring).
 func probeUring() error {

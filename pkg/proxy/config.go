@@ -283,6 +283,19 @@ type Config struct {
 	// reported with status 0. Neither waits for a Hook that ignores its
 	// context: Done comes when Admit returns.
 	AdmissionTimeout time.Duration
+	// HoldP, when set and true, says that nothing the Hook's admissions
+	// wait for runs on a goroutine of its own (its checks are answered on
+	// the event loops, as rl-tproxy's RateLimitly client attached to them
+	// is). Then an idle io_uring loop waits for its next turn inside the
+	// system call, holding its P, for up to 1 ms after each park, while no
+	// connection is served by a goroutine (HTTP/2, TLS, an Upgrade tunnel)
+	// and no blocking Hook call or upstream dial is in progress: one
+	// system call and one sleep per wait instead of the netpoller's park
+	// and two thread hand-offs (evloop.Config.HoldP; docs/bench/evloop.md).
+	// Other goroutines (timers, the admin listener, the garbage collector)
+	// then wait up to that millisecond for a P. Called before every wait,
+	// so it must be cheap.
+	HoldP func() bool
 }
 
 // AdmissionTimeoutFor is the admission bound of svc's requests: svc's

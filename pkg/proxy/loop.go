@@ -54,7 +54,10 @@ type loopGroup struct {
 	nAttached atomic.Int64
 	started   atomic.Pointer[evloop.Group] // g for Stats, once started
 
-	conns    atomic.Int64 // open client connections (loop-owned or handed off)
+	conns atomic.Int64 // open client connections (loop-owned or handed off)
+	// offLoop counts connections served by a goroutine of their own
+	// (handoffs, Upgrade tunnels): while any runs, loops park (holdP).
+	offLoop  atomic.Int64
 	upIdle   atomic.Int64 // idle pooled upstream connections
 	workers  admitWorkers
 	detached detachedConns
@@ -78,7 +81,8 @@ func (lg *loopGroup) start() error {
 	if lg.g != nil {
 		return nil
 	}
-	g, err := evloop.Start(evloop.Config{Loops: lg.n, Backend: loopBackend, BufSize: loopReadSize, Logger: lg.p.cfg.Load().Logger})
+	g, err := evloop.Start(evloop.Config{Loops: lg.n, Backend: loopBackend, BufSize: loopReadSize, Logger: lg.p.cfg.Load().Logger,
+		HoldP: lg.holdP})
 	if err != nil {
 		return fmt.Errorf("proxy: start event loops: %w", err)
 	}
@@ -375,6 +379,19 @@ func (lg *loopGroup) waitForced() {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// holdP is the loops' evloop.Config.HoldP: an idle loop may wait in the
+// kernel holding its P while no goroutine of the data path needs one (no
+// connection served by a goroutine, no blocking Hook call or upstream
+// dial on a worker) and Config.HoldP says the Hook's work is all on the
+// loops. Called before every wait of every loop.
+func (lg *loopGroup) holdP() bool {
+	if lg.offLoop.Load() != 0 || lg.workers.busy.Load() != 0 {
+		return false
+	}
+	f := lg.p.cfg.Load().HoldP
+	return f != nil && f()
 }
 
 // idle reports whether no client connection and no admission worker job

@@ -72,6 +72,7 @@ func (c *lconn) handoff(cfg *Config, svc *Service, kind sniff.Kind) {
 		if un := s.Unread(); len(un) > 0 { // io_uring: received before the detach
 			c.buf.addGrow(un)
 		}
+		c.ls.lg.offLoop.Add(1)
 		go c.serveHandoff(fd, hc)
 	})
 }
@@ -79,6 +80,7 @@ func (c *lconn) handoff(cfg *Config, svc *Service, kind sniff.Kind) {
 // serveHandoff runs on its own goroutine.
 func (c *lconn) serveHandoff(fd int, hc *HandoffConn) {
 	lg := c.ls.lg
+	defer lg.offLoop.Add(-1)
 	nc, err := fileConn(fd)
 	if err == nil {
 		lg.detached.add(nc)
@@ -237,6 +239,7 @@ func (t *tunnelJob) arrived() {
 		t.done()
 		return
 	}
+	t.c.ls.lg.offLoop.Add(1)
 	go t.run()
 }
 
@@ -245,6 +248,7 @@ func (t *tunnelJob) arrived() {
 // t.idle, or when its destination takes no byte for t.idle.
 func (t *tunnelJob) run() {
 	lg := t.c.ls.lg
+	defer lg.offLoop.Add(-1)
 	cn, cerr := fileConn(t.cfd)
 	un, uerr := fileConn(t.ufd)
 	if cerr != nil || uerr != nil {
