@@ -48,6 +48,19 @@ func openTunnel(t *testing.T, addr string) *client {
 type blockingHandoff struct{ serving chan struct{} }
 
 func (blockingHandoff) Takes(k sniff.Kind, _ *Service) bool { return k == sniff.TLS }
+
+// start opens a connection to addr that h takes and waits until h serves it.
+func (h blockingHandoff) start(t *testing.T, addr string) *client {
+	t.Helper()
+	cl := dialClient(t, addr)
+	cl.send("\x16\x03\x01\x00\x20\x01rest")
+	select {
+	case <-h.serving:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handoff did not start")
+	}
+	return cl
+}
 func (h blockingHandoff) ServeConn(hc *HandoffConn) {
 	hc.Conn.SetReadDeadline(time.Time{})
 	h.serving <- struct{}{}
@@ -91,13 +104,7 @@ func TestForcedShutdownDetached(t *testing.T) {
 		h := blockingHandoff{serving: make(chan struct{}, 1)}
 		up := newRawUpstream(t, func(int, net.Conn) {})
 		p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(c *Config) { c.EventLoops = 1; c.Handoff = h })
-		cl := dialClient(t, addr)
-		cl.send("\x16\x03\x01\x00\x20\x01rest")
-		select {
-		case <-h.serving:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the handoff did not start")
-		}
+		h.start(t, addr)
 		shutdownNow(t, p)
 	})
 }

@@ -3,7 +3,6 @@ package proxy
 import (
 	"net"
 	"testing"
-	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
@@ -32,13 +31,7 @@ func TestHoldP(t *testing.T) {
 		if !p.lg.holdP() {
 			t.Fatal("holdP false with nothing served off the loops")
 		}
-		cl := dialClient(t, addr)
-		cl.send("\x16\x03\x01\x00\x20\x01rest")
-		select {
-		case <-h.serving:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the handoff did not start")
-		}
+		cl := h.start(t, addr)
 		if p.lg.holdP() {
 			t.Fatal("holdP true while a handed-off connection is served by a goroutine")
 		}
