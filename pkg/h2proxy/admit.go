@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync/atomic"
+	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
@@ -61,15 +62,24 @@ const (
 //go:noinline
 func (st *stream) admit(hook proxy.Hook, w http.ResponseWriter, r *http.Request) bool {
 	h := st.h
-	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.AdmissionTimeoutFor(h.svc))
-	defer cancel()
+	timeout := h.cfg.AdmissionTimeoutFor(h.svc)
 	if _, ok := hook.(proxy.ContextBound); ok {
-		st.dec = hook.Admit(ctx, &st.req)
-		if ctx.Err() != nil {
+		c := st.actx
+		if c == nil {
+			c = &deadlineCtx{}
+			st.actx = c
+		}
+		c.start(r.Context(), time.Now().Add(timeout))
+		st.dec = hook.Admit(c, &st.req)
+		err := c.Err()
+		c.finish()
+		if err != nil {
 			st.giveUp(w, r)
 		}
 		return true
 	}
+	ctx, cancel := context.WithTimeout(r.Context(), timeout)
+	defer cancel()
 	admitGoroutines.Add(1)
 	a := &st.adm
 	if a.fn == nil {

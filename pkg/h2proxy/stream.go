@@ -43,9 +43,10 @@ type stream struct {
 	dec   proxy.Decision
 	res   proxy.Result
 	grpc  bool
-	body  *bodyCount // nil for a request without a body
-	arena []byte     // the bytes head's slices point into
-	adm   admission  // the Hook's Admit call (admit.go)
+	body  *bodyCount   // nil for a request without a body
+	arena []byte       // the bytes head's slices point into
+	adm   admission    // the Hook's Admit call (admit.go)
+	actx  *deadlineCtx // a ContextBound Hook's Admit context (admitctx.go), kept by putStream
 }
 
 // bodyCount counts a request body as the upstream reads it.
@@ -76,8 +77,8 @@ func putStream(st *stream) {
 		hs = nil
 	}
 	clear(st.head.Headers[:cap(st.head.Headers)])
-	ch, fn := st.adm.ch, st.adm.fn
-	*st = stream{arena: arena}
+	ch, fn, actx := st.adm.ch, st.adm.fn, st.actx
+	*st = stream{arena: arena, actx: actx}
 	st.head.Headers = hs
 	st.adm.ch, st.adm.fn = ch, fn
 	streams.Put(st)

@@ -49,7 +49,9 @@ type Hook interface {
 // going away), whatever it then decides. The HTTP/2 path calls such a
 // Hook's Admit on the stream's own goroutine; any other Hook's runs on a
 // goroutine of its own, so that one that ignores its context cannot hold
-// the stream past the deadline. The method is a marker: it is not called.
+// the stream past the deadline. Such an Admit must not keep its context
+// after it returns (the HTTP/2 path reuses it for the stream's next
+// admission). The method is a marker: it is not called.
 type ContextBound interface {
 	AdmitReturnsOnContextEnd()
 }

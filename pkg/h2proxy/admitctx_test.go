@@ -1,0 +1,83 @@
+package h2proxy
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+type ctxKey struct{}
+
+// TestDeadlineCtx: the pooled admission context ends at its deadline
+// (waited on, or only asked), with its parent (the stream's context), and
+// a later admission on the same context is not ended by the previous
+// one's timer or parent.
+func TestDeadlineCtx(t *testing.T) {
+	bound := func(t *testing.T, ch <-chan struct{}, what string) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: Done not closed", what)
+		}
+	}
+	t.Run("deadline, waited on", func(t *testing.T) {
+		var c deadlineCtx
+		parent := context.WithValue(context.Background(), ctxKey{}, "v")
+		c.start(parent, time.Now().Add(20*time.Millisecond))
+		if c.Err() != nil || c.Value(ctxKey{}) != "v" {
+			t.Fatalf("fresh: Err %v, Value %v", c.Err(), c.Value(ctxKey{}))
+		}
+		bound(t, c.Done(), "deadline")
+		if !errors.Is(c.Err(), context.DeadlineExceeded) {
+			t.Fatalf("Err %v", c.Err())
+		}
+		c.finish()
+	})
+	t.Run("deadline passed, only asked", func(t *testing.T) {
+		var c deadlineCtx
+		c.start(context.Background(), time.Now().Add(-time.Millisecond))
+		if !errors.Is(c.Err(), context.DeadlineExceeded) {
+			t.Fatalf("Err %v", c.Err())
+		}
+		bound(t, c.Done(), "Done after Err") // closed at once
+		c.finish()
+	})
+	t.Run("parent cancelled", func(t *testing.T) {
+		var c deadlineCtx
+		parent, cancel := context.WithCancel(context.Background())
+		c.start(parent, time.Now().Add(time.Hour))
+		done := c.Done()
+		cancel()
+		bound(t, done, "parent cancel")
+		if !errors.Is(c.Err(), context.Canceled) {
+			t.Fatalf("Err %v", c.Err())
+		}
+		c.finish()
+	})
+	t.Run("reuse", func(t *testing.T) {
+		var c deadlineCtx
+		p1, cancel1 := context.WithCancel(context.Background())
+		c.start(p1, time.Now().Add(time.Millisecond))
+		c.Done() // armed: timer and parent watch
+		c.finish()
+		cancel1() // the old parent ends after finish
+		c.start(context.Background(), time.Now().Add(time.Hour))
+		done := c.Done()
+		// The first admission's timer and parent callbacks, had they
+		// been running when finish stopped them, run now: the second
+		// admission must stay live.
+		c.expire()
+		c.cancelParent()
+		select {
+		case <-done:
+			t.Fatalf("second admission ended: %v", c.Err())
+		default:
+		}
+		if c.Err() != nil {
+			t.Fatalf("second admission: Err %v", c.Err())
+		}
+		c.finish()
+	})
+}
