@@ -195,6 +195,7 @@ func (n *Node) startProxy(ctx context.Context, pol *admission.Policy) error {
 			return err
 		}
 		pcfg.Dial = n.redirect.Dialer()
+		pcfg.DialPrep = n.redirect.DialPrep // IP upstreams: connected on the loops
 	}
 	p, err := proxy.New(pcfg)
 	if err != nil {

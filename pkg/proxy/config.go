@@ -298,6 +298,14 @@ type Config struct {
 	// then wait up to that millisecond for a P. Called before every wait,
 	// so it must be cheap.
 	HoldP func() bool
+	// DialPrep, with Dial, lets the event loops open connections to
+	// upstreams named by IP address themselves (non-blocking, no
+	// goroutine): it is called on the loop with the new socket before its
+	// connect (to bind it, say) and returns a function the loop runs once
+	// that connect attempt finished, connected or not. Dial is then used
+	// only for upstreams named by host name. It runs on a loop's thread:
+	// it must not block.
+	DialPrep func(fd int, dst netip.AddrPort) (after func(), err error)
 }
 
 // AdmissionTimeoutFor is the admission bound of svc's requests: svc's

@@ -32,13 +32,17 @@ type lup struct {
 	reused, pinned, paused, connecting bool
 	dialing                            bool // a goroutine dials: it owns u until dialed
 	proxyVersion                       proxyproto.Version
+	// afterConnect is Config.DialPrep's function for this connect
+	// attempt, run once when it finished (connDone).
+	afterConnect func()
 }
 
 // lpool holds one loop's idle connections to one upstream address (LIFO).
 type lpool struct {
 	ls      *loopState
 	addr    string
-	sa      unix.Sockaddr // the address when it is an IP literal (else dialled by name)
+	sa      unix.Sockaddr  // the address when it is an IP literal (else dialled by name)
+	ap      netip.AddrPort // the same, for Config.DialPrep
 	family  int
 	idle    []*lup
 	timer   evloop.Timer
@@ -52,6 +56,7 @@ func (ls *loopState) pool(addr string) *lpool {
 	}
 	pl := &lpool{ls: ls, addr: addr}
 	if ap, err := netip.ParseAddrPort(addr); err == nil {
+		pl.ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 		if a := ap.Addr().Unmap(); a.Is4() {
 			pl.sa, pl.family = &unix.SockaddrInet4{Port: int(ap.Port()), Addr: a.As4()}, unix.AF_INET
 		} else if a.Zone() == "" {
@@ -78,6 +83,7 @@ func (ls *loopState) getUp(pl *lpool) *lup {
 }
 
 func (ls *loopState) putUp(u *lup) {
+	u.connDone()
 	hs := u.resp.Headers
 	*u = lup{ls: ls}
 	u.resp.Headers = hs
@@ -114,8 +120,8 @@ func (c *lconn) getUpstream(fresh bool) {
 	if svc.ProxyProtocol != proxyproto.None {
 		u.pinned, u.proxyVersion = true, svc.ProxyProtocol
 	}
-	if r.cfg.Dial == nil && pl.sa != nil {
-		u.connect()
+	if (r.cfg.Dial == nil || r.cfg.DialPrep != nil) && pl.sa != nil {
+		u.connect(r.cfg.DialPrep)
 		return
 	}
 	u.dial(r.cfg, svc.upstreamTimeout())
@@ -137,8 +143,9 @@ func (c *lconn) takePinned(svc *Service, fresh bool) *lup {
 	return u
 }
 
-// connect opens a non-blocking connection on the loop.
-func (u *lup) connect() {
+// connect opens a non-blocking connection on the loop, prepared by prep
+// (Config.DialPrep) when set.
+func (u *lup) connect(prep func(fd int, dst netip.AddrPort) (func(), error)) {
 	pl := u.pool
 	fd, err := unix.Socket(pl.family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -146,6 +153,15 @@ func (u *lup) connect() {
 		return
 	}
 	unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	if prep != nil {
+		after, err := prep(fd, pl.ap)
+		if err != nil {
+			unix.Close(fd)
+			u.dialFailed(fmt.Errorf("dial upstream %s: %w", pl.addr, err))
+			return
+		}
+		u.afterConnect = after
+	}
 	s, err := u.ls.l.Connect(fd, pl.sa, u)
 	if err != nil {
 		unix.Close(fd)
@@ -243,9 +259,19 @@ func (u *lup) dialFailed(err error) {
 	}
 }
 
+// connDone runs Config.DialPrep's function once the connect attempt
+// finished (connected, failed, or abandoned).
+func (u *lup) connDone() {
+	if f := u.afterConnect; f != nil {
+		u.afterConnect = nil
+		f()
+	}
+}
+
 // OnConnect: a connection opened by Connect is up (or failed).
 func (u *lup) OnConnect(s *evloop.Sock, err error) {
 	u.connecting = false
+	u.connDone()
 	if err != nil {
 		u.dialFailed(fmt.Errorf("dial upstream %s: %w", u.pool.addr, err))
 		return
@@ -285,6 +311,7 @@ func (u *lup) OnError(_ *evloop.Sock, err error) {
 	u.s = nil
 	if u.connecting {
 		u.connecting = false
+		u.connDone()
 		u.dialFailed(fmt.Errorf("dial upstream %s: %w", u.pool.addr, err))
 		return
 	}

@@ -67,6 +67,30 @@ func (r *Redirect) DialContext(ctx context.Context, network, addr string) (net.C
 	return conn, nil
 }
 
+// DialPrep readies fd, a new non-blocking TCP socket about to connect to
+// dst, the way DialContext does before its connect: bound to the route's
+// source address and an ephemeral port, that address in the bypass map.
+// The returned function removes the entry; the caller runs it once the
+// connect attempt finished (sk_lookup only runs for the SYN). Its
+// signature fits proxy.Config.DialPrep, so the event loops connect to an
+// upstream without a goroutine.
+func (r *Redirect) DialPrep(fd int, dst netip.AddrPort) (func(), error) {
+	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
+	src, err := sourceAddr(dst)
+	if err != nil {
+		return nil, fmt.Errorf("bypass dial %v: %w", dst, err)
+	}
+	key, err := r.bindAndBypass(fd, src)
+	if err != nil {
+		return nil, fmt.Errorf("bypass dial %v: %w", dst, err)
+	}
+	return func() {
+		// Best effort: an entry left behind only exempts that local
+		// address and port from steering until it is reused.
+		_ = r.maps.Bypass.Delete(key)
+	}, nil
+}
+
 // Dialer returns DialContext as a value, for configs that take a dial func.
 func (r *Redirect) Dialer() func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return r.DialContext
