@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -166,7 +167,7 @@ func TestListenGroupDefaultsAndErrors(t *testing.T) {
 
 func listenerFD(t *testing.T, ln net.Listener) int {
 	t.Helper()
-	rc, err := ln.(*net.TCPListener).SyscallConn()
+	rc, err := ln.(syscall.Conn).SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,6 +338,77 @@ func TestServeGroupOnLoops(t *testing.T) {
 			}
 			if err := <-served; err != ErrClosed {
 				t.Fatalf("ServeGroup after Shutdown: %v, want ErrClosed", err)
+			}
+		})
+	}
+}
+
+// TestServeReturnsOnAnnouncedClose: a listener from Listen or ListenGroup
+// announces its Close, so Serve on the loops returns when the caller
+// closes it (a reload dropping an address) without polling: the poll
+// interval is an hour here. A plain net.Listen listener still ends Serve
+// through the poll. After Serve returned, the address refuses
+// connections: the loops' duplicate is closed too.
+func TestServeReturnsOnAnnouncedClose(t *testing.T) {
+	up := keepAliveUpstream(t, 0)
+	listenOne := func(ctx context.Context, addr string) ([]net.Listener, error) {
+		ln, err := Listen(ctx, addr)
+		return []net.Listener{ln}, err
+	}
+	plain := func(ctx context.Context, addr string) ([]net.Listener, error) {
+		var lc net.ListenConfig
+		ln, err := lc.Listen(ctx, "tcp", addr)
+		return []net.Listener{ln}, err
+	}
+	group := func(ctx context.Context, addr string) ([]net.Listener, error) { return ListenGroup(ctx, addr, 2) }
+	for _, tc := range []struct {
+		name   string
+		listen func(context.Context, string) ([]net.Listener, error)
+		poll   time.Duration
+	}{
+		{"Listen", listenOne, time.Hour},
+		{"ListenGroup", group, time.Hour},
+		{"net.Listen polled", plain, time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			old := closedPoll
+			closedPoll = tc.poll
+			t.Cleanup(func() { closedPoll = old })
+			svc := &Service{Name: "web", Upstream: up.addr()}
+			p, err := New(Config{Services: []*Service{svc}, EventLoops: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				p.Shutdown(ctx)
+			})
+			lns, err := tc.listen(context.Background(), "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := lns[0].Addr().String()
+			served := make(chan error, 1)
+			go func() { served <- p.ServeGroup(lns, svc) }()
+			c := dialClient(t, addr)
+			c.send("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+			if r, _ := c.resp("GET"); r.StatusCode != 200 {
+				t.Fatalf("status %d", r.StatusCode)
+			}
+			c.c.Close()
+			closeListeners(lns)
+			select {
+			case err := <-served:
+				if !errors.Is(err, net.ErrClosed) {
+					t.Fatalf("ServeGroup after the listeners closed: %v, want net.ErrClosed", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("ServeGroup still running 30 s after its listeners closed")
+			}
+			if c, err := net.DialTimeout("tcp", addr, 10*time.Second); err == nil {
+				c.Close()
+				t.Fatalf("%s still accepts connections after Serve returned", addr)
 			}
 		})
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"runtime"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -21,8 +22,45 @@ func Listen(ctx context.Context, addr string) (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", addr, err)
 	}
-	return ln, nil
+	return announceClose(ln), nil
 }
+
+// closeAnnouncer is a listener whose Close can be waited for: Serve on the
+// event loops, whose loops accept on a duplicate of the socket, learns of
+// the close from it at once (waitClosed) instead of looking every
+// closedPoll.
+type closeAnnouncer interface {
+	net.Listener
+	closed() <-chan struct{}
+}
+
+// tcpListener is a *net.TCPListener whose Close is announced: Listen and
+// ListenGroup return it. Everything else (SyscallConn, File, AcceptTCP,
+// SetDeadline) is the embedded listener's.
+type tcpListener struct {
+	*net.TCPListener
+	once sync.Once
+	done chan struct{}
+}
+
+// announceClose wraps a TCP listener; any other listener is returned as is.
+func announceClose(ln net.Listener) net.Listener {
+	tl, ok := ln.(*net.TCPListener)
+	if !ok {
+		return ln
+	}
+	return &tcpListener{TCPListener: tl, done: make(chan struct{})}
+}
+
+// Close closes the socket, then announces it: a waiter sees the listener
+// closed.
+func (l *tcpListener) Close() error {
+	err := l.TCPListener.Close()
+	l.once.Do(func() { close(l.done) })
+	return err
+}
+
+func (l *tcpListener) closed() <-chan struct{} { return l.done }
 
 // transientAcceptErr reports accept errors worth retrying after a pause.
 func transientAcceptErr(err error) bool {
@@ -81,7 +119,7 @@ func ListenGroup(ctx context.Context, addr string, n int) ([]net.Listener, error
 			_, port, _ := net.SplitHostPort(ln.Addr().String())
 			bind = net.JoinHostPort(host, port)
 		}
-		lns = append(lns, ln)
+		lns = append(lns, announceClose(ln))
 	}
 	return lns, nil
 }

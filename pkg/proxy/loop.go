@@ -219,18 +219,23 @@ func dupListener(ln net.Listener) (int, error) {
 	return fd, nil
 }
 
-// closedPoll is how often waitClosed looks whether its listener closed.
-const closedPoll = 50 * time.Millisecond
+// closedPoll is how often waitClosed looks whether a listener that does
+// not announce its close (one not from Listen or ListenGroup) closed; a
+// variable for the tests only.
+var closedPoll = 50 * time.Millisecond
 
 // waitClosed returns once ln is closed (by Shutdown or the caller), which
 // is how Serve learns that it must stop, without accepting: the loops
 // accept on their duplicate of the socket. A goroutine accepting beside
 // them won every connection it was woken for first once the process had
 // a P the loops did not hold (GOMAXPROCS above the loops),
-// each one a net.Conn, a dup, a close and a hand-off to a loop. A
-// listener's RawConn cannot wait for readability (Read is EINVAL), and a
-// wait on a duplicate would not end with ln's Close: it looks every
-// closedPoll instead, so Serve returns at most that much after the close.
+// each one a net.Conn, a dup, a close and a hand-off to a loop. A listener
+// from Listen or ListenGroup announces its Close (closeAnnouncer), so
+// Serve returns at once and a reload that drops an address does not wait.
+// For any other listener (a listener's RawConn cannot wait for
+// readability: Read is EINVAL, and a wait on a duplicate would not end
+// with ln's Close) it looks every closedPoll, so Serve returns at most
+// that much after the close.
 func waitClosed(ln net.Listener) error {
 	sc, ok := ln.(syscall.Conn)
 	if !ok {
@@ -239,6 +244,13 @@ func waitClosed(ln net.Listener) error {
 	raw, err := sc.SyscallConn()
 	if err != nil {
 		return err
+	}
+	if ca, ok := ln.(closeAnnouncer); ok {
+		<-ca.closed()
+		if err := raw.Control(func(uintptr) {}); err != nil {
+			return err
+		}
+		return net.ErrClosed
 	}
 	t := time.NewTicker(closedPoll)
 	defer t.Stop()

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,7 +21,7 @@ func TestListenIsPlainTCP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	raw, err := ln.(*net.TCPListener).SyscallConn()
+	raw, err := ln.(syscall.Conn).SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}
