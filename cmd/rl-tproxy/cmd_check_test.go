@@ -101,3 +101,24 @@ func TestCheckWarnsClientValueUnderFailOpen(t *testing.T) {
 		}
 	}
 }
+
+// TestRunBadFlagValues: run refuses flag values it cannot use with exit 1
+// and the flag's name, before it loads the policy (the file need not
+// exist).
+func TestRunBadFlagValues(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "nope.yaml")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--loop-kernel-wait", "sometimes"}, `--loop-kernel-wait: loop kernel wait "sometimes": want off, light or always`},
+		{[]string{"--loop-kernel-wait="}, "--loop-kernel-wait: "},
+		{[]string{"--event-loops", "-1"}, "--event-loops -1: want 0 or more"},
+	} {
+		var out, errb bytes.Buffer
+		args := append([]string{"run", "--policy", missing}, tc.args...)
+		if code := dispatch(args, &out, &errb); code != exitInvalid || !strings.Contains(errb.String(), tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %d and %q", tc.args, code, errb.String(), exitInvalid, tc.want)
+		}
+	}
+}

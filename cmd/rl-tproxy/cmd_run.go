@@ -19,7 +19,7 @@ func init() {
 // both to node.Run, which serves until SIGTERM/SIGINT and reloads on
 // SIGHUP and on file change.
 func runRun(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("run", "run --policy FILE [--admin ADDR] [--log-format text|json|combined] [--log-level debug|info|warn|error] [--event-loops N] [--loop-kernel-wait] [--upgrade-redirect]",
+	fs := newFlagSet("run", "run --policy FILE [--admin ADDR] [--log-format text|json|combined] [--log-level debug|info|warn|error] [--event-loops N] [--loop-kernel-wait off|light|always] [--upgrade-redirect]",
 		"Runs the proxy with the given policy file. SIGHUP (or a change of the policy or credentials file) reloads it;\n"+
 			"SIGTERM/SIGINT drain in-flight requests (bounded by --drain-timeout) and exit.\n"+
 			"Per-request timeouts are policy settings, per service or in defaults, applied by a reload:\n"+
@@ -34,7 +34,7 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	watch := fs.Bool("watch", true, "reload when the policy or credentials file changes (inotify on their directories)")
 	upgrade := fs.Bool("upgrade-redirect", false, "replace a pinned sk_lookup program of another build in place (keeping the sockmap, ports and counters) instead of refusing to start")
 	loops := fs.Int("event-loops", 0, "serve HTTP/1.x on N event loops, one thread each (0: one per CPU); with N below GOMAXPROCS an idle loop waits in io_uring_enter for up to 1 ms before parking")
-	kwait := fs.Bool("loop-kernel-wait", false, "let idle event loops wait in io_uring_enter holding their thread's P (up to 1 ms after each park) even with no P to spare, while no HTTP/2, TLS or tunnel connection is open: fewer system calls and context switches one request at a time, more CPU under load; other goroutines may wait up to 1 ms (docs/operations.md)")
+	kwait := fs.String("loop-kernel-wait", "off", "when an idle event loop may wait in io_uring_enter holding its thread's P (up to 1 ms after each park) instead of parking in Go's netpoller, while no HTTP/2, TLS or tunnel connection is open: off, light (while the loop has at most "+fmt.Sprint(node.LightInFlight)+" requests in progress: fewer system calls and context switches at low load) or always (also under load, where it measured dearer with admission); other goroutines may wait up to 1 ms for a P (docs/operations.md)")
 	if done, code := parseFlags(fs, args, stdout); done {
 		return code
 	}
@@ -44,6 +44,15 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	}
 	if *policy == "" {
 		fmt.Fprintln(stderr, "rl-tproxy run: --policy FILE is required")
+		return exitInvalid
+	}
+	kw, kerr := node.ParseKernelWait(*kwait)
+	if kerr != nil {
+		fmt.Fprintf(stderr, "rl-tproxy run: --loop-kernel-wait: %v\n", kerr)
+		return exitInvalid
+	}
+	if *loops < 0 {
+		fmt.Fprintf(stderr, "rl-tproxy run: --event-loops %d: want 0 or more\n", *loops)
 		return exitInvalid
 	}
 	log, err := node.NewLogger(*logFormat, *logLevel, stderr)
@@ -56,12 +65,8 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		printLoadError(stderr, "run", *policy, err)
 		return exitInvalid
 	}
-	if *loops < 0 {
-		fmt.Fprintf(stderr, "rl-tproxy run: --event-loops %d: want 0 or more\n", *loops)
-		return exitInvalid
-	}
 	opts := node.Options{Policy: *policy, Admin: *admin, Log: log, Watch: *watch, UpgradeRedirect: *upgrade,
-		EventLoops: *loops, LoopKernelWait: *kwait, Version: version, Commit: commit}
+		EventLoops: *loops, LoopKernelWait: kw, Version: version, Commit: commit}
 	if err := node.Run(context.Background(), pol, opts, *drain); err != nil {
 		return exitRuntime
 	}

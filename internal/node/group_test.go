@@ -2,7 +2,6 @@ package node
 
 import (
 	"errors"
-	"fmt"
 	"net"
 	"path/filepath"
 	"syscall"
@@ -106,16 +105,17 @@ func TestListenerModeGroups(t *testing.T) {
 	}
 }
 
-// TestLoopKernelWait: with Options.LoopKernelWait the loops wait in the
-// kernel between requests (io_uring; the HoldP the node gives the proxy
-// says the embedded RateLimitly is on the loops), without it they only
-// park; both answer every request.
+// TestLoopKernelWait: with Options.LoopKernelWait light or always the
+// loops wait in the kernel between requests sent one at a time
+// (io_uring; the HoldP the node gives the proxy says the embedded
+// RateLimitly is on the loops), with off (the default) they only park; every mode
+// answers every request.
 func TestLoopKernelWait(t *testing.T) {
 	if err := evloop.ProbeIOUring(); err != nil {
 		testkit.Missing(t, "io_uring refused on this machine: %v", err)
 	}
-	for _, on := range []bool{false, true} {
-		t.Run(fmt.Sprint("LoopKernelWait=", on), func(t *testing.T) {
+	for _, mode := range []KernelWait{KernelWaitOff, KernelWaitLight, KernelWaitAlways} {
+		t.Run(mode.String(), func(t *testing.T) {
 			upA, upB := namedUpstream(t, "a"), namedUpstream(t, "b")
 			la, lb := freeAddr(t), freeAddr(t)
 			path := filepath.Join(t.TempDir(), "policy.yaml")
@@ -124,7 +124,7 @@ func TestLoopKernelWait(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rt := startLoadedWith(t, pol, path, func(o *Options) { o.LoopKernelWait = on })
+			rt := startLoadedWith(t, pol, path, func(o *Options) { o.LoopKernelWait = mode })
 			// Many requests: one wait within 1 ms of a park is enough, even
 			// on a loaded machine.
 			for range 200 {
@@ -133,9 +133,42 @@ func TestLoopKernelWait(t *testing.T) {
 				}
 			}
 			st := rt.proxy.Stats().Loops
-			if (st.KernelWaits > 0) != on {
-				t.Fatalf("loop stats %+v with LoopKernelWait %v", st, on)
+			if want := mode != KernelWaitOff; (st.KernelWaits > 0) != want {
+				t.Fatalf("loop stats %+v with LoopKernelWait %v", st, mode)
 			}
 		})
+	}
+}
+
+func TestParseKernelWait(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want KernelWait
+		bad  bool
+	}{
+		{"light", KernelWaitLight, false},
+		{"off", KernelWaitOff, false},
+		{"always", KernelWaitAlways, false},
+		{"", 0, true},
+		{"true", 0, true},
+		{"Light", 0, true},
+		{"on", 0, true},
+	} {
+		got, err := ParseKernelWait(tc.in)
+		if tc.bad {
+			if err == nil {
+				t.Errorf("ParseKernelWait(%q) = %v, want an error", tc.in, got)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("ParseKernelWait(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+		if got.String() != tc.in {
+			t.Errorf("%v.String() = %q, want %q", got, got.String(), tc.in)
+		}
+	}
+	if s := KernelWait(7).String(); s != "KernelWait(7)" {
+		t.Errorf("KernelWait(7).String() = %q", s)
 	}
 }

@@ -47,12 +47,12 @@ type Options struct {
 	// EventLoops is proxy.Config.EventLoops: the number of event loops
 	// that serve HTTP/1.x (0: one per CPU).
 	EventLoops int
-	// LoopKernelWait lets idle event loops wait inside io_uring_enter
-	// holding their P (up to 1 ms after each park) also when every P runs
-	// a loop, while the RateLimitly client runs on the loops and no
-	// connection is served by a goroutine (proxy.Config.HoldP): cheaper
-	// one request at a time, dearer under load (docs/operations.md).
-	LoopKernelWait bool
+	// LoopKernelWait says when idle event loops may wait inside
+	// io_uring_enter holding their P (up to 1 ms after each park) also
+	// when every P runs a loop, while the RateLimitly client runs on the
+	// loops and no connection is served by a goroutine
+	// (proxy.Config.HoldP). The zero value is KernelWaitOff.
+	LoopKernelWait KernelWait
 	// ServerHooks are test hooks for an embedded server (demo only).
 	ServerHooks *rlserver.TestHooks
 	// load replaces admission.Load for reloads (tests).
@@ -187,8 +187,11 @@ func (n *Node) startProxy(ctx context.Context, pol *admission.Policy) error {
 	}
 	pcfg := proxy.Config{Services: hook.ProxyServices(pol), Hook: n.gate, Logger: n.log,
 		Handoff: &proxy.HandoffMux{HTTP2: n.h2, TLS: relay, Other: relay}, EventLoops: n.opts.EventLoops}
-	if n.opts.LoopKernelWait {
+	if n.opts.LoopKernelWait != KernelWaitOff {
 		pcfg.HoldP = func() bool { return !n.checksOffLoop.Load() }
+	}
+	if n.opts.LoopKernelWait == KernelWaitLight {
+		pcfg.HoldPInFlight = LightInFlight
 	}
 	if steeredPorts(pol) != nil {
 		if err := n.attachRedirect(pol); err != nil {

@@ -86,7 +86,7 @@
 //		Logger       *slog.Logger // default slog.Default()
 //		Pin          bool         // bind loop i's thread to the i-th allowed CPU
 //		BlockingWait bool         // wait in the system call, holding the P (measurements)
-//		HoldP        func() bool  // no goroutine needs a P: idle loops may wait in the kernel
+//		HoldP        func(*Loop) bool // no goroutine needs a P: idle loop l may wait in the kernel
 //	}
 //	func Start(cfg Config) (*Group, error)
 //	func ProbeIOUring() error // nil when Auto would pick IOUring

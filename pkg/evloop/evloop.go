@@ -57,8 +57,9 @@ type Config struct {
 	// call's worker) or one whose answer a loop waits for. Goroutines that
 	// need a P while it returns true (timers, an admin request, the
 	// garbage collector's workers) wait until the loop parks, at most
-	// kernelSpan plus one turn later.
-	HoldP func() bool
+	// kernelSpan plus one turn later. It is called on l's own goroutine,
+	// so it may read state only l's turns write (what l has in flight).
+	HoldP func(l *Loop) bool
 }
 
 // DefaultBufSize is Config.BufSize's default.
@@ -89,7 +90,7 @@ type Stats struct {
 type Group struct {
 	loops   []*Loop
 	backend Backend
-	holdP   func() bool // Config.HoldP
+	holdP   func(*Loop) bool // Config.HoldP
 	wg      sync.WaitGroup
 	once    sync.Once
 	errMu   sync.Mutex
@@ -400,7 +401,7 @@ func spareP() bool { return runtime.GOMAXPROCS(0) > int(loopsAlive.Load()) }
 // a spare P exists, or the group's Config.HoldP says no goroutine needs
 // one.
 func (l *Loop) mayHoldP() bool {
-	return spareP() || (l.g.holdP != nil && l.g.holdP())
+	return spareP() || (l.g.holdP != nil && l.g.holdP(l))
 }
 
 // kernelSpan is how long after a park a loop with nothing to do waits

@@ -139,7 +139,7 @@ func TestKernelWaitHoldP(t *testing.T) {
 	}
 	var hold atomic.Bool
 	hold.Store(true)
-	g, err := Start(Config{Loops: 1, Backend: IOUring, Logger: quietLogger(), BufSize: 4096, HoldP: hold.Load})
+	g, err := Start(Config{Loops: 1, Backend: IOUring, Logger: quietLogger(), BufSize: 4096, HoldP: func(*Loop) bool { return hold.Load() }})
 	if err != nil {
 		t.Fatalf("start io_uring: %v", err)
 	}

@@ -298,6 +298,13 @@ type Config struct {
 	// then wait up to that millisecond for a P. Called before every wait,
 	// so it must be cheap.
 	HoldP func() bool
+	// HoldPInFlight, when above 0, keeps HoldP's kernel wait to loops with
+	// at most that many requests in progress (a head begun until its
+	// response is done): one request at a time every wait is a round trip
+	// the client waits for, while under load the netpoller's slower
+	// wake-up lets a turn take more completions at once, which measured
+	// cheaper with admission (docs/bench/evloop.md).
+	HoldPInFlight int
 	// DialPrep, with Dial, lets the event loops open connections to
 	// upstreams named by IP address themselves (non-blocking, no
 	// goroutine): it is called on the loop with the new socket before its

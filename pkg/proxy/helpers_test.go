@@ -89,6 +89,16 @@ func (h *testHook) admitted() []string {
 
 // startProxy serves svc (Upstream filled by the caller) on a loopback
 // listener and returns the proxy and its address.
+// checkRequestsReleased fails t when no client connection is left but
+// the loops still count a request in progress (Stats.Requests, which
+// gates the kernel wait): a request state taken and never given back.
+func checkRequestsReleased(t testing.TB, p *Proxy, when string) {
+	t.Helper()
+	if st := p.Stats(); st.Conns == 0 && st.Requests != 0 {
+		t.Errorf("%s: no client connection open but %d requests in progress on the loops", when, st.Requests)
+	}
+}
+
 func startProxy(t testing.TB, hook Hook, svc *Service, mod func(*Config)) (*Proxy, string) {
 	t.Helper()
 	if svc.Name == "" {
@@ -112,11 +122,13 @@ func startProxy(t testing.TB, hook Hook, svc *Service, mod func(*Config)) (*Prox
 	served := make(chan error, 1)
 	go func() { served <- p.Serve(ln, svc) }()
 	t.Cleanup(func() {
+		checkRequestsReleased(t, p, "at the test's end")
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := p.Shutdown(ctx); err != nil {
 			t.Errorf("shutdown: %v", err)
 		}
+		checkRequestsReleased(t, p, "after Shutdown")
 		// Every request that reached Admit got exactly one Done.
 		if th, ok := hook.(*testHook); ok && (th.pending.Load() != 0 || th.overDone.Load()) {
 			t.Errorf("Admit/Done imbalance: pending %d, Done without Admit %v", th.pending.Load(), th.overDone.Load())

@@ -57,8 +57,12 @@ type loopGroup struct {
 	conns atomic.Int64 // open client connections (loop-owned or handed off)
 	// offLoop counts connections served by a goroutine of their own
 	// (handoffs, Upgrade tunnels): while any runs, loops park (holdP).
-	offLoop  atomic.Int64
-	upIdle   atomic.Int64 // idle pooled upstream connections
+	offLoop atomic.Int64
+	upIdle  atomic.Int64 // idle pooled upstream connections
+	// inFlight counts each loop's requests in progress (by Loop.ID; a
+	// head begun until its response is done): written by that loop only,
+	// read by its holdP and by Stats.
+	inFlight []atomic.Int32
 	workers  admitWorkers
 	detached detachedConns
 
@@ -69,7 +73,7 @@ type loopGroup struct {
 }
 
 func newLoopGroup(p *Proxy, n int) *loopGroup {
-	lg := &loopGroup{p: p, n: n}
+	lg := &loopGroup{p: p, n: n, inFlight: make([]atomic.Int32, n)}
 	lg.workers.idleTimeout = admitWorkerIdle
 	return lg
 }
@@ -393,17 +397,21 @@ func (lg *loopGroup) waitForced() {
 	}
 }
 
-// holdP is the loops' evloop.Config.HoldP: an idle loop may wait in the
+// holdP is the loops' evloop.Config.HoldP: idle loop l may wait in the
 // kernel holding its P while no goroutine of the data path needs one (no
 // connection served by a goroutine, no blocking Hook call or upstream
-// dial on a worker) and Config.HoldP says the Hook's work is all on the
-// loops. Called before every wait of every loop.
-func (lg *loopGroup) holdP() bool {
-	if lg.offLoop.Load() != 0 || lg.workers.busy.Load() != 0 {
+// dial on a worker), l has at most Config.HoldPInFlight requests in
+// progress (when set) and Config.HoldP says the Hook's work is all on the
+// loops. Called on l's goroutine before every wait.
+func (lg *loopGroup) holdP(l *evloop.Loop) bool {
+	cfg := lg.p.cfg.Load()
+	if cfg.HoldP == nil || lg.offLoop.Load() != 0 || lg.workers.busy.Load() != 0 {
 		return false
 	}
-	f := lg.p.cfg.Load().HoldP
-	return f != nil && f()
+	if cfg.HoldPInFlight > 0 && int(lg.inFlight[l.ID()].Load()) > cfg.HoldPInFlight {
+		return false
+	}
+	return cfg.HoldP()
 }
 
 // idle reports whether no client connection and no admission worker job
@@ -415,6 +423,9 @@ func (lg *loopGroup) stats() Stats {
 		UpstreamDiscarded: lg.p.discarded.Load(), Attached: int(lg.nAttached.Load())}
 	if g := lg.started.Load(); g != nil {
 		st.Loops = g.Stats()
+	}
+	for i := range lg.inFlight {
+		st.Requests += int(lg.inFlight[i].Load())
 	}
 	return st
 }

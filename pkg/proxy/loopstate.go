@@ -197,10 +197,12 @@ func (ls *loopState) getReq(c *lconn) *lreq {
 		r.head.Reset()
 	}
 	r.c = c
+	ls.lg.inFlight[ls.l.ID()].Add(1)
 	return r
 }
 
 func (ls *loopState) putReq(r *lreq) {
+	ls.lg.inFlight[ls.l.ID()].Add(-1)
 	r.reset()
 	if len(ls.freeReq) < loopFreeMax {
 		ls.freeReq = append(ls.freeReq, r)

@@ -287,6 +287,9 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 type Stats struct {
 	Conns        int // open client connections
 	UpstreamIdle int // idle pooled upstream connections
+	// Requests counts requests in progress on the loops (a head begun
+	// until its response is done; Config.HoldPInFlight).
+	Requests int
 	// UpstreamDiscarded counts upstream connections (pooled or pinned)
 	// closed instead of pooled or reused because they had unread bytes or
 	// were closed by the upstream; clean ones closed for idling too long
