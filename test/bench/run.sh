@@ -573,6 +573,19 @@ echo "$table"
 [ -n "$idle" ] && { echo; echo "$idle"; }
 [ -n "$steer_note" ] && echo "$steer_note"
 
+# idle_desc names the cpuidle driver and, for haltpoll, its poll bound.
+idle_desc() {
+  local d=/sys/devices/system/cpu/cpuidle p=/sys/module/haltpoll/parameters/guest_halt_poll_ns
+  local drv gov
+  drv=$(cat $d/current_driver 2>/dev/null || echo none)
+  gov=$(cat $d/current_governor 2>/dev/null || cat $d/current_governor_ro 2>/dev/null || echo none)
+  if [ -r "$p" ]; then
+    echo "driver $drv, governor $gov, guest_halt_poll_ns $(cat $p)"
+  else
+    echo "driver $drv, governor $gov"
+  fi
+}
+
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 dirty=$(git status --porcelain -- cmd pkg internal 2>/dev/null | grep -q . && echo " (working tree had uncommitted changes in cmd/pkg/internal)" || true)
 {
@@ -584,6 +597,7 @@ dirty=$(git status --porcelain -- cmd pkg internal 2>/dev/null | grep -q . && ec
   echo "- commit: $commit$dirty"
   echo "- kernel: $(uname -r); CPU: $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo), $(nproc) CPUs"
   echo "- load average before/after: $load_before / $load_after (the machine was shared with other jobs: numbers are noisy)"
+  echo "- CPU idle: $(idle_desc) (a virtual CPU that halts without polling first wakes slowly: it dominates the -c1 latencies; docs/bench/evloop.md)"
   echo "- command: \`${ONLY:+ONLY=\"$ONLY\" }${BIN_OLD:+BIN=$BIN BIN_OLD=$BIN_OLD }DURATION=$DURATION CONNS=$CONNS THREADS=$THREADS ROUNDS=$ROUNDS SERVER_CPU=$SERVER_CPU CLIENT_CPU=$CLIENT_CPU test/bench/run.sh\`"
   echo "- wrk: \`taskset -c $CLIENT_CPU $WRK URL\`; servers \`taskset -c $SERVER_CPU\`: nginx $(nginx -v 2>&1 | sed 's/.*\///') 1 worker, $(haproxy -v | awk 'NR==1 {print "HAProxy " $3}') nbthread 1, $(caddy version | awk '{print "Caddy " $1}') GOMAXPROCS=1, rl-tproxy GOMAXPROCS=1 (embedded RateLimitly in the same process)"
   echo "- body: 612 bytes static (nginx default page size); access logs off everywhere (rl-tproxy \`--log-level warn\`)"
