@@ -41,9 +41,9 @@ func (g *Gate) Begin(r *proxy.Request, d *proxy.Decision, res proxy.Resumer) boo
 		return true
 	}
 	st.r, st.pd, st.res = r, d, res
-	g.pend.mu.Lock()
-	g.pend.m[r] = st
-	g.pend.mu.Unlock()
+	st.phase.Store(pendRunning)
+	g.pending.Add(1)
+	r.HookState = st
 	if !st.tk.start(st.ref.c, &st.dec.Req, &st.dec.Result) {
 		return false // st belongs to the check now: checked resumes the proxy
 	}
@@ -61,28 +61,27 @@ func (g *Gate) Begin(r *proxy.Request, d *proxy.Decision, res proxy.Resumer) boo
 // request ends as Admit's would with a cancelled context; the proxy is
 // resumed as usual, possibly from inside Cancel.
 func (g *Gate) Cancel(r *proxy.Request) {
-	g.pend.mu.Lock()
-	st := g.pend.m[r]
-	if st != nil {
-		st.cancelled = true
-	}
-	g.pend.mu.Unlock()
-	if st != nil {
-		// st cannot be reused meanwhile: that needs Done, which the
-		// proxy calls only after Resume has been handled on its thread.
+	st, _ := r.HookState.(*state)
+	// Only a running check is cancelled: one that ended (unpend) before
+	// this Cancel is left alone. st cannot be reused meanwhile: that
+	// needs Done, which the proxy calls only after Resume has been
+	// handled on its thread.
+	if st != nil && st.phase.CompareAndSwap(pendRunning, pendCancelled) {
 		st.tk.abort(st.ref.c)
 	}
 }
 
-// unpend removes st from the pending requests and reports whether Cancel
-// came first.
+// Phases of an asynchronous admission (state.phase).
+const (
+	pendNone int32 = iota
+	pendRunning
+	pendCancelled
+)
+
+// unpend ends st's pending phase and reports whether Cancel came first.
 func (g *Gate) unpend(st *state) bool {
-	g.pend.mu.Lock()
-	delete(g.pend.m, st.r)
-	cancelled := st.cancelled
-	st.cancelled = false
-	g.pend.mu.Unlock()
-	return cancelled
+	g.pending.Add(-1)
+	return st.phase.Swap(pendNone) == pendCancelled
 }
 
 // checked ends a request whose check ended after Begin returned false:

@@ -272,10 +272,7 @@ func TestBeginCancelRacesAnswers(t *testing.T) {
 		}
 	}
 	t.Logf("%d of %d requests ended cancelled", cancelled.Load(), workers*per)
-	g.pend.mu.Lock()
-	n := len(g.pend.m)
-	g.pend.mu.Unlock()
-	if n != 0 {
+	if n := g.pending.Load(); n != 0 {
 		t.Errorf("%d requests still pending", n)
 	}
 }

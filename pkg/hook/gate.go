@@ -62,12 +62,9 @@ type Gate struct {
 	mu              sync.Mutex // serialises Swap/SetChecker
 	// eng runs Begin's Engine.Begin and End (they never call a Checker).
 	eng admission.Engine
-	// pend maps the requests whose check runs (Begin returned false) to
-	// their state, for Cancel.
-	pend struct {
-		mu sync.Mutex
-		m  map[*proxy.Request]*state
-	}
+	// pending counts the requests whose check runs (Begin returned
+	// false); Cancel finds a request's state in its HookState.
+	pending atomic.Int64
 }
 
 type counter interface{ Inc() }
@@ -126,7 +123,6 @@ func New(cfg Config) *Gate {
 		return st
 	}
 	g.eng = admission.Engine{Local: g.local, Now: g.now}
-	g.pend.m = map[*proxy.Request]*state{}
 	g.checker.Store(&checkerRef{c: noChecker{}})
 	return g
 }
@@ -202,12 +198,14 @@ type state struct {
 
 	// The asynchronous path (Begin): the request, the proxy's Decision
 	// and Resumer while the check runs, and the check itself.
-	g         *Gate
-	r         *proxy.Request
-	pd        *proxy.Decision
-	res       proxy.Resumer
-	cancelled bool // Cancel came before the check ended (guarded by g.pend.mu)
-	tk        ticket
+	g   *Gate
+	r   *proxy.Request
+	pd  *proxy.Decision
+	res proxy.Resumer
+	// phase is pendNone, pendRunning while Begin's check runs, or
+	// pendCancelled once Cancel came before the check ended.
+	phase atomic.Int32
+	tk    ticket
 }
 
 // AdmitReturnsOnContextEnd marks the Gate as a proxy.ContextBound Hook:

@@ -91,6 +91,10 @@ type Request struct {
 	// thread, so a hook can keep per-loop state there (evloop's Watch,
 	// OnTurnEnd and Timer, registered on first use).
 	Loop *evloop.Loop
+	// HookState is opaque to the proxy, as Decision.State: an AsyncHook
+	// may set it in Begin to find its pending admission in Cancel
+	// without a lookup shared by every loop. The proxy never reads it.
+	HookState any
 }
 
 // Request.Proto values. Each protocol's path sets its own.
