@@ -109,7 +109,9 @@ func TestFloodWithoutReading(t *testing.T) {
 		if m := f.maxHeld.Load(); m > bound {
 			t.Fatalf("held %d bytes in user space, bound %d", m, bound)
 		}
-		if st := g.Stats(); st.Buffers > 2 {
+		// The write queue's buffer, the one an in-flight send still reads
+		// after the queue moved to a larger one (io_uring), the stash.
+		if st := g.Stats(); st.Buffers > 3 {
 			t.Fatalf("%d buffers held by one paused socket", st.Buffers)
 		}
 		c.Close() // unblocks the writer

@@ -143,7 +143,12 @@
 //
 // Write copies what the kernel does not take at once into a buffer the
 // socket holds only while bytes are queued; Pending is the backpressure
-// signal (stop producing above a bound, continue in OnDrained).
+// signal (stop producing above a bound, continue in OnDrained). Queue
+// buffers come from the loop in size classes (BufSize to 64 x BufSize)
+// and go back to it: a queue that needs room moves its unsent bytes to
+// the front of its buffer, or into a larger one while a send still reads
+// the old, so it holds a few times its unsent bytes at most, even when a
+// stream never lets it empty, and a long stream does not allocate.
 //
 // One OnRead never delivers more than the loop's BufSize, on either
 // backend. PauseRead takes effect at once: no OnRead or OnEOF comes until

@@ -137,7 +137,8 @@ func (u *uring) close() {
 			if s.detach == nil {
 				unix.Shutdown(s.fd, unix.SHUT_RDWR)
 			}
-			s.inflight, s.sending, s.sendBuf = 0, false, nil
+			s.inflight = 0
+			s.releaseSendBuf()
 			u.l.finish(s)
 		}
 	}
@@ -504,7 +505,7 @@ func (u *uring) send(s *Sock) {
 }
 
 func (u *uring) sendDone(s *Sock, c cqe) {
-	s.sending, s.sendBuf = false, nil
+	s.releaseSendBuf()
 	s.inflight--
 	if u.opDone(s) {
 		return

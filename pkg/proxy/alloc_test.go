@@ -34,7 +34,9 @@ func (asyncLaterHook) Cancel(*Request) {}
 // TestAllocsLoopPath pins the data path at zero allocations per
 // proxied keep-alive GET in steady state: without a Hook, with a blocking
 // Hook (Admit on a worker goroutine), with an AsyncHook deciding in Begin
-// and with one resuming from another goroutine.
+// and with one resuming from another goroutine; and for 1 MiB bodies,
+// whose write queue grows into larger pooled buffers (14 allocations per
+// response before the queue took them from the loop's size classes).
 func TestAllocsLoopPath(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short")
@@ -55,14 +57,17 @@ func TestAllocsLoopPath(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		hook Hook
+		resp []byte
 	}{
-		{"no-hook", nil},
-		{"blocking-hook", allowHook{}},
-		{"async-hook-at-once", asyncAllowHook{}},
-		{"async-hook-resumed", later},
+		{"no-hook", nil, fixedResponse},
+		{"blocking-hook", allowHook{}, fixedResponse},
+		{"async-hook-at-once", asyncAllowHook{}, fixedResponse},
+		{"async-hook-resumed", later, fixedResponse},
+		// 1 MiB bodies: the write queue reuses the loop's buffers
+		{"1MiB-body", nil, bigResponse},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			up := fastUpstream(t, fixedResponse)
+			up := fastUpstream(t, tc.resp)
 			_, addr := startProxy(t, tc.hook, &Service{Name: "a", Upstream: up, XForwardedFor: true},
 				func(cfg *Config) { cfg.EventLoops = 1 })
 			bc := newBenchClient(t, addr)

@@ -89,6 +89,9 @@ func newBenchClient(tb testing.TB, addr string) *benchClient {
 		tb.Fatalf("status %d", r.StatusCode)
 	}
 	bc.size = cr.n
+	if bc.size > len(bc.buf) {
+		bc.buf = make([]byte, bc.size)
+	}
 	return bc
 }
 
@@ -141,6 +144,26 @@ func benchProxy(b *testing.B, hook Hook, parallel bool) {
 // BenchmarkProxyGET: one keep-alive client, GET through the proxy (no
 // admission hook) to a loopback upstream.
 func BenchmarkProxyGET(b *testing.B) { benchProxy(b, nil, false) }
+
+// bigResponse is a keep-alive response with a 1 MiB body.
+var bigResponse = append([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 1048576\r\n\r\n"),
+	bytes.Repeat([]byte("0123456789abcdef"), 1<<16)...)
+
+// BenchmarkProxyGET1MiB relays 1 MiB bodies through one keep-alive
+// connection: the write queue's steady state (bytes/s, allocations).
+func BenchmarkProxyGET1MiB(b *testing.B) {
+	up := fastUpstream(b, bigResponse)
+	_, addr := startProxy(b, nil, &Service{Name: "bench", Upstream: up}, func(cfg *Config) { cfg.EventLoops = 1 })
+	bc := newBenchClient(b, addr)
+	b.SetBytes(int64(bc.size))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := bc.roundTrip(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
 
 // BenchmarkProxyGETParallel: 4×GOMAXPROCS keep-alive clients.
 func BenchmarkProxyGETParallel(b *testing.B) { benchProxy(b, nil, true) }
