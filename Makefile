@@ -55,6 +55,7 @@ demo: build
 bench: deps build
 	test/bench/run.sh
 	test/bench/h2.sh
+	test/bench/bigbody.sh
 
 # The long fault run of docs/reliability.md: 1M requests with random client
 # aborts; goroutines and fds must return to baseline.
