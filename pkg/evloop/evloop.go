@@ -665,9 +665,6 @@ func (l *Loop) getBuf(n int) []byte {
 	return make([]byte, 0, l.bufSize<<k)
 }
 
-// maxClass is the size of the largest pooled write buffer.
-func (l *Loop) maxClass() int { return l.bufSize << (outClasses - 1) }
-
 func (l *Loop) putBuf(b []byte) {
 	l.nBufs.Add(-1)
 	for k := 0; k < outClasses; k++ {

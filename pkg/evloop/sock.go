@@ -266,11 +266,12 @@ func (s *Sock) reserve(n int) {
 		s.out, s.off = s.out[:pend], 0
 		return
 	}
-	want := 2 * (pend + n)
-	if want > s.l.maxClass() {
-		want = max(pend+n, s.l.maxClass())
-	}
-	nb := append(s.l.getBuf(want), s.out[s.off:]...)
+	// The smallest class that holds the unsent bytes: rounding up to a
+	// class leaves the headroom (a queue that outgrows it moves up a
+	// class, so moves stay rare), and a connection whose client is slow
+	// holds one buffer of about loopMaxPending's class, plus the one a
+	// send still reads.
+	nb := append(s.l.getBuf(pend+n), s.out[s.off:]...)
 	if !busy {
 		s.l.putBuf(s.out)
 	} // else the send's completion returns it (releaseSendBuf)
