@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net"
@@ -10,10 +9,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
@@ -32,24 +31,6 @@ func writeServerCreds(t *testing.T, body string) string {
 	return p
 }
 
-// syncBuffer is a bytes.Buffer safe for the logger goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestServerCommandServesAndDrains(t *testing.T) {
 	creds := writeServerCreds(t, testServerCreds)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -60,7 +41,7 @@ func TestServerCommandServesAndDrains(t *testing.T) {
 	}
 	readyc := make(chan addrs, 1)
 	done := make(chan int, 1)
-	var stderr syncBuffer
+	var stderr testkit.SyncBuffer
 	go func() {
 		done <- runServerCtx(ctx, []string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--credentials", creds, "--workers", "2"},
 			io.Discard, &stderr, func(u netip.AddrPort, a net.Addr) { readyc <- addrs{u, a} })
@@ -145,7 +126,7 @@ func TestServerCommandExitCodes(t *testing.T) {
 		{[]string{"--listen", "192.0.2.1:0", "--credentials", good, "--admin", "127.0.0.1:0"}, exitRuntime}, // address not on this host
 	}
 	for _, c := range cases {
-		var errb syncBuffer
+		var errb testkit.SyncBuffer
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel() // if it would serve, stop at once
 		if got := runServerCtx(ctx, c.args, io.Discard, &errb, nil); got != c.want {

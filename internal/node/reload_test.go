@@ -10,10 +10,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 )
 
@@ -138,24 +138,6 @@ func TestReloadRejectsListenAddressMove(t *testing.T) {
 	}
 }
 
-// syncBuf is a log sink safe for the node's goroutines.
-type syncBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // When no client could be created and a reload's new policy cannot create
 // one either, the log names the failure policy of the new policy (the one
 // that now decides), not the previous one's.
@@ -181,7 +163,7 @@ services:
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuf{}
+	logs := &testkit.SyncBuffer{}
 	rt, err := Start(context.Background(), pol, Options{Policy: path, Admin: "off",
 		Log: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {

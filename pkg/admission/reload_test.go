@@ -1,7 +1,6 @@
 package admission
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -14,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 func reloadPolicy(rate string) string {
@@ -78,23 +79,6 @@ func (a *applied) waitFor(t *testing.T, want uint32) {
 	}
 }
 
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestReloadSignalValidInvalidUnchanged(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "policy.yaml")
@@ -106,7 +90,7 @@ func TestReloadSignalValidInvalidUnchanged(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := newApplied()
-	var logs syncBuf
+	var logs testkit.SyncBuffer
 	var results []string
 	r := &Reloader{Path: path, Apply: a.apply, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 		Observe: func(res, trig string, n int) { results = append(results, fmt.Sprintf("%s/%s/%d", res, trig, n)) }}

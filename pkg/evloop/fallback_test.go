@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"unsafe"
 
@@ -16,29 +15,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// syncBuffer is a log destination safe for the loops' goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // autoFallsBack starts an Auto group of two loops, checks it runs epoll,
 // logged the refusal exactly once and serves an echo.
 func autoFallsBack(t *testing.T, want string) {
 	t.Helper()
-	var logs syncBuffer
+	var logs testkit.SyncBuffer
 	g, err := Start(Config{Loops: 2, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatalf("Auto with io_uring refused: %v", err)
@@ -76,7 +57,7 @@ func TestAutoPicksUring(t *testing.T) {
 	if err := probeUring(); err != nil {
 		testkit.Missing(t, "io_uring refused on this machine: %v", err)
 	}
-	var logs syncBuffer
+	var logs testkit.SyncBuffer
 	g, err := Start(Config{Loops: 1, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -194,7 +175,7 @@ func TestDetachUntakenUnreadIsLogged(t *testing.T) {
 		testkit.Missing(t, "io_uring refused on this machine: %v", err)
 	}
 	for _, take := range []bool{false, true} {
-		var logs syncBuffer
+		var logs testkit.SyncBuffer
 		g, err := Start(Config{Loops: 1, Backend: IOUring, BufSize: 4096, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 		if err != nil {
 			t.Fatal(err)

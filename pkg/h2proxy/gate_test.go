@@ -1,7 +1,6 @@
 package h2proxy_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"log/slog"
@@ -55,7 +54,7 @@ func (c *countingChecker) count() int {
 
 // gateFor starts an embedded RateLimitly server and a hook.Gate with the
 // given policy, its access log written to the returned buffer.
-func gateFor(t *testing.T, policy string) (*hook.Gate, *countingChecker, *syncBuf) {
+func gateFor(t *testing.T, policy string) (*hook.Gate, *countingChecker, *testkit.SyncBuffer) {
 	t.Helper()
 	var c credentials.Credential
 	c.Tenant, c.KeyID = "h2", 1
@@ -81,29 +80,12 @@ func gateFor(t *testing.T, policy string) (*hook.Gate, *countingChecker, *syncBu
 	if err != nil {
 		t.Fatal(err)
 	}
-	buf := &syncBuf{}
+	buf := &testkit.SyncBuffer{}
 	g := hook.New(hook.Config{AccessLog: slog.New(slog.NewTextHandler(buf, nil))})
 	g.Swap(p)
 	cc := &countingChecker{Checker: hook.NewClient(cl)}
 	g.SetChecker(cc, nil)
 	return g, cc, buf
-}
-
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestGateGRPC: the real gate over HTTP/2: per-stream admission against

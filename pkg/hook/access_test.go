@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/accesslog"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
@@ -232,7 +233,7 @@ func dialRaw(t *testing.T, addr string) net.Conn {
 // The gate's access line through the combined layout: the nginx columns
 // come from the line's fields, the rest follows as key=value.
 func TestAccessLineCombined(t *testing.T) {
-	var buf lockedBuf
+	var buf testkit.SyncBuffer
 	g := New(Config{AccessLog: slog.New(accesslog.NewCombined(&buf, nil))})
 	g.SetChecker(&countingChecker{fn: denyResource}, nil)
 	p, err := admission.Parse("p.yaml", []byte(fmt.Sprintf(testPolicyYAML, "close", "127.0.0.1:9")))

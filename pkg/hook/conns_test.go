@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 	"github.com/rl-tproxy/rl-tproxy/pkg/metrics"
 	"github.com/rl-tproxy/rl-tproxy/pkg/passthrough"
@@ -67,7 +68,7 @@ func TestGateTLSConnection(t *testing.T) {
 			allowAll(ctx, req, out)
 		}
 	}}
-	logs := &lockedBuf{}
+	logs := &testkit.SyncBuffer{}
 	g := New(Config{Metrics: metrics.New("t", "t"), AccessLog: slog.New(slog.NewJSONHandler(logs, nil))})
 	g.Swap(pol)
 	g.SetChecker(ck, nil)

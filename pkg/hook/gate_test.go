@@ -2,7 +2,6 @@ package hook
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -111,25 +110,8 @@ type rig struct {
 	p    *proxy.Proxy
 	ck   *fakeChecker
 	base string
-	logs *lockedBuf
+	logs *testkit.SyncBuffer
 	up   *httptest.Server
-}
-
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func loadPolicy(t *testing.T, dir, fail, upstream string) *admission.Policy {
@@ -160,7 +142,7 @@ func newRigUpstream(t *testing.T, fail string, fn func(context.Context, *wire.Ra
 	t.Helper()
 	up := httptest.NewServer(h)
 	t.Cleanup(up.Close)
-	r := &rig{ck: &fakeChecker{fn: fn}, logs: &lockedBuf{}, up: up}
+	r := &rig{ck: &fakeChecker{fn: fn}, logs: &testkit.SyncBuffer{}, up: up}
 	pol := loadPolicy(t, t.TempDir(), fail, up.Listener.Addr().String())
 	r.g = New(Config{AccessLog: slog.New(slog.NewJSONHandler(r.logs, nil))})
 	r.g.Swap(pol)
@@ -526,7 +508,7 @@ func BenchmarkAdmitDone(b *testing.B) {
 // fail: local says so in the log (rate-limited) and in the metrics.
 func TestLocalFallbackLogsAndCounts(t *testing.T) {
 	g, r := quietGate(t, "local", failWith(ratelimitly.CauseNoEndpoints))
-	var buf lockedBuf
+	var buf testkit.SyncBuffer
 	g.log = slog.New(slog.NewTextHandler(&buf, nil))
 	res := &proxy.Result{Status: 200, End: time.Now()}
 	for i := 0; i < 4; i++ { // burst 2: allow, allow, deny, deny
@@ -560,7 +542,7 @@ func TestLocalFallbackLogsAndCounts(t *testing.T) {
 func TestDebugDecisionLog(t *testing.T) {
 	for _, debug := range []bool{false, true} {
 		g, r := quietGate(t, "close", denyResource)
-		var buf lockedBuf
+		var buf testkit.SyncBuffer
 		g.log = slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		p, _ := g.Policy()
 		cp := *p

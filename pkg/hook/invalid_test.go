@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
@@ -50,7 +51,7 @@ func newInvalidRig(t *testing.T, extra string) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &rig{ck: &fakeChecker{fn: allowAll}, logs: &lockedBuf{}, up: up}
+	r := &rig{ck: &fakeChecker{fn: allowAll}, logs: &testkit.SyncBuffer{}, up: up}
 	r.g = New(Config{AccessLog: slog.New(slog.NewJSONHandler(r.logs, nil))})
 	r.g.Swap(pol)
 	r.g.SetChecker(r.ck, nil)
@@ -111,7 +112,7 @@ func TestSwapLogsPolicyWarnings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &lockedBuf{}
+	logs := &testkit.SyncBuffer{}
 	g := New(Config{Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	g.Swap(pol)
 	if n := strings.Count(logs.String(), "policy warning"); n != 2 || !strings.Contains(logs.String(), "zones.tk.bucket renders {header.x-key}") {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
@@ -21,7 +22,7 @@ import (
 func TestRejectionsCountedAndLogged(t *testing.T) {
 	var clock atomic.Int64
 	clock.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
-	logs := &lockedBuf{}
+	logs := &testkit.SyncBuffer{}
 	g := New(Config{Logger: slog.New(slog.NewTextHandler(logs, nil)), Now: func() time.Time { return time.Unix(0, clock.Load()) }})
 	g.Swap(loadPolicy(t, t.TempDir(), "open", "127.0.0.1:9"))
 	g.SetChecker(&fakeChecker{fn: allowAll}, nil)

@@ -210,14 +210,7 @@ func TestCombinedLogFormat(t *testing.T) {
 		}
 		return false
 	})
-	testkit.WaitFor(t, "/readyz 200", func() bool {
-		resp, err := http.Get("http://" + admin + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
+	waitReadyz(t, admin)
 	base := "http://" + o.listen
 	if r := curl(t, "-H", "X-Key: erin", "-A", `agent "quoted"`, "-e", "http://ref.example/", base+"/api/c?x=1"); r.status != 200 {
 		t.Fatalf("first request: %d", r.status)

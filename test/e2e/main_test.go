@@ -234,15 +234,21 @@ func startProxy(t *testing.T, policy string, waitReady bool, extra ...string) *p
 	if !waitReady {
 		return p
 	}
+	waitReadyz(t, p.admin)
+	return p
+}
+
+// waitReadyz waits until the admin listener at addr answers /readyz 200.
+func waitReadyz(t *testing.T, addr string) {
+	t.Helper()
 	testkit.WaitFor(t, "/readyz 200", func() bool {
-		resp, err := http.Get("http://" + p.admin + "/readyz")
+		resp, err := http.Get("http://" + addr + "/readyz")
 		if err != nil {
 			return false
 		}
 		resp.Body.Close()
 		return resp.StatusCode == 200
 	})
-	return p
 }
 
 func (p *proxyProc) snapshot() []map[string]any {
