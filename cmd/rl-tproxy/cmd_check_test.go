@@ -114,6 +114,8 @@ func TestRunBadFlagValues(t *testing.T) {
 		{[]string{"--loop-kernel-wait", "sometimes"}, `--loop-kernel-wait: loop kernel wait "sometimes": want off, light or always`},
 		{[]string{"--loop-kernel-wait="}, "--loop-kernel-wait: "},
 		{[]string{"--event-loops", "-1"}, "--event-loops -1: want 0 or more"},
+		{[]string{"--log-buffer", "100"}, "--log-buffer 100: want at least 4096"},
+		{[]string{"--log-buffer", "-1"}, "--log-buffer -1: want at least 4096"},
 	} {
 		var out, errb bytes.Buffer
 		args := append([]string{"run", "--policy", missing}, tc.args...)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/asynclog"
 	"github.com/rl-tproxy/rl-tproxy/internal/node"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 )
@@ -19,7 +20,7 @@ func init() {
 // both to node.Run, which serves until SIGTERM/SIGINT and reloads on
 // SIGHUP and on file change.
 func runRun(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("run", "run --policy FILE [--admin ADDR] [--log-format text|json|combined] [--log-level debug|info|warn|error] [--event-loops N] [--loop-kernel-wait off|light|always] [--upgrade-redirect]",
+	fs := newFlagSet("run", "run --policy FILE [--admin ADDR] [--log-format text|json|combined] [--log-level debug|info|warn|error] [--log-buffer BYTES] [--event-loops N] [--loop-kernel-wait off|light|always] [--upgrade-redirect]",
 		"Runs the proxy with the given policy file. SIGHUP (or a change of the policy or credentials file) reloads it;\n"+
 			"SIGTERM/SIGINT drain in-flight requests (bounded by --drain-timeout) and exit.\n"+
 			"Per-request timeouts are policy settings, per service or in defaults, applied by a reload:\n"+
@@ -30,6 +31,7 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	admin := fs.String("admin", node.DefaultAdmin, "admin listener address for /metrics, /healthz, /readyz (port 0 picks a free port; \"off\" disables)")
 	logFormat := fs.String("log-format", "text", "log format: text, json, or combined (access lines in the nginx combined layout, other lines text)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	logBuffer := fs.Int("log-buffer", asynclog.DefaultSize, "bytes of log lines held for stderr: a reader that falls behind costs lines beyond this (counted in rl_tproxy_log_lines_dropped_total), never a stalled data path")
 	drain := fs.Duration("drain-timeout", 20*time.Second, "longest graceful drain on SIGTERM/SIGINT")
 	watch := fs.Bool("watch", true, "reload when the policy or credentials file changes (inotify on their directories)")
 	upgrade := fs.Bool("upgrade-redirect", false, "replace a pinned sk_lookup program of another build in place (keeping the sockmap, ports and counters) instead of refusing to start")
@@ -55,7 +57,15 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "rl-tproxy run: --event-loops %d: want 0 or more\n", *loops)
 		return exitInvalid
 	}
-	log, err := node.NewLogger(*logFormat, *logLevel, stderr)
+	if *logBuffer < 4096 {
+		fmt.Fprintf(stderr, "rl-tproxy run: --log-buffer %d: want at least 4096\n", *logBuffer)
+		return exitInvalid
+	}
+	// Log lines, access lines included, go through a bounded buffer: the
+	// loops log on their own threads and must not block on a slow stderr.
+	alog := asynclog.New(stderr, *logBuffer)
+	defer alog.Close(2 * time.Second) // a stalled reader keeps the rest
+	log, err := node.NewLogger(*logFormat, *logLevel, alog)
 	if err != nil {
 		fmt.Fprintf(stderr, "rl-tproxy run: %v\n", err)
 		return exitInvalid
@@ -66,7 +76,7 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		return exitInvalid
 	}
 	opts := node.Options{Policy: *policy, Admin: *admin, Log: log, Watch: *watch, UpgradeRedirect: *upgrade,
-		EventLoops: *loops, LoopKernelWait: kw, Version: version, Commit: commit}
+		EventLoops: *loops, LoopKernelWait: kw, Version: version, Commit: commit, LogDropped: alog.Dropped}
 	if err := node.Run(context.Background(), pol, opts, *drain); err != nil {
 		return exitRuntime
 	}

@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 	"github.com/rl-tproxy/rl-tproxy/pkg/embedded"
 	"github.com/rl-tproxy/rl-tproxy/pkg/h2proxy"
@@ -53,6 +55,9 @@ type Options struct {
 	// loops and no connection is served by a goroutine
 	// (proxy.Config.HoldP). The zero value is KernelWaitOff.
 	LoopKernelWait KernelWait
+	// LogDropped, if set, counts the log lines dropped because the log's
+	// reader fell behind (exported as rl_tproxy_log_lines_dropped_total).
+	LogDropped func() uint64
 	// ServerHooks are test hooks for an embedded server (demo only).
 	ServerHooks *rlserver.TestHooks
 	// load replaces admission.Load for reloads (tests).
@@ -133,6 +138,12 @@ func Start(parent context.Context, pol *admission.Policy, opts Options) (_ *Node
 			_ = n.Shutdown(sctx)
 		}
 	}()
+	if opts.LogDropped != nil {
+		n.m.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: metrics.Namespace, Name: "log_lines_dropped_total",
+			Help: "Log lines (access lines included) dropped because the log's reader fell behind (run --log-buffer).",
+		}, func() float64 { return float64(opts.LogDropped()) }))
+	}
 	n.gate = hook.New(hook.Config{Metrics: n.m, AccessLog: opts.Log, Logger: opts.Log})
 	n.ready.Set("policy", func() error {
 		if p, _ := n.gate.Policy(); p == nil {
