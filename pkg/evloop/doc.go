@@ -128,6 +128,11 @@
 //	func (s *Sock) Close()               // no more callbacks; drops unwritten bytes
 //	func (s *Sock) Detach(fn func(fd int, err error))
 //	func (s *Sock) Unread() []byte       // in the Detach callback: bytes received, not delivered
+//	func (s *Sock) SpliceTo(dst *Sock, n int64) error // next n bytes received go to dst by splice(2)
+//	func (s *Sock) Splicing() bool
+//	func (s *Sock) SpliceMoved() int64   // progress of the current splice
+//	func (s *Sock) Buffered() bool       // bytes from the peer wait unread
+//	type SpliceHandler interface{ OnSpliced(s *Sock, moved int64, err error) }
 //	func (s *Sock) FD() int
 //	func (s *Sock) Loop() *Loop
 //	func (s *Sock) SetData(v any)        // per-socket state of the handler
@@ -179,7 +184,29 @@
 // (they come before anything read from the fd). A callback that leaves
 // such bytes untaken is logged as an error: they are lost.
 //
-// No heap allocation happens per read, write or timer event in steady
-// state (see the allocation tests); the loop allocates per connection
-// (the Sock) and when a queue outgrows its buffer.
+// # Splice
+//
+// src.SpliceTo(dst, n) moves the next n bytes src receives into dst
+// without a copy through user space: splice(2) from src into a pipe and
+// from the pipe into dst, both non-blocking, from the loop thread, on
+// either backend (io_uring's IORING_OP_SPLICE always runs in an io-wq
+// worker thread: a hand-off per call). The bytes follow what dst had
+// queued; src gets no OnRead until the splice ends, and its handler, a
+// SpliceHandler, then gets OnSpliced with the bytes moved and why it
+// ended (all moved, src's EOF or error, dst gone: ErrSpliceDst). It
+// waits for src by its edge (epoll) or a POLL_ADD (io_uring, whose
+// multishot recv is cancelled first; what it took meanwhile goes to dst
+// through the queue first), and for dst likewise; a splice moves at most
+// 1 MiB before the rest of the turn runs. A pipe holds at most
+// SplicePipeSize bytes in flight; each loop keeps up to 16 idle pipes.
+// Closing either socket ends the splice and drops what the pipe held.
+// Buffered reports bytes from the peer not yet read (kernel queue or
+// stash): the proxy checks it after a spliced body, so that bytes an
+// upstream sent past its Content-Length poison the connection as they do
+// on the copying path.
+//
+// No heap allocation happens per read, write, splice or timer event in
+// steady state (see the allocation tests); the loop allocates per
+// connection (the Sock) and when a queue outgrows its buffer. The stash
+// of a paused io_uring socket comes from the queue buffers' free lists.
 package evloop

@@ -177,11 +177,18 @@ func (e *epoll) sockEvent(s *Sock, ev uint32) {
 	if ev&unix.EPOLLOUT != 0 && s.flags&fWBlocked != 0 {
 		e.flush(s)
 	}
+	if sp := s.spl; sp != nil && ev&unix.EPOLLOUT != 0 && sp.dst == s {
+		sp.ready(s, false)
+	}
 	if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP) != 0 {
 		s.flags |= fRdHup
 	}
 	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP) != 0 {
 		s.flags |= fReadable
+		if sp := s.spl; sp != nil && sp.src == s {
+			sp.ready(s, true)
+			return
+		}
 		e.read(s)
 	}
 }
@@ -190,7 +197,7 @@ func (e *epoll) sockEvent(s *Sock, ev uint32) {
 // the turn runs first).
 func (e *epoll) read(s *Sock) {
 	for i := 0; i < 8; i++ {
-		if s.flags&(fClosed|fPaused|fEOF) != 0 {
+		if s.flags&(fClosed|fPaused|fEOF|fSplice) != 0 {
 			return
 		}
 		n, err := rawRead(s.fd, e.rbuf)
@@ -227,6 +234,8 @@ func (e *epoll) resumeRead(s *Sock) {
 func (e *epoll) readPending(s *Sock) { e.read(s) }
 
 func (e *epoll) pauseRead(*Sock) {} // edge-triggered: bytes wait in the kernel
+
+func (e *epoll) spliceWait(*Sock, bool) {} // edge-triggered: the next edge comes
 
 func (e *epoll) write(s *Sock, bufs [][]byte) {
 	if s.Pending() > 0 || s.flags&(fWBlocked|fConnecting) != 0 {

@@ -84,6 +84,10 @@ type Stats struct {
 	// Starved counts io_uring receives that found the provided-buffer
 	// ring empty (ENOBUFS) and waited for buffers to return.
 	Starved uint64
+	// Spliced counts bytes Sock.SpliceTo moved through pipes; Pipes is
+	// the pipes open (in splices, or kept for later ones).
+	Spliced uint64
+	Pipes   int
 }
 
 // Group is a set of loops started together.
@@ -113,8 +117,9 @@ type driver interface {
 	resumeRead(s *Sock)  // from ResumeRead: deliver waiting data later in the turn
 	readPending(s *Sock) // from runLater: deliver waiting data now
 	pauseRead(s *Sock)
-	shutWrite(s *Sock) // after the queue is empty
-	release(s *Sock)   // close or detach: calls l.finish(s) when no op is in flight
+	spliceWait(s *Sock, in bool) // a splice waits for s to be readable (in) or writable
+	shutWrite(s *Sock)           // after the queue is empty
+	release(s *Sock)             // close or detach: calls l.finish(s) when no op is in flight
 	watch(w *Watch) error
 	unwatch(w *Watch)
 	close() // at the end of run
@@ -187,6 +192,8 @@ func (g *Group) Stats() Stats {
 		st.Parks += l.nParks.Load()
 		st.KernelWaits += l.nKWaits.Load()
 		st.Starved += l.nStarved.Load()
+		st.Spliced += l.nSpliced.Load()
+		st.Pipes += int(l.nPipes.Load())
 	}
 	return st
 }
@@ -233,6 +240,8 @@ type Loop struct {
 	turnEnd []*turnFn
 	later   []*Sock              // sockets with deferred work (errors, re-reads, detach)
 	wbufs   [outClasses][][]byte // free write-queue buffers by size class
+	splices []*splice            // idle splices, most with a pipe
+	lent    []byte               // the stash buffer an OnRead reads (uring.readPending)
 
 	listeners []*listener
 	watches   []*Watch
@@ -260,6 +269,8 @@ type Loop struct {
 	nParks   atomic.Uint64
 	nKWaits  atomic.Uint64
 	nWakes   atomic.Uint64 // wake-ups read from the driver's eventfd (tests)
+	nSpliced atomic.Uint64
+	nPipes   atomic.Int64
 }
 
 // allowedCPUs lists the CPUs the process may run on.
@@ -515,14 +526,18 @@ func (l *Loop) runPosted() {
 func (l *Loop) shutdown() {
 	for _, s := range l.socks {
 		if s != nil {
-			if s.detach != nil && s.err == nil && (s.Pending() > 0 || s.sending) {
+			if s.detach != nil && s.err == nil && (s.Pending() > 0 || s.isSending()) {
 				s.err = ErrClosed // its queued bytes are dropped: the handoff failed
 			}
 			s.flags |= fClosed
+			if s.spl != nil {
+				s.spl.detach(s)
+			}
 			s.dropOut()
 			l.drv.release(s)
 		}
 	}
+	l.closePipes()
 	l.mu.Lock()
 	l.dead = true
 	l.posted = nil

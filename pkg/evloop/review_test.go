@@ -434,7 +434,7 @@ func testChaos(t *testing.T, kind string) {
 					for _, s := range l.socks {
 						if s != nil {
 							t.Logf("loop %d: left: fd %d flags %#x inflight %d pending %d sending %v stash %d err %v",
-								l.ID(), s.fd, s.flags, s.inflight, s.Pending(), s.sending, len(s.stash), s.err)
+								l.ID(), s.fd, s.flags, s.inflight, s.Pending(), s.isSending(), len(s.stash), s.err)
 							nread, _ := unix.IoctlGetInt(s.fd, unix.SIOCINQ)
 							t.Logf("  ud %#x, %d bytes readable in the kernel", s.ud(udSock), nread)
 							if l.ur != nil {

@@ -36,23 +36,25 @@ type Handler interface {
 // Sock is a connected socket owned by a loop. Its methods must be called
 // on the loop thread.
 type Sock struct {
-	l      *Loop
-	h      Handler
-	data   any
-	fd     int
-	slot   uint32
-	gen    uint32
-	flags  uint32
-	out    []byte // queued bytes: out[off:] not yet handed to the kernel
-	off    int
-	err    error
-	detach func(fd int, err error)
+	l     *Loop
+	h     Handler
+	data  any
+	fd    int
+	slot  uint32
+	gen   uint32
+	flags uint32
+	// io_uring: submissions whose last completion has not come (here, in
+	// what would be padding: the struct's size is an idle connection's)
+	inflight int32
+	out      []byte // queued bytes: out[off:] not yet handed to the kernel
+	off      int
+	err      error
+	detach   func(fd int, err error)
+	spl      *splice // the splice s is the source or destination of
 
 	// io_uring state
-	inflight int32  // submissions whose last completion has not come
-	sending  bool   // a send of queued bytes is in flight
-	sendBuf  []byte // the array that send reads, kept alive meanwhile
-	stash    []byte // received while paused, before the recv ended
+	sendBuf []byte // a send of queued bytes is in flight: the array it reads, kept alive
+	stash   []byte // received while paused, before the recv ended
 }
 
 const (
@@ -76,6 +78,7 @@ const (
 	fSendQ                   // io_uring: in the turn's send queue
 	fUnreadTaken             // the Detach callback called Unread
 	fOneShot                 // io_uring: single-shot recv (not TCP, see uring.add)
+	fSplice                  // the source of a splice: it reads, not the driver
 )
 
 // FD returns the socket's file descriptor (-1 once released).
@@ -120,7 +123,9 @@ func (s *Sock) PauseRead() {
 		return
 	}
 	s.flags |= fPaused
-	s.l.drv.pauseRead(s)
+	if s.flags&fSplice == 0 {
+		s.l.drv.pauseRead(s)
+	}
 }
 
 // ResumeRead undoes PauseRead; data already waiting is delivered later in
@@ -130,7 +135,9 @@ func (s *Sock) ResumeRead() {
 		return
 	}
 	s.flags &^= fPaused
-	s.l.drv.resumeRead(s)
+	if s.flags&fSplice == 0 {
+		s.l.drv.resumeRead(s)
+	}
 }
 
 // CloseWrite shuts the write side down once the queued bytes are written.
@@ -141,7 +148,7 @@ func (s *Sock) CloseWrite() {
 	s.flags |= fShutWr
 	// Not while connecting: shutdown on a socket in SYN_SENT disconnects
 	// it. connected() shuts it once the connect is done.
-	if s.Pending() == 0 && !s.sending && s.flags&fConnecting == 0 {
+	if s.Pending() == 0 && !s.isSending() && s.flags&fConnecting == 0 {
 		s.l.drv.shutWrite(s)
 	}
 }
@@ -153,6 +160,9 @@ func (s *Sock) Close() {
 		return
 	}
 	s.flags |= fClosed
+	if s.spl != nil {
+		s.spl.detach(s)
+	}
 	s.l.drv.release(s)
 }
 
@@ -166,6 +176,9 @@ func (s *Sock) Detach(fn func(fd int, err error)) {
 	}
 	s.flags |= fClosed | fDetach
 	s.detach = fn
+	if s.spl != nil {
+		s.spl.detach(s)
+	}
 	s.l.drv.pauseRead(s)
 	s.l.deferSock(s)
 }
@@ -181,7 +194,7 @@ func (s *Sock) Unread() []byte {
 // deferred runs s's deferred work (Loop.runLater).
 func (s *Sock) deferred() {
 	if s.flags&fDetach != 0 {
-		if s.slot < uint32(len(s.l.socks)) && s.l.socks[s.slot] == s && (s.Pending() == 0 || s.err != nil) && !s.sending {
+		if s.slot < uint32(len(s.l.socks)) && s.l.socks[s.slot] == s && (s.Pending() == 0 || s.err != nil) && !s.isSending() {
 			s.l.drv.release(s)
 		}
 		return
@@ -195,6 +208,10 @@ func (s *Sock) deferred() {
 	}
 	if s.err != nil {
 		s.failNow(s.err)
+		return
+	}
+	if sp := s.spl; sp != nil && sp.src == s {
+		sp.pump()
 		return
 	}
 	if s.flags&(fReadable|fPaused) == fReadable {
@@ -289,7 +306,7 @@ func (s *Sock) releaseSendBuf() {
 	if sb := s.sendBuf; sb != nil && unsafe.SliceData(sb) != unsafe.SliceData(s.out) {
 		s.l.putBuf(sb)
 	}
-	s.sending, s.sendBuf = false, nil
+	s.sendBuf = nil
 }
 
 // wrote records n queued bytes handed to the kernel and reports whether
@@ -312,23 +329,44 @@ func (s *Sock) drained() {
 		s.l.deferSock(s)
 		return
 	}
+	if sp := s.spl; sp != nil && sp.dst == s {
+		s.l.deferSock(sp.src) // the pipe's bytes follow the queue's
+	}
 	if s.flags&fClosed == 0 {
 		s.h.OnDrained(s)
 	}
 }
 
 func (s *Sock) dropOut() {
-	if s.out != nil && !s.sending {
+	if s.out != nil && !s.isSending() {
 		s.l.putBuf(s.out)
 		s.out, s.off = nil, 0
 	}
 }
 
+// dropStash gives the stash's buffer back, unless a Detach callback took
+// it (Unread) or an OnRead still reads it.
 func (s *Sock) dropStash() {
-	if s.stash != nil {
-		s.l.nBufs.Add(-1)
-		s.stash = nil
+	if s.stash == nil {
+		return
 	}
+	if s.flags&fUnreadTaken != 0 || unsafe.SliceData(s.stash) == unsafe.SliceData(s.l.lent) {
+		s.l.nBufs.Add(-1)
+	} else {
+		s.l.putBuf(s.stash)
+	}
+	s.stash = nil
+}
+
+// consumeStash removes the stash's first n bytes, moving the rest to the
+// front (at most recvLimit bytes, a few times per pause).
+func (s *Sock) consumeStash(n int) {
+	if n >= len(s.stash) {
+		s.dropStash()
+		return
+	}
+	k := copy(s.stash, s.stash[n:])
+	s.stash = s.stash[:k]
 }
 
 // listener is a Listen registration.
@@ -449,7 +487,7 @@ func (s *Sock) connected() bool {
 		return false
 	}
 	s.h.OnConnect(s, nil)
-	if s.flags&(fClosed|fShutWr|fShutDone) == fShutWr && s.Pending() == 0 && !s.sending {
+	if s.flags&(fClosed|fShutWr|fShutDone) == fShutWr && s.Pending() == 0 && !s.isSending() {
 		s.l.drv.shutWrite(s) // CloseWrite during the connect
 	}
 	return s.flags&fClosed == 0
@@ -539,7 +577,7 @@ const (
 	udSend   = 5 << 56
 	udCancel = 6 << 56
 	udConn   = 7 << 56
-	udShut   = 8 << 56
+	udPollIn = 8 << 56 // io_uring POLL_ADD POLLIN: a splice's source is readable
 	udKind   = 0xff << 56
 )
 
@@ -552,3 +590,7 @@ func closeFD(fd int) {
 		unix.Close(fd)
 	}
 }
+
+// isSending reports whether a send of queued bytes is in flight
+// (io_uring).
+func (s *Sock) isSending() bool { return s.sendBuf != nil }

@@ -190,7 +190,7 @@ func (u *uring) complete(c cqe) {
 				u.armWatch(w)
 			}
 		}
-	case udSock, udSend, udPollOut:
+	case udSock, udSend, udPollOut, udPollIn:
 		s := l.lookup(idx, uint32(c.userData>>32)&0xffffff)
 		if s == nil {
 			if c.flags&cqeFBuffer != 0 {
@@ -203,6 +203,8 @@ func (u *uring) complete(c cqe) {
 			u.recvDone(s, c)
 		case udSend:
 			u.sendDone(s, c)
+		case udPollIn:
+			u.pollInDone(s)
 		default:
 			u.pollOutDone(s, c)
 		}
@@ -320,8 +322,33 @@ func (u *uring) pollOutDone(s *Sock, c cqe) {
 		}
 		u.arm(s)
 	}
-	if s.Pending() > 0 && !s.sending {
+	if s.Pending() > 0 && !s.isSending() {
 		u.send(s)
+	}
+	if sp := s.spl; sp != nil {
+		sp.ready(s, false)
+	}
+}
+
+// spliceWait polls s for what its splice waits for: bytes to read (in)
+// or room to write.
+func (u *uring) spliceWait(s *Sock, in bool) {
+	if !in {
+		u.pollOut(s)
+		return
+	}
+	q := u.r.get()
+	q.opcode, q.fd, q.opFlags, q.userData = opPollAdd, int32(s.fd), pollIn, s.ud(udPollIn)
+	s.inflight++
+}
+
+func (u *uring) pollInDone(s *Sock) {
+	s.inflight--
+	if u.opDone(s) {
+		return
+	}
+	if sp := s.spl; sp != nil {
+		sp.ready(s, true)
 	}
 }
 
@@ -342,7 +369,7 @@ func (u *uring) opDone(s *Sock) bool {
 // delivered: a paused socket's stash is what one recv took, at most
 // recvLimit).
 func (u *uring) arm(s *Sock) {
-	if s.flags&(fArmed|fClosed|fPaused|fEOF|fRdHup|fConnecting) != 0 || s.err != nil || len(s.stash) > 0 {
+	if s.flags&(fArmed|fClosed|fPaused|fEOF|fRdHup|fConnecting|fSplice) != 0 || s.err != nil || len(s.stash) > 0 {
 		return
 	}
 	q := u.r.get()
@@ -372,7 +399,7 @@ func (u *uring) recvDone(s *Sock, c cqe) {
 	case c.res > 0:
 		bid := uint16(c.flags >> 16)
 		data := u.pb.buf(bid)[:c.res]
-		if s.flags&(fPaused|fClosed) != 0 || len(s.stash) > 0 {
+		if s.flags&(fPaused|fClosed|fSplice) != 0 || len(s.stash) > 0 {
 			if s.flags&fRelease == 0 || s.detach != nil {
 				s.keep(data)
 			}
@@ -382,7 +409,7 @@ func (u *uring) recvDone(s *Sock, c cqe) {
 		u.pb.add(bid)
 	case c.res == 0:
 		s.flags |= fRdHup // EOF, delivered after what is stashed
-		if s.flags&(fPaused|fClosed) == 0 && len(s.stash) == 0 {
+		if s.flags&(fPaused|fClosed|fSplice) == 0 && len(s.stash) == 0 {
 			s.flags |= fEOF
 			s.h.OnEOF(s)
 		}
@@ -403,17 +430,27 @@ func (u *uring) recvDone(s *Sock, c cqe) {
 	}
 	if !more && !u.opDone(s) && s.flags&fStarved == 0 {
 		u.arm(s)
+		if s.spl != nil {
+			s.l.deferSock(s) // the splice waited for the recv to end
+		}
 	}
 }
 
 // keep stashes bytes received while reading is paused (or the socket
 // detaches, or stashed bytes wait): PauseRead cancels the recv at once
 // and no recv is armed while a stash waits, so that is at most what one
-// recv takes (recvLimit).
+// recv takes (recvLimit). The stash is a write-queue buffer of the
+// loop's (getBuf), kept at its array's start, so it goes back to the
+// loop's free lists: a splice starts with one on every large response.
 func (s *Sock) keep(b []byte) {
-	if s.stash == nil {
-		s.l.nBufs.Add(1)
-		s.stash = make([]byte, 0, len(b))
+	l := s.l
+	switch {
+	case s.stash == nil:
+		s.stash = l.getBuf(len(b))
+	case len(s.stash)+len(b) > cap(s.stash):
+		nb := append(l.getBuf(len(s.stash)+len(b)), s.stash...)
+		l.putBuf(s.stash)
+		s.stash = nb
 	}
 	s.stash = append(s.stash, b...)
 }
@@ -454,17 +491,17 @@ func (u *uring) resumeRead(s *Sock) {
 // for the next ResumeRead), then the EOF, then reads on.
 func (u *uring) readPending(s *Sock) {
 	s.flags &^= fReadable
-	for len(s.stash) > 0 && s.flags&(fClosed|fPaused) == 0 {
+	for len(s.stash) > 0 && s.flags&(fClosed|fPaused|fSplice) == 0 {
 		b := s.stash
 		n := min(len(b), u.l.bufSize)
-		if n == len(b) {
-			s.dropStash()
-		} else {
-			s.stash = b[n:] // what Unread returns if the handler detaches
-		}
+		u.l.lent = b // not back to the free lists while OnRead reads it
 		s.h.OnRead(s, b[:n])
+		u.l.lent = nil
+		if s.stash != nil && unsafe.SliceData(s.stash) == unsafe.SliceData(b) {
+			s.consumeStash(n) // the rest is what Unread returns if the handler detached
+		}
 	}
-	if s.flags&(fClosed|fPaused) != 0 {
+	if s.flags&(fClosed|fPaused|fSplice) != 0 {
 		return
 	}
 	if s.flags&(fRdHup|fEOF) == fRdHup {
@@ -477,7 +514,7 @@ func (u *uring) readPending(s *Sock) {
 
 func (u *uring) write(s *Sock, bufs [][]byte) {
 	s.queue(bufs, 0)
-	if !s.sending && s.flags&fSendQ == 0 && s.Pending() > 0 {
+	if !s.isSending() && s.flags&fSendQ == 0 && s.Pending() > 0 {
 		s.flags |= fSendQ
 		u.sendq = append(u.sendq, s)
 	}
@@ -488,7 +525,7 @@ func (u *uring) flushSends() {
 	for i, s := range u.sendq {
 		u.sendq[i] = nil
 		s.flags &^= fSendQ
-		if s.fd >= 0 && s.flags&(fRelease|fConnecting) == 0 && !s.sending && s.Pending() > 0 {
+		if s.fd >= 0 && s.flags&(fRelease|fConnecting) == 0 && !s.isSending() && s.Pending() > 0 {
 			u.send(s)
 		}
 	}
@@ -500,7 +537,7 @@ func (u *uring) send(s *Sock) {
 	q := u.r.get()
 	q.opcode, q.fd, q.userData = opSend, int32(s.fd), s.ud(udSend)
 	q.addr, q.len, q.opFlags = uint64(uintptr(unsafe.Pointer(&b[0]))), uint32(len(b)), unix.MSG_NOSIGNAL
-	s.sending, s.sendBuf = true, s.out // the array stays alive while the kernel reads it
+	s.sendBuf = s.out // in flight; the array stays alive while the kernel reads it
 	s.inflight++
 }
 
