@@ -116,6 +116,8 @@ func TestRunBadFlagValues(t *testing.T) {
 		{[]string{"--event-loops", "-1"}, "--event-loops -1: want 0 or more"},
 		{[]string{"--log-buffer", "100"}, "--log-buffer 100: want at least 4096"},
 		{[]string{"--log-buffer", "-1"}, "--log-buffer -1: want at least 4096"},
+		{[]string{"--splice-min", "-5"}, "--splice-min -5: want 0 (never) or more"},
+		{[]string{"--splice-min", "1e6"}, `invalid value "1e6" for flag -splice-min`},
 	} {
 		var out, errb bytes.Buffer
 		args := append([]string{"run", "--policy", missing}, tc.args...)

@@ -10,6 +10,7 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/internal/asynclog"
 	"github.com/rl-tproxy/rl-tproxy/internal/node"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
 func init() {
@@ -20,7 +21,7 @@ func init() {
 // both to node.Run, which serves until SIGTERM/SIGINT and reloads on
 // SIGHUP and on file change.
 func runRun(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("run", "run --policy FILE [--admin ADDR] [--log-format text|json|combined] [--log-level debug|info|warn|error] [--log-buffer BYTES] [--event-loops N] [--loop-kernel-wait off|light|always] [--upgrade-redirect]",
+	fs := newFlagSet("run", "run --policy FILE [--admin ADDR] [--log-format text|json|combined] [--log-level debug|info|warn|error] [--log-buffer BYTES] [--event-loops N] [--loop-kernel-wait off|light|always] [--splice-min BYTES] [--upgrade-redirect]",
 		"Runs the proxy with the given policy file. SIGHUP (or a change of the policy or credentials file) reloads it;\n"+
 			"SIGTERM/SIGINT drain in-flight requests (bounded by --drain-timeout) and exit.\n"+
 			"Per-request timeouts are policy settings, per service or in defaults, applied by a reload:\n"+
@@ -37,6 +38,7 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	upgrade := fs.Bool("upgrade-redirect", false, "replace a pinned sk_lookup program of another build in place (keeping the sockmap, ports and counters) instead of refusing to start")
 	loops := fs.Int("event-loops", 0, "serve HTTP/1.x on N event loops, one thread each (0: one per CPU); with N below GOMAXPROCS an idle loop waits in io_uring_enter for up to 1 ms before parking")
 	kwait := fs.String("loop-kernel-wait", "off", "when an idle event loop may wait in io_uring_enter holding its thread's P (up to 1 ms after each park) instead of parking in Go's netpoller, while no HTTP/2, TLS or tunnel connection is open: off, light (while the loop has at most "+fmt.Sprint(node.LightInFlight)+" requests in progress: fewer system calls and context switches at low load) or always (also under load, where it measured dearer with admission); other goroutines may wait up to 1 ms for a P (docs/operations.md)")
+	spliceMin := fs.Int64("splice-min", proxy.DefaultSpliceMin, "response bodies with at least this many bytes left after the head go from the upstream's socket to the client's by splice(2), without a copy through the proxy; 0: never")
 	if done, code := parseFlags(fs, args, stdout); done {
 		return code
 	}
@@ -57,6 +59,13 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "rl-tproxy run: --event-loops %d: want 0 or more\n", *loops)
 		return exitInvalid
 	}
+	if *spliceMin < 0 {
+		fmt.Fprintf(stderr, "rl-tproxy run: --splice-min %d: want 0 (never) or more\n", *spliceMin)
+		return exitInvalid
+	}
+	if *spliceMin == 0 {
+		*spliceMin = -1 // proxy.Config: negative is never, 0 the default
+	}
 	if *logBuffer < 4096 {
 		fmt.Fprintf(stderr, "rl-tproxy run: --log-buffer %d: want at least 4096\n", *logBuffer)
 		return exitInvalid
@@ -76,7 +85,7 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		return exitInvalid
 	}
 	opts := node.Options{Policy: *policy, Admin: *admin, Log: log, Watch: *watch, UpgradeRedirect: *upgrade,
-		EventLoops: *loops, LoopKernelWait: kw, Version: version, Commit: commit, LogDropped: alog.Dropped}
+		EventLoops: *loops, LoopKernelWait: kw, SpliceMin: *spliceMin, Version: version, Commit: commit, LogDropped: alog.Dropped}
 	if err := node.Run(context.Background(), pol, opts, *drain); err != nil {
 		return exitRuntime
 	}

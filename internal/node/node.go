@@ -55,6 +55,9 @@ type Options struct {
 	// loops and no connection is served by a goroutine
 	// (proxy.Config.HoldP). The zero value is KernelWaitOff.
 	LoopKernelWait KernelWait
+	// SpliceMin is proxy.Config.SpliceMin: response bodies with at least
+	// this many bytes left go by splice(2) (0: the default, negative: never).
+	SpliceMin int64
 	// LogDropped, if set, counts the log lines dropped because the log's
 	// reader fell behind (exported as rl_tproxy_log_lines_dropped_total).
 	LogDropped func() uint64
@@ -197,7 +200,8 @@ func (n *Node) startProxy(ctx context.Context, pol *admission.Policy) error {
 		n.gate.Reject(nil, netip.AddrPort{}, "h2-"+kind, 0)
 	}
 	pcfg := proxy.Config{Services: hook.ProxyServices(pol), Hook: n.gate, Logger: n.log,
-		Handoff: &proxy.HandoffMux{HTTP2: n.h2, TLS: relay, Other: relay}, EventLoops: n.opts.EventLoops}
+		Handoff: &proxy.HandoffMux{HTTP2: n.h2, TLS: relay, Other: relay}, EventLoops: n.opts.EventLoops,
+		SpliceMin: n.opts.SpliceMin}
 	if n.opts.LoopKernelWait != KernelWaitOff {
 		pcfg.HoldP = func() bool { return !n.checksOffLoop.Load() }
 	}
@@ -233,7 +237,8 @@ func (n *Node) startProxy(ctx context.Context, pol *admission.Policy) error {
 		st := n.proxy.Stats()
 		return metrics.ProxyStats{OpenConnections: int64(st.Conns), UpstreamIdle: int64(st.UpstreamIdle),
 			EventLoops: st.Loops.Loops, LoopTurns: st.Loops.Turns, LoopParks: st.Loops.Parks,
-			LoopKernelWaits: st.Loops.KernelWaits, LoopBuffers: int64(st.Loops.Buffers), LoopStarved: st.Loops.Starved}
+			LoopKernelWaits: st.Loops.KernelWaits, LoopBuffers: int64(st.Loops.Buffers), LoopStarved: st.Loops.Starved,
+			LoopSpliced: st.Loops.Spliced}
 	})
 	if err := n.syncListeners(ctx, pol); err != nil {
 		return err

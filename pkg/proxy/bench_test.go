@@ -150,18 +150,28 @@ var bigResponse = append([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/oc
 	bytes.Repeat([]byte("0123456789abcdef"), 1<<16)...)
 
 // BenchmarkProxyGET1MiB relays 1 MiB bodies through one keep-alive
-// connection: the write queue's steady state (bytes/s, allocations).
+// connection, copied through the write queue or spliced (bytes/s,
+// allocations).
 func BenchmarkProxyGET1MiB(b *testing.B) {
-	up := fastUpstream(b, bigResponse)
-	_, addr := startProxy(b, nil, &Service{Name: "bench", Upstream: up}, func(cfg *Config) { cfg.EventLoops = 1 })
-	bc := newBenchClient(b, addr)
-	b.SetBytes(int64(bc.size))
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if err := bc.roundTrip(); err != nil {
-			b.Fatal(err)
-		}
+	for _, bc := range []struct {
+		name      string
+		spliceMin int64
+	}{{"copy", -1}, {"splice", 0}} {
+		b.Run(bc.name, func(b *testing.B) {
+			up := fastUpstream(b, bigResponse)
+			_, addr := startProxy(b, nil, &Service{Name: "bench", Upstream: up}, func(cfg *Config) {
+				cfg.EventLoops, cfg.SpliceMin = 1, bc.spliceMin
+			})
+			c := newBenchClient(b, addr)
+			b.SetBytes(int64(c.size))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if err := c.roundTrip(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 

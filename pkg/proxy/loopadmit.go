@@ -34,6 +34,7 @@ type lreq struct {
 	bodyLeft int64 // Content-Length body bytes still to send
 	bodyIn   int64 // chunked body bytes decoded
 	respLeft int64 // response body bytes still to relay
+	splMark  int64 // bytes the body's splice had moved at the last deadline
 	rp       uint8 // response phase
 
 	bodyDone  bool // the request body was sent (or there is none)
@@ -47,6 +48,7 @@ type lreq struct {
 	retried   bool
 	upBytes   bool // a response byte arrived
 	chunkedRs bool // the response body goes out re-encoded chunked
+	splicing  bool // the body goes from r.up to the client by splice (loopsplice.go)
 }
 
 func (r *lreq) reset() {

@@ -208,6 +208,9 @@ func rejectStatus(err error) (string, int) {
 // exchangeTimeout: no progress within the exchange's deadline.
 func (c *lconn) exchangeTimeout() {
 	r := c.r
+	if c.spliceProgress() {
+		return
+	}
 	switch {
 	case !r.bodyDone:
 		r.upDrop()
@@ -264,11 +267,12 @@ func (c *lconn) upData(u *lup, b []byte) {
 		if u.buf.empty() {
 			u.buf.put(c.ls)
 		}
-		return
-	}
-	if n < len(src) {
+	} else if n < len(src) {
 		u.buf.get(c.ls, bufSize)
 		u.buf.add(src[n:])
+	}
+	if u.buf.empty() {
+		c.maybeSplice(u)
 	}
 }
 

@@ -1,0 +1,262 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+)
+
+// testSpliceMin is the tests' Config.SpliceMin: small, so that bodies of
+// a few hundred KiB exercise the splice.
+const testSpliceMin = 64 << 10
+
+func spliceBody(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = 'a' + byte(i%26) ^ seed&7
+	}
+	return b
+}
+
+// sizedUpstream answers "GET /N" with an N-byte Content-Length body, or a
+// close-delimited one for "GET /close/N"; X-Conn says which connection.
+func sizedUpstream(t *testing.T, after func(n int) string) *rawUpstream {
+	return newRawUpstream(t, func(conn int, c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			head, err := readRequestHead(br)
+			if err != nil {
+				return
+			}
+			path := strings.Fields(head)[1]
+			closing := strings.HasPrefix(path, "/close/")
+			n, _ := strconv.Atoi(strings.TrimPrefix(strings.TrimPrefix(path, "/close"), "/"))
+			var w bytes.Buffer
+			if closing {
+				fmt.Fprintf(&w, "HTTP/1.1 200 OK\r\nX-Conn: %d\r\n\r\n", conn)
+			} else {
+				fmt.Fprintf(&w, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\nX-Conn: %d\r\n\r\n", n, conn)
+			}
+			w.Write(spliceBody(n, byte(conn)))
+			if after != nil {
+				w.WriteString(after(n))
+			}
+			if _, err := c.Write(w.Bytes()); err != nil || closing {
+				return
+			}
+		}
+	})
+}
+
+// Bodies at and above Config.SpliceMin go by splice, exactly, on a
+// keep-alive client connection and a pooled upstream one; smaller ones
+// are copied; close-delimited ones are spliced once SpliceMin bytes went.
+func TestSpliceResponseBodies(t *testing.T) {
+	eachLoopBackend(t, func(t *testing.T) {
+		up := sizedUpstream(t, nil)
+		hook := newTestHook(nil)
+		p, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, func(c *Config) {
+			c.EventLoops, c.SpliceMin = 1, testSpliceMin
+		})
+		c := dialClient(t, addr)
+		for _, tc := range []struct {
+			path    string
+			n       int
+			spliced bool
+		}{
+			{"/1000", 1000, false},
+			{"/65535", 65535, false},
+			{"/4194304", 4 << 20, true},
+			{"/300001", 300001, true},
+			{"/close/1048576", 1 << 20, true},
+		} {
+			before := p.Stats().Loops.Spliced
+			c.send("GET " + tc.path + " HTTP/1.1\r\nHost: x\r\n\r\n")
+			r, got := c.resp("GET")
+			if r.StatusCode != 200 || got != string(spliceBody(tc.n, 1)) || r.Header.Get("X-Conn") != "1" {
+				t.Fatalf("%s: status %d, %d bytes, conn %s", tc.path, r.StatusCode, len(got), r.Header.Get("X-Conn"))
+			}
+			if d := hook.waitDone(t); d.bytesOut < int64(tc.n) || d.upstreamErr != nil {
+				t.Fatalf("%s: done %+v", tc.path, d)
+			}
+			spliced := p.Stats().Loops.Spliced - before
+			if tc.spliced != (spliced > 0) || spliced > uint64(tc.n) {
+				t.Fatalf("%s: %d bytes spliced of %d", tc.path, spliced, tc.n)
+			}
+		}
+		c.expectClosed() // after the close-delimited body
+		if st := p.Stats(); st.UpstreamDiscarded != 0 || st.Loops.Pipes > 16 {
+			t.Fatalf("stats %+v", st)
+		}
+	})
+}
+
+// An upstream that sends more than its Content-Length after a spliced
+// body (here a whole second response): the extra bytes never reach the
+// client, and the connection is not pooled, so the next request cannot
+// get them as its answer.
+func TestSpliceUpstreamOversends(t *testing.T) {
+	eachLoopBackend(t, func(t *testing.T) {
+		up := sizedUpstream(t, func(int) string {
+			return "HTTP/1.1 200 OK\r\nContent-Length: 4\r\nX-Conn: evil\r\n\r\nEVIL"
+		})
+		p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(c *Config) {
+			c.EventLoops, c.SpliceMin = 1, testSpliceMin
+		})
+		c := dialClient(t, addr)
+		// Pipelined: each next request is forwarded as soon as the body
+		// before it went, in the same loop turn, before the stray bytes
+		// could be read off a pooled connection.
+		c.send(strings.Repeat("GET /200000 HTTP/1.1\r\nHost: x\r\n\r\n", 3))
+		for i := 1; i <= 3; i++ {
+			r, got := c.resp("GET")
+			if r.StatusCode != 200 || got != string(spliceBody(200000, byte(i))) || r.Header.Get("X-Conn") != strconv.Itoa(i) {
+				t.Fatalf("request %d: status %d, %d bytes, conn %q", i, r.StatusCode, len(got), r.Header.Get("X-Conn"))
+			}
+		}
+		if st := p.Stats(); st.UpstreamDiscarded < 2 || st.Loops.Spliced == 0 {
+			t.Fatalf("stats %+v: want the poisoned connections discarded, bytes spliced", st)
+		}
+	})
+}
+
+// An upstream that closes before its Content-Length: the client gets
+// what came and then the connection's end (a truncated body, never a
+// keep-alive), and Done reports the upstream's failure.
+func TestSpliceUpstreamTruncates(t *testing.T) {
+	eachLoopBackend(t, func(t *testing.T) {
+		up := newRawUpstream(t, func(_ int, c net.Conn) {
+			if _, err := readRequestHead(bufio.NewReader(c)); err != nil {
+				return
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
+			c.Write(spliceBody(400000, 0))
+		})
+		hook := newTestHook(nil)
+		p, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, func(c *Config) {
+			c.EventLoops, c.SpliceMin = 1, testSpliceMin
+		})
+		c := dialClient(t, addr)
+		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		r, err := http.ReadResponse(c.br, nil)
+		if err != nil || r.StatusCode != 200 {
+			t.Fatalf("%v %v", r, err)
+		}
+		b, err := io.ReadAll(r.Body)
+		if !bytes.Equal(b, spliceBody(400000, 0)) || !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Fatalf("%d bytes, err %v: the client must see the truncated body end", len(b), err)
+		}
+		if d := hook.waitDone(t); d.upstreamErr == nil || d.bytesOut < 400000 {
+			t.Fatalf("done %+v", d)
+		}
+		if p.Stats().Loops.Spliced == 0 {
+			t.Fatal("nothing spliced")
+		}
+	})
+}
+
+// endlessUpstream answers one request with a 1 GiB body it writes until
+// a write fails (bounded by testkit.WaitBound), then sends the error.
+func endlessUpstream(t *testing.T, wrote chan<- error) *rawUpstream {
+	return newRawUpstream(t, func(_ int, c net.Conn) {
+		if _, err := readRequestHead(bufio.NewReader(c)); err != nil {
+			return
+		}
+		c.SetWriteDeadline(time.Now().Add(testkit.WaitBound))
+		_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 1073741824\r\n\r\n")
+		for b := spliceBody(1<<20, 0); err == nil; {
+			_, err = c.Write(b)
+		}
+		wrote <- err
+	})
+}
+
+// A client that vanishes (reset) or stops reading mid-body: the proxy
+// closes the upstream connection (its writer fails) and holds nothing
+// after: no connection, socket or pipe with bytes.
+func TestSpliceClientGoneOrStalled(t *testing.T) {
+	for _, how := range []string{"reset", "stalled"} {
+		t.Run(how, func(t *testing.T) {
+			eachLoopBackend(t, func(t *testing.T) {
+				wrote := make(chan error, 1)
+				up := endlessUpstream(t, wrote)
+				svc := &Service{Upstream: up.addr()}
+				if how == "stalled" {
+					svc.IdleTimeout = 300 * time.Millisecond
+				}
+				p, addr := startProxy(t, nil, svc, func(c *Config) { c.EventLoops, c.SpliceMin = 1, testSpliceMin })
+				c := dialClient(t, addr)
+				c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+				if _, err := io.ReadFull(c.br, make([]byte, 256<<10)); err != nil {
+					t.Fatal(err)
+				}
+				if how == "reset" {
+					c.c.(*net.TCPConn).SetLinger(0)
+					c.c.Close()
+				}
+				select {
+				case err := <-wrote:
+					if errors.Is(err, os.ErrDeadlineExceeded) {
+						t.Fatalf("the upstream's writes never failed: %v", err)
+					}
+				case <-time.After(2 * testkit.WaitBound):
+					t.Fatal("the upstream writer never returned")
+				}
+				testkit.WaitFor(t, "the proxy holds no connection", func() bool {
+					st := p.Stats()
+					return st.Conns == 0 && st.Loops.Sockets == 0 && st.Loops.Pipes <= 16 && st.Loops.Spliced > 0
+				})
+			})
+		})
+	}
+}
+
+// The exchange's idle deadline counts a splice's progress: when it
+// passes, a splice that moved bytes since it was set extends it, one
+// that did not ends the exchange. Both calls run in one loop callback,
+// where the splice cannot move a byte in between.
+func TestSpliceIdleDeadlineSeesProgress(t *testing.T) {
+	eachLoopBackend(t, func(t *testing.T) {
+		up := endlessUpstream(t, make(chan error, 1))
+		p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(c *Config) {
+			c.EventLoops, c.SpliceMin = 1, testSpliceMin
+		})
+		c := dialClient(t, addr)
+		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		if _, err := io.ReadFull(c.br, make([]byte, 256<<10)); err != nil {
+			t.Fatal(err)
+		}
+		var first, second string
+		p.lg.each(func(ls *loopState) {
+			lc := ls.conns.head
+			if lc == nil || lc.r == nil || !lc.r.splicing {
+				first = "no exchange splicing"
+				return
+			}
+			lc.r.splMark = 0 // as if the deadline was set before any byte moved
+			lc.exchangeTimeout()
+			if lc.state != lcExchange || lc.r == nil || !lc.r.splicing {
+				first = "a splice that moved bytes was cut"
+				return
+			}
+			lc.exchangeTimeout()
+			if lc.state == lcExchange && lc.r != nil && lc.r.splicing {
+				second = "a splice that moved nothing since was not cut"
+			}
+		})
+		if first != "" || second != "" {
+			t.Fatal(first, second)
+		}
+	})
+}
