@@ -36,6 +36,9 @@ func startNginx(t *testing.T) (addr, dir string) {
 	if err := os.WriteFile(filepath.Join(dir, "www", "big"), big, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(dir, "www", "big4m"), spliceBody(4<<20, 9), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	conf := fmt.Sprintf(`daemon off;
 master_process off;
 error_log %[1]s/error.log warn;
@@ -56,6 +59,7 @@ http {
         location = / { return 200 "nginx ok\n"; }
         location = /echo { return 200 "posted\n"; }
         location = /big { }
+        location = /big4m { }
     }
 }
 `, dir, addr)
@@ -182,4 +186,41 @@ func TestEndToEndNginxCurlWrk(t *testing.T) {
 			t.Fatalf("access log line %q: want status 200 and X-Forwarded-For 127.0.0.1", l)
 		}
 	}
+}
+
+// Large files from a real nginx (sendfile) through the proxy to curl, on
+// both loop backends: byte for byte the file, most of it spliced, and the
+// upstream connection pooled after each (one keep-alive connection from
+// curl for three downloads).
+func TestEndToEndNginxCurlSplice(t *testing.T) {
+	testkit.NeedTool(t, "curl", "curl")
+	eachLoopBackend(t, func(t *testing.T) {
+		upstream, dir := startNginx(t)
+		p, addr := startProxy(t, nil, &Service{Name: "nginx", Upstream: upstream}, func(c *Config) { c.EventLoops = 1 })
+		out := t.TempDir()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		args := []string{"-sS", "--max-time", "20", "-w", "%{http_code} %{size_download} %{num_connects}\n"}
+		for i, path := range []string{"/big4m", "/big", "/big4m"} {
+			args = append(args, "-o", filepath.Join(out, fmt.Sprint(i)), "http://"+addr+path)
+		}
+		res, err := exec.CommandContext(ctx, "curl", args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("curl: %v\n%s", err, res)
+		}
+		if want := fmt.Sprintf("200 %d 1\n200 %d 0\n200 %d 0\n", 4<<20, 192<<10, 4<<20); string(res) != want {
+			t.Fatalf("curl: %q, want %q", res, want)
+		}
+		for i, name := range []string{"big4m", "big", "big4m"} {
+			got, err1 := os.ReadFile(filepath.Join(out, fmt.Sprint(i)))
+			want, err2 := os.ReadFile(filepath.Join(dir, "www", name))
+			if err1 != nil || err2 != nil || !bytes.Equal(got, want) {
+				t.Fatalf("download %d (%s) differs from the file (%v, %v)", i, name, err1, err2)
+			}
+		}
+		st := p.Stats()
+		if st.Loops.Spliced < 2*(4<<20)-(64<<10) || st.UpstreamDiscarded != 0 || st.UpstreamIdle != 1 {
+			t.Fatalf("stats %+v: want most of the bodies spliced, one clean pooled upstream connection", st)
+		}
+	})
 }
