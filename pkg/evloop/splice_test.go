@@ -129,60 +129,86 @@ func TestSpliceRelaysExactly(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			eachBackend(t, func(t *testing.T, be Backend) {
-				g := startGroup(t, be, 1)
-				r := newBodyRelay(int64(tc.body))
-				s, d, sp, dp := splicePair(t, g, r)
-				// Small kernel buffers on the destination's side (not so
-				// small that loopback's 64 KiB segments stall on the window).
-				dp.(*net.TCPConn).SetReadBuffer(64 << 10)
-				on(s.Loop(), func() {
-					if err := unix.SetsockoptInt(d.FD(), unix.SOL_SOCKET, unix.SO_SNDBUF, 32<<10); err != nil {
-						t.Error(err)
-					}
-					r.dst = d
-					d.Write([]byte("head:"))
-				})
-				data := pattern(tc.body+tc.extra, 1)
-				werr := make(chan error, 1)
-				go func() {
-					_, err := sp.Write(data)
-					if err == nil {
-						err = sp.(*net.TCPConn).CloseWrite()
-					}
-					werr <- err
-				}()
-				got := make([]byte, 5+tc.body)
-				if _, err := io.ReadFull(dp, got); err != nil {
-					t.Fatalf("read relayed bytes: %v", err)
-				}
-				if string(got[:5]) != "head:" || !bytes.Equal(got[5:], data[:tc.body]) {
-					t.Fatal("relayed bytes differ from the body")
-				}
-				e := waitEnd(t, r)
-				if e.err != nil || r.taken != int64(tc.body) {
-					t.Fatalf("OnSpliced(%d, %v); body taken %d of %d", e.moved, e.err, r.taken, tc.body)
-				}
-				if err := <-werr; err != nil {
-					t.Fatal(err)
-				}
-				select {
-				case <-r.eof:
-				case <-time.After(testkit.WaitBound):
-					t.Fatal("no OnEOF after the splice")
-				}
-				if after := r.afterBytes(); !bytes.Equal(after, data[tc.body:]) {
-					t.Fatalf("%d bytes read after the body, want %d", len(after), tc.extra)
-				}
-				if st := g.Stats(); st.Spliced == 0 || st.Pipes > pipesKept {
-					t.Fatalf("stats %+v: want bytes spliced, at most %d pipes", st, pipesKept)
-				}
-				dp.SetReadDeadline(time.Now())
-				if n, _ := dp.Read(got[:1]); n != 0 {
-					t.Fatal("the destination got bytes past the body")
-				}
+				relayExactly(t, startGroup(t, be, 1), tc.body, tc.extra)
 			})
 		})
 	}
+}
+
+// With io_uring's provided-buffer ring nearly empty the sources' recvs
+// keep ending for lack of buffers (ENOBUFS), also while a splice waits
+// for the cancel of one: every relay stays exact.
+func TestSpliceWithStarvedRing(t *testing.T) {
+	if err := probeUring(); err != nil {
+		testkit.Missing(t, "io_uring refused on this machine: %v", err)
+	}
+	defer func(n uint16) { pbufEntries = n }(pbufEntries)
+	pbufEntries = 2
+	g := startGroup(t, IOUring, 1)
+	for i := 0; i < 20; i++ {
+		relayExactly(t, g, 300<<10, i)
+	}
+	if g.Stats().Starved == 0 {
+		t.Log("no receive starved in this run: the case was not reached")
+	}
+}
+
+// relayExactly relays a body of n bytes followed by extra more through a
+// source and destination pair on g's first loop, the way the proxy does,
+// and checks every byte and event.
+func relayExactly(t *testing.T, g *Group, n, extra int) {
+	t.Helper()
+	r := newBodyRelay(int64(n))
+	s, d, sp, dp := splicePair(t, g, r)
+	// Small kernel buffers on the destination's side (not so small that
+	// loopback's 64 KiB segments stall on the window).
+	dp.(*net.TCPConn).SetReadBuffer(64 << 10)
+	on(s.Loop(), func() {
+		if err := unix.SetsockoptInt(d.FD(), unix.SOL_SOCKET, unix.SO_SNDBUF, 32<<10); err != nil {
+			t.Error(err)
+		}
+		r.dst = d
+		d.Write([]byte("head:"))
+	})
+	data := pattern(n+extra, 1)
+	werr := make(chan error, 1)
+	go func() {
+		_, err := sp.Write(data)
+		if err == nil {
+			err = sp.(*net.TCPConn).CloseWrite()
+		}
+		werr <- err
+	}()
+	got := make([]byte, 5+n)
+	if _, err := io.ReadFull(dp, got); err != nil {
+		t.Fatalf("read relayed bytes: %v", err)
+	}
+	if string(got[:5]) != "head:" || !bytes.Equal(got[5:], data[:n]) {
+		t.Fatal("relayed bytes differ from the body")
+	}
+	e := waitEnd(t, r)
+	if e.err != nil || r.taken != int64(n) {
+		t.Fatalf("OnSpliced(%d, %v); body taken %d of %d", e.moved, e.err, r.taken, n)
+	}
+	if err := <-werr; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-r.eof:
+	case <-time.After(testkit.WaitBound):
+		t.Fatal("no OnEOF after the splice")
+	}
+	if after := r.afterBytes(); !bytes.Equal(after, data[n:]) {
+		t.Fatalf("%d bytes read after the body, want %d", len(after), extra)
+	}
+	if st := g.Stats(); st.Spliced == 0 || st.Pipes > pipesKept {
+		t.Fatalf("stats %+v: want bytes spliced, at most %d pipes", st, pipesKept)
+	}
+	dp.SetReadDeadline(time.Now())
+	if k, _ := dp.Read(got[:1]); k != 0 {
+		t.Fatal("the destination got bytes past the body")
+	}
+	on(s.Loop(), func() { s.Close(); d.Close() })
 }
 
 // A source that ends before the bytes asked for: OnSpliced(moved,
@@ -346,4 +372,31 @@ func openFDs(t *testing.T) int {
 		t.Skipf("no /proc/self/fd: %v", err)
 	}
 	return len(ents)
+}
+
+// A splice waits for its source's recv to end before the pipe takes
+// bytes; a recv that ended for lack of buffers (ENOBUFS, the socket
+// marked starved) must start it too. Before, that end deferred nothing
+// (and re-armed nothing): the splice stalled unless the destination
+// happened to drain a queued write later.
+func TestSpliceAfterStarvedRecv(t *testing.T) {
+	if err := probeUring(); err != nil {
+		testkit.Missing(t, "io_uring refused on this machine: %v", err)
+	}
+	g := startGroup(t, IOUring, 1)
+	l := g.Loops()[0]
+	on(l, func() {
+		s := &Sock{l: l, fd: -1, flags: fSplice | fStarved} // not in the table: never dispatched
+		s.spl = &splice{src: s}
+		n := len(l.later)
+		l.ur.recvEnded(s)
+		if len(l.later) != n+1 || l.later[n] != s {
+			t.Error("the starved source's splice was not scheduled")
+		} else {
+			l.later = l.later[:n] // the fake socket must not run
+		}
+		if s.flags&fArmed != 0 {
+			t.Error("a recv was armed on a splice's source")
+		}
+	})
 }

@@ -428,11 +428,21 @@ func (u *uring) recvDone(s *Sock, c cqe) {
 	default:
 		s.failNow(fmt.Errorf("evloop: recv: %w", unix.Errno(-c.res)))
 	}
-	if !more && !u.opDone(s) && s.flags&fStarved == 0 {
+	if !more && !u.opDone(s) {
+		u.recvEnded(s)
+	}
+}
+
+// recvEnded: s's recv is over (a single shot, a cancel, a limit, or no
+// buffer left). A splice waiting for that starts, also when the recv
+// starved; otherwise reading goes on, once buffers are back if it
+// starved (rearmStarved).
+func (u *uring) recvEnded(s *Sock) {
+	switch {
+	case s.flags&fSplice != 0:
+		s.l.deferSock(s)
+	case s.flags&fStarved == 0:
 		u.arm(s)
-		if s.spl != nil {
-			s.l.deferSock(s) // the splice waited for the recv to end
-		}
 	}
 }
 
