@@ -40,6 +40,7 @@ const pipesKept = 16
 type splice struct {
 	src, dst *Sock
 	pipe     [2]int // read end, write end
+	cap      int    // the pipe's capacity
 	inPipe   int    // bytes in the pipe, not yet in dst
 	left     int64  // bytes still to take from src
 	moved    int64  // bytes handed to dst (its queue or its socket)
@@ -118,10 +119,12 @@ func (s *Sock) Buffered() bool {
 	return e == 0 && n > 0
 }
 
-// pump moves what it can; it runs on events for either socket and from
-// runLater.
+// pump moves what it can, both ways at once: the pipe empties into dst
+// while dst takes bytes and fills from src while src has bytes and the
+// pipe room, so a slow side does not stop the other until the pipe is
+// full or empty. It runs on events for either socket and from runLater.
 func (sp *splice) pump() {
-	src, dst := sp.src, sp.dst
+	src := sp.src
 	if sp.ended {
 		sp.finish(sp.err)
 		return
@@ -133,76 +136,94 @@ func (sp *splice) pump() {
 		sp.fromStash()
 	}
 	for budget := spliceTurn; ; {
-		if sp.inPipe > 0 {
-			if dst.Pending() > 0 || dst.isSending() {
-				return // the queue goes first; drained() defers src
-			}
-			k, err := rawSplice(sp.pipe[0], dst.fd, sp.inPipe, sp.left > 0)
-			switch err {
-			case nil:
-			case unix.EINTR:
-				continue
-			case unix.EAGAIN:
-				if !sp.waitOut {
-					sp.waitOut = true
-					src.l.drv.spliceWait(dst, false)
-				}
-				return
-			default:
-				dst.failNow(fmt.Errorf("evloop: splice: %w", err)) // ends sp (Close)
-				return
-			}
-			sp.inPipe -= k
-			sp.moved += int64(k)
-			src.l.nSpliced.Add(uint64(k))
-			budget -= k
-			continue
+		out := sp.drain()
+		if out < 0 {
+			return // dst failed: sp is over
 		}
-		switch {
-		case sp.left == 0:
-			sp.finish(nil)
+		in := sp.fill()
+		if in < 0 {
+			return // src failed: finished
+		}
+		if sp.inPipe == 0 && (sp.left == 0 || sp.srcEOF) {
+			if sp.left == 0 {
+				sp.finish(nil)
+			} else {
+				sp.finish(io.EOF)
+			}
 			return
-		case sp.srcEOF:
-			sp.finish(io.EOF)
-			return
-		case budget <= 0:
+		}
+		if in == 0 && out == 0 {
+			return // each side waits for its event (drain, fill)
+		}
+		budget -= out
+		if budget <= 0 {
 			src.l.deferSock(src)
-			return
-		}
-		if !sp.fill() {
 			return
 		}
 	}
 }
 
-// fill moves bytes from src into the pipe; false: wait (or finished).
-func (sp *splice) fill() bool {
-	src := sp.src
+// drain moves the pipe's bytes into dst, after dst's queue; it returns
+// the bytes moved, or -1 when dst failed (and sp ended).
+func (sp *splice) drain() int {
+	dst := sp.dst
+	if sp.inPipe == 0 || sp.waitOut || dst.Pending() > 0 || dst.isSending() {
+		return 0 // nothing to move, or an event comes: POLLOUT/EPOLLOUT, drained()
+	}
 	for {
-		k, err := rawSplice(src.fd, sp.pipe[1], int(min(sp.left, int64(SplicePipeSize-sp.inPipe))), false)
+		k, err := rawSplice(sp.pipe[0], dst.fd, sp.inPipe, sp.left > 0)
+		switch err {
+		case nil:
+			sp.inPipe -= k
+			sp.moved += int64(k)
+			sp.src.l.nSpliced.Add(uint64(k))
+			return k
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			sp.waitOut = true
+			sp.src.l.drv.spliceWait(dst, false)
+			return 0
+		default:
+			dst.failNow(fmt.Errorf("evloop: splice: %w", err)) // ends sp (Close)
+			return -1
+		}
+	}
+}
+
+// fill moves bytes from src into the pipe; it returns the bytes moved
+// (0: src is empty or at its end, or the pipe full), or -1 when src
+// failed (and sp finished).
+func (sp *splice) fill() int {
+	src := sp.src
+	want := int(min(sp.left, int64(sp.cap-sp.inPipe)))
+	if want <= 0 || sp.srcEOF {
+		return 0
+	}
+	for {
+		k, err := rawSplice(src.fd, sp.pipe[1], want, false)
 		switch {
 		case err == unix.EINTR:
 			continue
 		case err == unix.EAGAIN:
-			if sp.inPipe > 0 {
-				return true // the pipe is full: empty it first
-			}
-			if !sp.waitIn {
+			// With bytes in the pipe this may be the pipe out of slots
+			// rather than src empty: then dst's progress comes back here.
+			if sp.inPipe == 0 && !sp.waitIn {
 				sp.waitIn = src.l.ur != nil // epoll: the next edge comes anyway
 				src.l.drv.spliceWait(src, true)
 			}
-			return false
+			return 0
 		case err != nil:
 			sp.finish(fmt.Errorf("evloop: splice: %w", err))
-			return false
+			return -1
 		case k == 0:
 			sp.srcEOF = true
 			src.flags |= fRdHup
-			return true
+			return 0
 		}
 		sp.inPipe += k
 		sp.left -= int64(k)
-		return true
+		return k
 	}
 }
 
@@ -284,9 +305,14 @@ func (l *Loop) getSplice() (*splice, error) {
 			l.splices = append(l.splices, sp)
 			return nil, fmt.Errorf("evloop: splice pipe: %w", err)
 		}
-		// Best effort: past the user's pipe quota the kernel keeps 64 KiB
-		// (or less) and fill asks for more than it takes, harmlessly.
-		unix.FcntlInt(uintptr(sp.pipe[1]), unix.F_SETPIPE_SZ, SplicePipeSize)
+		// Best effort: past the user's pipe quota the kernel keeps its
+		// default (64 KiB, or less).
+		sp.cap = 64 << 10
+		if n, err := unix.FcntlInt(uintptr(sp.pipe[1]), unix.F_SETPIPE_SZ, SplicePipeSize); err == nil {
+			sp.cap = n
+		} else if n, err := unix.FcntlInt(uintptr(sp.pipe[1]), unix.F_GETPIPE_SZ, 0); err == nil {
+			sp.cap = n
+		}
 		l.nPipes.Add(1)
 	}
 	return sp, nil
@@ -297,7 +323,7 @@ func (l *Loop) putSplice(sp *splice) {
 	if sp.inPipe > 0 || len(l.splices) >= pipesKept {
 		sp.closePipe(l)
 	}
-	*sp = splice{pipe: sp.pipe}
+	*sp = splice{pipe: sp.pipe, cap: sp.cap}
 	if len(l.splices) < pipesKept {
 		l.splices = append(l.splices, sp)
 	}
