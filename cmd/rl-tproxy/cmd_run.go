@@ -38,7 +38,7 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	upgrade := fs.Bool("upgrade-redirect", false, "replace a pinned sk_lookup program of another build in place (keeping the sockmap, ports and counters) instead of refusing to start")
 	loops := fs.Int("event-loops", 0, "serve HTTP/1.x on N event loops, one thread each (0: one per CPU); with N below GOMAXPROCS an idle loop waits in io_uring_enter for up to 1 ms before parking")
 	kwait := fs.String("loop-kernel-wait", "off", "when an idle event loop may wait in io_uring_enter holding its thread's P (up to 1 ms after each park) instead of parking in Go's netpoller, while no HTTP/2, TLS or tunnel connection is open: off, light (while the loop has at most "+fmt.Sprint(node.LightInFlight)+" requests in progress: fewer system calls and context switches at low load) or always (also under load, where it measured dearer with admission); other goroutines may wait up to 1 ms for a P (docs/operations.md)")
-	spliceMin := fs.Int64("splice-min", proxy.DefaultSpliceMin, "response bodies with at least this many bytes left after the head go from the upstream's socket to the client's by splice(2), without a copy through the proxy; 0: never")
+	spliceMin := fs.Int64("splice-min", proxy.DefaultSpliceMin, "Content-Length request and response bodies with at least this many bytes left after the head (and close-delimited responses once this many went) go from one socket to the other by splice(2), without a copy through the proxy; 0: never")
 	if done, code := parseFlags(fs, args, stdout); done {
 		return code
 	}

@@ -55,8 +55,9 @@ type Options struct {
 	// loops and no connection is served by a goroutine
 	// (proxy.Config.HoldP). The zero value is KernelWaitOff.
 	LoopKernelWait KernelWait
-	// SpliceMin is proxy.Config.SpliceMin: response bodies with at least
-	// this many bytes left go by splice(2) (0: the default, negative: never).
+	// SpliceMin is proxy.Config.SpliceMin: request and response bodies with
+	// at least this many bytes left go by splice(2) (0: the default,
+	// negative: never).
 	SpliceMin int64
 	// LogDropped, if set, counts the log lines dropped because the log's
 	// reader fell behind (exported as rl_tproxy_log_lines_dropped_total).

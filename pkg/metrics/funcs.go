@@ -58,7 +58,7 @@ type ProxyStats struct {
 	LoopParks, LoopKernelWaits uint64
 	LoopBuffers                int64
 	LoopStarved                uint64
-	LoopSpliced                uint64 // response body bytes spliced (kernel to kernel)
+	LoopSpliced                uint64 // body bytes spliced (kernel to kernel)
 }
 
 // statsCollector is a collector computed from a callback at scrape time.
@@ -127,7 +127,7 @@ var (
 	descLoopWaits    = desc("event_loop_waits_total", "Event loop waits for events, by how: parked in Go's netpoller (netpoller) or inside the system call holding the loop's P (kernel).", "how")
 	descLoopBuffers  = desc("event_loop_buffers", "Receive and write buffers held by connections (0 when every connection is idle).")
 	descLoopStarved  = desc("event_loop_starved_total", "io_uring receives that found the provided-buffer ring empty and waited for buffers.")
-	descLoopSpliced  = desc("event_loop_spliced_bytes_total", "Response body bytes moved from upstream to client sockets by splice(2), without a copy through the proxy.")
+	descLoopSpliced  = desc("event_loop_spliced_bytes_total", "Request and response body bytes moved between client and upstream sockets by splice(2), without a copy through the proxy.")
 )
 
 // Sources are the scrape-time collectors; set their callbacks with the

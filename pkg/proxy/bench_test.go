@@ -69,13 +69,19 @@ type benchClient struct {
 
 func newBenchClient(tb testing.TB, addr string) *benchClient {
 	tb.Helper()
+	return newBenchClientReq(tb, addr, []byte("GET /bench?x=1 HTTP/1.1\r\nHost: bench\r\nUser-Agent: b\r\nAccept: */*\r\n\r\n"))
+}
+
+// newBenchClientReq is newBenchClient sending req (a whole request, body
+// included) instead of its GET.
+func newBenchClientReq(tb testing.TB, addr string, req []byte) *benchClient {
+	tb.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { c.Close() })
-	bc := &benchClient{c: c, req: []byte("GET /bench?x=1 HTTP/1.1\r\nHost: bench\r\nUser-Agent: b\r\nAccept: */*\r\n\r\n"),
-		buf: make([]byte, 4096)}
+	bc := &benchClient{c: c, req: req, buf: make([]byte, 4096)}
 	if _, err := c.Write(bc.req); err != nil {
 		tb.Fatal(err)
 	}

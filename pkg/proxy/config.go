@@ -273,9 +273,11 @@ type Config struct {
 	// it; Update keeps the loops the Proxy was created with. The loops
 	// start with the first Serve and stop in Shutdown.
 	EventLoops int
-	// SpliceMin: a response body with at least this many bytes left to
-	// relay goes from the upstream to the client by splice(2), inside the
-	// kernel (loopsplice.go); 0 means DefaultSpliceMin, negative never.
+	// SpliceMin: a Content-Length body, request or response, with at
+	// least this many bytes left to relay (and a close-delimited response
+	// once this many went) goes from one socket to the other by
+	// splice(2), inside the kernel (loopsplice.go); 0 means
+	// DefaultSpliceMin, negative never.
 	SpliceMin int64
 	// AdmissionTimeout bounds the wait for the Hook's Decision, from the
 	// end of the request head: a blocking Hook's Admit context carries

@@ -48,7 +48,8 @@ type lreq struct {
 	retried   bool
 	upBytes   bool // a response byte arrived
 	chunkedRs bool // the response body goes out re-encoded chunked
-	splicing  bool // the body goes from r.up to the client by splice (loopsplice.go)
+	splicing  bool // a body goes by splice (loopsplice.go)
+	splIn     bool // ... the request body, from the client to r.up
 }
 
 func (r *lreq) reset() {

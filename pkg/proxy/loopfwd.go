@@ -64,6 +64,8 @@ func (c *lconn) upReady(u *lup) {
 	c.resume()
 	if h.BodyMode() == httpparse.BodyChunked {
 		c.pumpChunked()
+	} else {
+		c.maybeSpliceBody(u)
 	}
 }
 
@@ -104,6 +106,7 @@ func (c *lconn) clientData(b []byte) {
 		c.bodySent()
 	} else {
 		c.setDeadline(c.ls.l.Now() + int64(r.svc.idleTimeout()))
+		c.maybeSpliceBody(u)
 	}
 	if rest := b[k:]; len(rest) > 0 {
 		c.bufferIn(rest)

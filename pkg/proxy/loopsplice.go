@@ -6,14 +6,18 @@ import (
 	"math"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
+	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 )
 
-// Large response bodies go from the upstream's socket to the client's
-// inside the kernel (evloop's Sock.SpliceTo: splice(2) through a pipe),
-// not through the loop's buffers: a Content-Length body once at least
-// Config.SpliceMin bytes of it are left after the bytes that came with
-// the head, a close-delimited body once that many were relayed. Chunked
-// bodies are decoded (their framing is checked), so they are copied.
+// Large bodies go from one socket to the other inside the kernel
+// (evloop's Sock.SpliceTo: splice(2) through a pipe), not through the
+// loop's buffers: a Content-Length body, request or response, once at
+// least Config.SpliceMin bytes of it are left after the bytes that came
+// with its head; a close-delimited response body once that many were
+// relayed. Chunked bodies are decoded (their framing is checked), so they
+// are copied. An exchange has at most one splice at a time (a socket
+// takes part in one): a response that comes while the request body is
+// still spliced is copied.
 
 // DefaultSpliceMin is Config.SpliceMin's default. Measured with
 // test/bench/bigbody.sh (docs/bench/evloop.md, "Splicing large bodies"),
@@ -52,7 +56,49 @@ func (c *lconn) maybeSplice(u *lup) {
 	if u.s.SpliceTo(c.s, n) != nil {
 		return // the body is copied as before
 	}
-	r.splicing, r.splMark = true, 0
+	r.splicing, r.splIn, r.splMark = true, false, 0
+}
+
+// maybeSpliceBody hands the rest of a Content-Length request body to a
+// splice from the client to u when it is large; c holds no unread byte
+// (what it read went upstream).
+func (c *lconn) maybeSpliceBody(u *lup) {
+	r := c.r
+	least := r.cfg.spliceMin()
+	// Not for an Upgrade request: a 101 turns the exchange into a tunnel
+	// that needs every body byte taken from the client, and a splice that
+	// ends early drops what its pipe holds.
+	if least == 0 || r.splicing || r.bodyDone || r.bodyLeft < least || u.s == nil || c.s == nil ||
+		r.head.BodyMode() != httpparse.BodyLength || r.head.Upgrade || !c.buf.empty() {
+		return
+	}
+	if c.s.SpliceTo(u.s, r.bodyLeft) != nil {
+		return // the body is copied as before
+	}
+	r.splicing, r.splIn, r.splMark = true, true, 0
+}
+
+// OnSpliced: the spliced part of the request body reached the upstream's
+// socket, or the splice ended early.
+func (c *lconn) OnSpliced(_ *evloop.Sock, moved int64, err error) {
+	r := c.r
+	if r == nil || !r.splicing || !r.splIn {
+		return // the exchange ended meanwhile (its upstream closed)
+	}
+	r.splicing, r.splIn = false, false
+	r.bodyLeft -= moved
+	r.res.BytesIn += moved
+	switch {
+	case err == nil:
+		r.bodyDone = true
+		c.bodySent()
+		c.flow()
+	case c.state != lcExchange, errors.Is(err, evloop.ErrSpliceDst):
+		// The exchange ended (an early answer, an upstream failure), or
+		// the upstream went away, whose own events end it.
+	default:
+		c.abort() // the client ended or failed before its body was complete
+	}
 }
 
 // OnSpliced: the spliced part of the body reached the client's socket,
@@ -88,10 +134,14 @@ func (u *lup) OnSpliced(_ *evloop.Sock, moved int64, err error) {
 // do it.
 func (c *lconn) spliceProgress() bool {
 	r := c.r
-	if !r.splicing || r.up == nil || r.up.s == nil {
+	s := c.s // the source: the client for a request body, else the upstream
+	if !r.splIn && r.up != nil {
+		s = r.up.s
+	}
+	if !r.splicing || s == nil || (!r.splIn && r.up == nil) {
 		return false
 	}
-	m := r.up.s.SpliceMoved()
+	m := s.SpliceMoved()
 	if m <= r.splMark {
 		return false
 	}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -227,36 +228,193 @@ func TestSpliceClientGoneOrStalled(t *testing.T) {
 // that did not ends the exchange. Both calls run in one loop callback,
 // where the splice cannot move a byte in between.
 func TestSpliceIdleDeadlineSeesProgress(t *testing.T) {
+	for _, dir := range []string{"response", "request"} {
+		t.Run(dir, func(t *testing.T) {
+			eachLoopBackend(t, func(t *testing.T) {
+				var up *rawUpstream
+				if dir == "response" {
+					up = endlessUpstream(t, make(chan error, 1))
+				} else {
+					up = bodyUpstream(t, nil)
+				}
+				p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(c *Config) {
+					c.EventLoops, c.SpliceMin = 1, testSpliceMin
+				})
+				c := dialClient(t, addr)
+				if dir == "response" {
+					c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+					if _, err := io.ReadFull(c.br, make([]byte, 256<<10)); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					c.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1073741824\r\n\r\n")
+					c.c.Write(spliceBody(1<<20, 7)) // then nothing more
+				}
+				splicing := func(lc *lconn) bool {
+					return lc != nil && lc.r != nil && lc.r.splicing && (lc.s.SpliceMoved() > 0 || lc.r.up.s.SpliceMoved() > 0)
+				}
+				testkit.WaitFor(t, "a splice moved bytes", func() bool {
+					var ok bool
+					p.lg.each(func(ls *loopState) { ok = splicing(ls.conns.head) })
+					return ok
+				})
+				var first, second string
+				p.lg.each(func(ls *loopState) {
+					lc := ls.conns.head
+					lc.r.splMark = 0 // as if the deadline was set before any byte moved
+					lc.exchangeTimeout()
+					if lc.state != lcExchange || !splicing(lc) {
+						first = "a splice that moved bytes was cut"
+						return
+					}
+					lc.exchangeTimeout()
+					if lc.state == lcExchange && lc.r != nil && lc.r.splicing {
+						second = "a splice that moved nothing since was not cut"
+					}
+				})
+				if first != "" || second != "" {
+					t.Fatal(first, second)
+				}
+			})
+		})
+	}
+}
+
+// bodyUpstream reads each request's Content-Length body and answers with
+// its length and SHA-256; a request whose path starts with /early is
+// answered 413 at once, without reading its body, and the connection
+// closed.
+func bodyUpstream(t *testing.T, got chan<- int) *rawUpstream {
+	return newRawUpstream(t, func(_ int, c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			head, err := readRequestHead(br)
+			if err != nil {
+				return
+			}
+			if strings.HasPrefix(strings.Fields(head)[1], "/early") {
+				io.WriteString(c, "HTTP/1.1 413 Payload Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+				return
+			}
+			n, _ := strconv.Atoi(headerOf(head, "Content-Length"))
+			h := sha256.New()
+			k, err := io.CopyN(h, br, int64(n))
+			if got != nil {
+				got <- int(k)
+			}
+			if err != nil {
+				return
+			}
+			sum := fmt.Sprintf("%d %x", k, h.Sum(nil))
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(sum), sum)
+		}
+	})
+}
+
+func sumOf(b []byte) string { return fmt.Sprintf("%d %x", len(b), sha256.Sum256(b)) }
+
+// Large request bodies go to the upstream by splice, byte for byte; the
+// bytes after one (a pipelined request) stay for the next request; small
+// bodies are copied.
+func TestSpliceRequestBodies(t *testing.T) {
 	eachLoopBackend(t, func(t *testing.T) {
-		up := endlessUpstream(t, make(chan error, 1))
+		up := bodyUpstream(t, nil)
+		hook := newTestHook(nil)
+		p, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, func(c *Config) {
+			c.EventLoops, c.SpliceMin = 1, testSpliceMin
+		})
+		c := dialClient(t, addr)
+		big, small := spliceBody(3<<20+5, 3), spliceBody(1000, 4)
+		var w bytes.Buffer
+		for _, b := range [][]byte{big, small, big} {
+			fmt.Fprintf(&w, "POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(b), b)
+		}
+		go c.c.Write(w.Bytes()) // pipelined: the bytes after a body are the next request
+		for i, b := range [][]byte{big, small, big} {
+			r, got := c.resp("POST")
+			if r.StatusCode != 200 || got != sumOf(b) {
+				t.Fatalf("request %d: status %d, upstream got %q, want %q", i, r.StatusCode, got, sumOf(b))
+			}
+			if d := hook.waitDone(t); d.bytesIn != int64(len(b)) || d.clientAborted {
+				t.Fatalf("request %d: done %+v", i, d)
+			}
+		}
+		// Not spliced: per body, the read that brought the head and what
+		// io_uring's recv took before its cancel (at most 4 x 16 KiB).
+		if st := p.Stats(); st.Loops.Spliced < 2*(3<<20)-(256<<10) || st.UpstreamDiscarded != 0 {
+			t.Fatalf("stats %+v: want both large bodies mostly spliced", st)
+		}
+	})
+}
+
+// A client that ends (FIN) or resets in the middle of a spliced body:
+// the exchange is aborted, the upstream gets its connection closed with
+// the body short, and nothing stays on the proxy.
+func TestSpliceRequestBodyClientGone(t *testing.T) {
+	for _, how := range []string{"fin", "reset"} {
+		t.Run(how, func(t *testing.T) {
+			eachLoopBackend(t, func(t *testing.T) {
+				got := make(chan int, 1)
+				up := bodyUpstream(t, got)
+				hook := newTestHook(nil)
+				p, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, func(c *Config) {
+					c.EventLoops, c.SpliceMin = 1, testSpliceMin
+				})
+				c := dialClient(t, addr)
+				fmt.Fprintf(c.c, "POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", 8<<20)
+				c.c.Write(spliceBody(1<<20, 5))
+				testkit.WaitFor(t, "the body's splice moved bytes", func() bool { return p.Stats().Loops.Spliced > 0 })
+				if how == "fin" {
+					c.c.(*net.TCPConn).CloseWrite()
+				} else {
+					c.c.(*net.TCPConn).SetLinger(0)
+					c.c.Close()
+				}
+				select {
+				case n := <-got:
+					if n >= 8<<20 {
+						t.Fatalf("the upstream got the whole body (%d bytes)", n)
+					}
+				case <-time.After(testkit.WaitBound):
+					t.Fatal("the upstream's read never ended")
+				}
+				if d := hook.waitDone(t); !d.clientAborted || d.bytesIn >= 8<<20 {
+					t.Fatalf("done %+v: want a client abort", d)
+				}
+				testkit.WaitFor(t, "the proxy holds no connection", func() bool {
+					st := p.Stats()
+					return st.Conns == 0 && st.Loops.Sockets == 0 && st.Loops.Pipes <= 16
+				})
+			})
+		})
+	}
+}
+
+// An upstream that answers before reading a large body and closes: the
+// client gets that answer and the connection's end, never a hang.
+func TestSpliceRequestBodyEarlyAnswer(t *testing.T) {
+	eachLoopBackend(t, func(t *testing.T) {
+		up := bodyUpstream(t, nil)
 		p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(c *Config) {
 			c.EventLoops, c.SpliceMin = 1, testSpliceMin
 		})
 		c := dialClient(t, addr)
-		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-		if _, err := io.ReadFull(c.br, make([]byte, 256<<10)); err != nil {
-			t.Fatal(err)
+		go func() {
+			fmt.Fprintf(c.c, "POST /early HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", 64<<20)
+			for b := spliceBody(1<<20, 6); ; {
+				if _, err := c.c.Write(b); err != nil {
+					return // the proxy closed (or reset) the connection
+				}
+			}
+		}()
+		r, err := http.ReadResponse(c.br, nil)
+		if err != nil || r.StatusCode != 413 {
+			t.Fatalf("%v %v: want the upstream's 413", r, err)
 		}
-		var first, second string
-		p.lg.each(func(ls *loopState) {
-			lc := ls.conns.head
-			if lc == nil || lc.r == nil || !lc.r.splicing {
-				first = "no exchange splicing"
-				return
-			}
-			lc.r.splMark = 0 // as if the deadline was set before any byte moved
-			lc.exchangeTimeout()
-			if lc.state != lcExchange || lc.r == nil || !lc.r.splicing {
-				first = "a splice that moved bytes was cut"
-				return
-			}
-			lc.exchangeTimeout()
-			if lc.state == lcExchange && lc.r != nil && lc.r.splicing {
-				second = "a splice that moved nothing since was not cut"
-			}
+		c.c.(*net.TCPConn).CloseWrite()
+		testkit.WaitFor(t, "the proxy holds no connection", func() bool {
+			st := p.Stats()
+			return st.Conns == 0 && st.Loops.Sockets == 0
 		})
-		if first != "" || second != "" {
-			t.Fatal(first, second)
-		}
 	})
 }
