@@ -134,12 +134,14 @@ func TestPipelineBurstBehindSlowResponse(t *testing.T) {
 func TestPipeliningClientNotReadingIsPaused(t *testing.T) {
 	eachLoopBackend(t, func(t *testing.T) {
 		body := strings.Repeat("b", 64<<10)
+		var served atomic.Int64
 		up := newRawUpstream(t, func(_ int, c net.Conn) {
 			br := bufio.NewReader(c)
 			for {
 				if _, err := readRequestHead(br); err != nil {
 					return
 				}
+				served.Add(1)
 				if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 65536\r\n\r\n"+body); err != nil {
 					return
 				}
@@ -166,6 +168,9 @@ func TestPipeliningClientNotReadingIsPaused(t *testing.T) {
 			}
 		}()
 		defer func() { close(stop); nc.Close(); <-done }()
+		// Until the proxy has taken the connection, no connection is
+		// not a cut client: wait for a request to reach the upstream.
+		testkit.WaitFor(t, "the upstream gets a request", func() bool { return served.Load() > 0 })
 		testkit.WaitFor(t, "the proxy pauses the client that does not read", func() bool {
 			st := clients(p)
 			return st.conns == 0 || st.paused && st.pending > 0
