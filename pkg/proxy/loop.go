@@ -159,6 +159,9 @@ func (lg *loopGroup) serveOn(ln net.Listener, pick func(*Config, netip.AddrPort)
 	}()
 	fd, err := dupListener(ln)
 	if err != nil {
+		if p.shutdown.Load() { // Shutdown closed ln before it was taken
+			return ErrClosed
+		}
 		return err
 	}
 	lst := &loopListener{lg: lg, fd: fd, pick: pick}

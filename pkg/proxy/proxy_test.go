@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -285,5 +286,49 @@ func TestListenAllServeAll(t *testing.T) {
 	q, _ := New(Config{Services: []*Service{{Name: "bad", Listen: []string{"203.0.113.1:1"}, Upstream: up.addr()}}})
 	if _, err := q.ListenAll(context.Background()); err == nil || !strings.Contains(err.Error(), "service bad") {
 		t.Fatalf("ListenAll error %v", err)
+	}
+}
+
+// shutdownInTakeListener closes the proxy down at the worst moment of
+// Serve: after Serve registered the listener, before it took the
+// listener's descriptor for the loops.
+type shutdownInTakeListener struct {
+	*net.TCPListener
+	p      *Proxy
+	closed chan struct{}
+	shut   chan error
+	once   sync.Once
+}
+
+func (l *shutdownInTakeListener) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return l.TCPListener.Close()
+}
+
+func (l *shutdownInTakeListener) SyscallConn() (syscall.RawConn, error) {
+	go func() { l.shut <- l.p.Shutdown(context.Background()) }()
+	<-l.closed
+	return l.TCPListener.SyscallConn()
+}
+
+// TestServeRacingShutdown: a Serve that Shutdown overtakes returns
+// ErrClosed, as every other Serve ended by Shutdown does (it returned
+// "raw-control ...: use of closed network connection" when Shutdown
+// closed the listener before Serve took its descriptor).
+func TestServeRacingShutdown(t *testing.T) {
+	p, err := New(Config{Services: []*Service{{Name: "web", Upstream: "127.0.0.1:1"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &shutdownInTakeListener{TCPListener: ln, p: p, closed: make(chan struct{}), shut: make(chan error, 1)}
+	if err := p.Serve(l, p.cfg.Load().Services[0]); err != ErrClosed {
+		t.Errorf("Serve returned %v, want ErrClosed", err)
+	}
+	if err := <-l.shut; err != nil {
+		t.Errorf("Shutdown: %v", err)
 	}
 }
