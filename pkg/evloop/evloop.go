@@ -231,6 +231,8 @@ type Loop struct {
 	base    time.Time
 	log     *slog.Logger
 	now     int64
+	wall    time.Time // Time's reading for this turn, when wallOK
+	wallOK  bool
 
 	socks []*Sock // by slot
 	gens  []uint32
@@ -298,6 +300,19 @@ func (l *Loop) ID() int { return l.id }
 // wait (so handlers, timers and posted functions of a turn see one time).
 func (l *Loop) Now() int64 { return l.now }
 
+// Time returns the wall-clock time for this turn: read at its first call
+// in a turn and the same for the rest of it, as nginx caches its time once
+// per event-loop iteration (a request's timing points cost a clock read
+// each otherwise, ~1.5 % of the proxy's CPU at 64 connections). It
+// carries a monotonic reading, so differences between turns' Times are
+// monotonic; within a turn they are zero.
+func (l *Loop) Time() time.Time {
+	if !l.wallOK {
+		l.wall, l.wallOK = time.Now(), true
+	}
+	return l.wall
+}
+
 // turnFn is one OnTurnEnd registration (a pointer: funcs do not compare).
 type turnFn struct{ fn func() }
 
@@ -347,7 +362,7 @@ func (l *Loop) clock() int64 { return int64(time.Since(l.base)) }
 
 // woke reads the clock once the wait returned, before anything of the
 // turn runs (drivers call it).
-func (l *Loop) woke() { l.now = l.clock() }
+func (l *Loop) woke() { l.now, l.wallOK = l.clock(), false }
 
 func (l *Loop) run(be Backend, ready chan<- error) {
 	defer l.g.wg.Done()

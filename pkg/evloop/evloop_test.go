@@ -298,6 +298,27 @@ func TestPost(t *testing.T) {
 	})
 }
 
+// TestTimePerTurn: Time is read once per turn (the same value for every
+// call in a turn) and read again in the next turn.
+func TestTimePerTurn(t *testing.T) {
+	eachBackend(t, func(t *testing.T, be Backend) {
+		g := startGroup(t, be, 1)
+		l := g.Loops()[0]
+		var first, again, next time.Time
+		on(l, func() { first = l.Time(); again = l.Time() })
+		on(l, func() { next = l.Time() })
+		if !again.Equal(first) {
+			t.Fatalf("two calls in one turn: %v then %v", first, again)
+		}
+		if !next.After(first) {
+			t.Fatalf("the next turn's Time %v is not after the first's %v", next, first)
+		}
+		if d := time.Since(next); d < 0 {
+			t.Fatalf("Time is %v in the future", -d)
+		}
+	})
+}
+
 func TestTimers(t *testing.T) {
 	eachBackend(t, func(t *testing.T, be Backend) {
 		g := startGroup(t, be, 1)

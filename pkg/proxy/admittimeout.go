@@ -59,7 +59,7 @@ func (c *lconn) lateDecision() {
 	case lcGone:
 		c.close()
 	default: // lcClosing: the 503 is out, the connection lingers
-		r.res.End = r.cfg.now()
+		r.res.End = c.ls.now(r.cfg)
 		r.hook.Done(&r.req, &r.dec, &r.res)
 		c.r = nil
 		c.ls.putReq(r)

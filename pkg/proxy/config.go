@@ -261,7 +261,10 @@ type Config struct {
 	// HTTP/1.x (HTTP/2, TLS, other protocols); see Handoff. nil: every
 	// connection is HTTP/1.x and no detection runs.
 	Handoff Handoff
-	// Now is the clock for timing points; nil = time.Now.
+	// Now is the clock for timing points (Request.Start, Result's times);
+	// nil: the event loop's time for the turn (evloop.Loop.Time), read
+	// once per loop turn as nginx caches its time once per event-loop
+	// iteration.
 	Now func() time.Time
 	// OnReject, if set, is called when the proxy itself answers a request
 	// under a rule (see Rejecter, which a Hook may implement instead; both

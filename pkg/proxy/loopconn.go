@@ -326,7 +326,7 @@ func (c *lconn) serveLoop() {
 func (c *lconn) beginHead() {
 	c.state = lcHead
 	c.headStart = c.ls.l.Now()
-	c.start = c.ls.p.cfg.Load().now()
+	c.start = c.ls.now(c.ls.p.cfg.Load())
 	if c.buf.r > 0 {
 		c.buf.floor = 0
 		c.buf.compact()
@@ -485,7 +485,7 @@ func (c *lconn) finishRequest() {
 	}
 	keep := r.keep
 	if r.admitted {
-		r.res.End = r.cfg.now()
+		r.res.End = c.ls.now(r.cfg)
 		r.hook.Done(&r.req, &r.dec, &r.res)
 	}
 	c.r = nil
@@ -548,7 +548,7 @@ func (c *lconn) close() {
 			return
 		}
 		if r.admitted {
-			r.res.End = r.cfg.now()
+			r.res.End = c.ls.now(r.cfg)
 			r.hook.Done(&r.req, &r.dec, &r.res)
 		}
 		r.upDrop()

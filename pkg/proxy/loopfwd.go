@@ -22,7 +22,7 @@ func (c *lconn) forward() {
 	r := c.r
 	h := &r.head
 	r.canRetry = r.bodyDone && h.BodyMode() != httpparse.BodyChunked && idempotent(h.Method)
-	r.res.Upstream, r.res.upStart = r.svc.Upstream, r.cfg.now()
+	r.res.Upstream, r.res.upStart = r.svc.Upstream, c.ls.now(r.cfg)
 	c.state = lcUpstream
 	c.setDeadline(c.ls.l.Now() + int64(r.svc.upstreamTimeout()))
 	c.getUpstream(false)
@@ -308,7 +308,7 @@ func (c *lconn) consumeResponse(u *lup, src []byte) (int, bool) {
 				c.relayInterim(resp)
 				continue
 			}
-			r.res.UpstreamStatus, r.res.UpstreamTTFB = resp.Status, r.cfg.now().Sub(r.res.upStart)
+			r.res.UpstreamStatus, r.res.UpstreamTTFB = resp.Status, c.ls.now(r.cfg).Sub(r.res.upStart)
 			if resp.Status == 101 {
 				c.upgrade(u, src[n:])
 				return 0, false

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"time"
+
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
 )
 
@@ -36,6 +38,15 @@ const loopFreeMax = 256
 
 func newLoopState(lg *loopGroup, l *evloop.Loop) *loopState {
 	return &loopState{lg: lg, p: lg.p, l: l, pools: map[string]*lpool{}, scratch: new(bufArr)}
+}
+
+// now is the time a request's timing points record: Config.Now's when
+// set, else the loop turn's (evloop.Loop.Time: one clock read per turn).
+func (ls *loopState) now(cfg *Config) time.Time {
+	if cfg.Now != nil {
+		return cfg.Now()
+	}
+	return ls.l.Time()
 }
 
 func (ls *loopState) getBuf() *bufArr {

@@ -81,7 +81,6 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
 )
@@ -140,13 +139,6 @@ func (c *Config) logger() *slog.Logger {
 }
 
 var discardLogger = slog.New(slog.DiscardHandler)
-
-func (c *Config) now() time.Time {
-	if c.Now != nil {
-		return c.Now()
-	}
-	return time.Now()
-}
 
 func (c *Config) service(name string) *Service {
 	for _, s := range c.Services {
