@@ -412,44 +412,6 @@ func (l *Loop) run(be Backend, ready chan<- error) {
 	}
 }
 
-// loopsAlive counts the running loops of every group in the process.
-var loopsAlive atomic.Int32
-
-// spareP says whether the process has a P that no loop holds (GOMAXPROCS
-// may change at run time: read at each park, not per wait). Without one,
-// a loop waiting in the kernel with its P would leave goroutines woken
-// by the netpoller (HTTP/2 connections, an admission client's receiver,
-// the admin listener) without a P until it parks: then loops park unless
-// Config.HoldP says no goroutine needs a P.
-func spareP() bool { return runtime.GOMAXPROCS(0) > int(loopsAlive.Load()) }
-
-// mayHoldP says whether the loop may wait in the kernel holding its P:
-// a spare P exists, or the group's Config.HoldP says no goroutine needs
-// one.
-func (l *Loop) mayHoldP() bool {
-	return spareP() || (l.g.holdP != nil && l.g.holdP(l))
-}
-
-// kernelSpan is how long after a park a loop with nothing to do waits
-// inside epoll_wait/io_uring_enter instead of parking again: with traffic
-// (one request at a time is the worst case) every wait is short, and a
-// kernel wait costs one system call and one sleep, where a park costs the
-// netpoller's epoll_wait and two thread hand-offs of the locked loop
-// goroutine (17 against 5 syscalls, 7 against 2-3 context switches per
-// request at wrk -c1, docs/bench/evloop.md). The loop holds its P while it
-// waits there, announced to nobody (a raw system call: an announced one
-// has the runtime's monitor hand the P to a new thread after 20 µs). An
-// idle loop parks after kernelSpan, so that the runtime does not preempt
-// it every 10 ms; so goroutines that need a P meanwhile wait at most
-// kernelSpan plus a turn. Loops wait in the kernel only while the process
-// has a P to spare for goroutines (spareP: fewer loops than GOMAXPROCS)
-// or Config.HoldP says no goroutine needs one (rl-tproxy: no connection
-// served by a goroutine, no blocking Hook at work), checked before every
-// wait, and only on io_uring: epoll's parker is
-// a duplicate of the loop's epoll set, registered in Go's netpoller, so
-// every event during a kernel wait would also wake the netpoller.
-var kernelSpan = int64(time.Millisecond) // a variable for the tests only
-
 func (l *Loop) loop() error {
 	for !l.stop.Load() {
 		timeout := l.timeout()
@@ -652,57 +614,5 @@ func (l *Loop) runLater() {
 		m := copy(l.later, l.later[n:])
 		clear(l.later[m:])
 		l.later = l.later[:m]
-	}
-}
-
-// Write queues take buffers in size classes of BufSize<<k (k <
-// outClasses: 16 KiB to 1 MiB at the default size). A queue that needs
-// more room than its buffer has moves its unsent bytes to the front or
-// into a buffer of a larger class (Sock.reserve), and buffers go back to
-// the loop's free lists, so a long stream neither allocates in steady
-// state nor holds more than a few times its unsent bytes.
-const outClasses = 7
-
-// freeLimit bounds the free buffers the loop keeps of class k: 64 of the
-// base size (one per socket with queued bytes), and of each larger class
-// about 2 MiB worth (at least 2): enough that a few long streams at once
-// take their buffers from the loop, and at most ~13 MiB held per loop
-// after a burst at the default BufSize.
-func (l *Loop) freeLimit(k int) int {
-	if k == 0 {
-		return 64
-	}
-	return max(2, (2<<20)/(l.bufSize<<k))
-}
-
-// getBuf returns an empty write-queue buffer with room for n bytes: of
-// the smallest class that holds n, or of exactly n above the classes.
-func (l *Loop) getBuf(n int) []byte {
-	l.nBufs.Add(1)
-	k := 0
-	for k < outClasses && l.bufSize<<k < n {
-		k++
-	}
-	if k == outClasses {
-		return make([]byte, 0, n)
-	}
-	if free := l.wbufs[k]; len(free) > 0 {
-		b := free[len(free)-1]
-		free[len(free)-1] = nil
-		l.wbufs[k] = free[:len(free)-1]
-		return b[:0]
-	}
-	return make([]byte, 0, l.bufSize<<k)
-}
-
-func (l *Loop) putBuf(b []byte) {
-	l.nBufs.Add(-1)
-	for k := 0; k < outClasses; k++ {
-		if cap(b) == l.bufSize<<k {
-			if len(l.wbufs[k]) < l.freeLimit(k) {
-				l.wbufs[k] = append(l.wbufs[k], b[:0])
-			}
-			return
-		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -110,3 +112,41 @@ func (p *parker) wait() error {
 }
 
 func (p *parker) close() { p.f.Close() }
+
+// loopsAlive counts the running loops of every group in the process.
+var loopsAlive atomic.Int32
+
+// spareP says whether the process has a P that no loop holds (GOMAXPROCS
+// may change at run time: read at each park, not per wait). Without one,
+// a loop waiting in the kernel with its P would leave goroutines woken
+// by the netpoller (HTTP/2 connections, an admission client's receiver,
+// the admin listener) without a P until it parks: then loops park unless
+// Config.HoldP says no goroutine needs a P.
+func spareP() bool { return runtime.GOMAXPROCS(0) > int(loopsAlive.Load()) }
+
+// mayHoldP says whether the loop may wait in the kernel holding its P:
+// a spare P exists, or the group's Config.HoldP says no goroutine needs
+// one.
+func (l *Loop) mayHoldP() bool {
+	return spareP() || (l.g.holdP != nil && l.g.holdP(l))
+}
+
+// kernelSpan is how long after a park a loop with nothing to do waits
+// inside epoll_wait/io_uring_enter instead of parking again: with traffic
+// (one request at a time is the worst case) every wait is short, and a
+// kernel wait costs one system call and one sleep, where a park costs the
+// netpoller's epoll_wait and two thread hand-offs of the locked loop
+// goroutine (17 against 5 syscalls, 7 against 2-3 context switches per
+// request at wrk -c1, docs/bench/evloop.md). The loop holds its P while it
+// waits there, announced to nobody (a raw system call: an announced one
+// has the runtime's monitor hand the P to a new thread after 20 µs). An
+// idle loop parks after kernelSpan, so that the runtime does not preempt
+// it every 10 ms; so goroutines that need a P meanwhile wait at most
+// kernelSpan plus a turn. Loops wait in the kernel only while the process
+// has a P to spare for goroutines (spareP: fewer loops than GOMAXPROCS)
+// or Config.HoldP says no goroutine needs one (rl-tproxy: no connection
+// served by a goroutine, no blocking Hook at work), checked before every
+// wait, and only on io_uring: epoll's parker is
+// a duplicate of the loop's epoll set, registered in Go's netpoller, so
+// every event during a kernel wait would also wake the netpoller.
+var kernelSpan = int64(time.Millisecond) // a variable for the tests only
