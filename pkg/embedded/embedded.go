@@ -105,14 +105,26 @@ func (e *Embedded) startDNS(target netip.AddrPort) error {
 	go func() { udpErr <- e.udp.ActivateAndServe() }()
 	// TCP on the same port for clients that retry truncated answers; the
 	// answers fit UDP, so failing to bind it is not fatal.
+	// Both are waited for: Shutdown of a dns.Server that has not started
+	// yet fails ("server not started"), so a Close right after Start did.
 	if ln, err := net.Listen("tcp", e.Resolver); err == nil {
-		e.tcp = &dns.Server{Listener: ln, Handler: h}
-		go func() { _ = e.tcp.ActivateAndServe() }()
+		tcp := &dns.Server{Listener: ln, Handler: h}
+		tcpStarted, tcpErr := make(chan struct{}), make(chan error, 1)
+		tcp.NotifyStartedFunc = func() { close(tcpStarted) }
+		go func() { tcpErr <- tcp.ActivateAndServe() }()
+		select {
+		case <-tcpStarted:
+			e.tcp = tcp
+		case <-tcpErr: // not fatal (above)
+		}
 	}
 	select {
 	case <-started:
 		return nil
 	case err := <-udpErr:
+		if e.tcp != nil {
+			_ = e.tcp.Shutdown()
+		}
 		return err
 	}
 }

@@ -101,3 +101,20 @@ func TestClientThroughEmbeddedDiscovery(t *testing.T) {
 		t.Fatalf("server allows %d denies %d", st.Allows, st.Denies)
 	}
 }
+
+// TestCloseRightAfterStart: Close at once after Start stops both DNS
+// servers cleanly (the TCP one was started on a goroutine not waited
+// for, and its Shutdown failed with "server not started" when Close won
+// the race).
+func TestCloseRightAfterStart(t *testing.T) {
+	c := testCred(t)
+	for i := 0; i < 50; i++ {
+		e, err := Start(Config{Credentials: []credentials.Credential{c}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Close(); err != nil {
+			t.Fatalf("start %d: Close: %v", i, err)
+		}
+	}
+}
