@@ -56,6 +56,7 @@ bench: deps build
 	test/bench/run.sh
 	test/bench/h2.sh
 	test/bench/bigbody.sh
+	test/bench/upload.sh
 	test/bench/rlclient.sh
 
 # The long fault run of docs/reliability.md: 1M requests with random client
