@@ -41,7 +41,8 @@
 # -p PIDS` counts the serving process(es) alone (nginx: master + worker) for
 # exactly the wrk run: system calls, context switches and CPU µs per
 # request. Then one request at a time (wrk -c1) against the backend, nginx
-# proxy_pass and both rl-tproxy rows (latency added per hop), and memory per
+# proxy_pass and both rl-tproxy rows (latency added per hop; also paired:
+# the per-round difference between two rows and its median), and memory per
 # idle keep-alive connection (IDLE_CONNS connections, RSS delta / N) for
 # nginx proxy_pass and rl-tproxy.
 #
@@ -538,6 +539,16 @@ pairs=${pairs%$'\n'}
 
 req/s ratios paired within each round:
 $pairs"
+# paired_diff ROW BASE COL NAME: ROW's column COL (ms) minus BASE's in
+# each -c1 round, in µs, and their median: the difference least moved by
+# the machine's drift between rounds.
+paired_diff() {
+  [ -n "${SRES[$1]:-}" ] && [ -n "${SRES[$2]:-}" ] || return 0
+  local diffs
+  diffs=$(paste -d' ' <(tr ';' '\n' <<<"${SRES[$1]}" | sed '/^$/d' | cut -d' ' -f"$3") \
+    <(tr ';' '\n' <<<"${SRES[$2]}" | sed '/^$/d' | cut -d' ' -f"$3") | awk '{printf "%+.0f\n", ($1 - $2) * 1000}')
+  echo "- $1 − $2, $4, per round: $(paste -sd, <<<"$diffs" | sed 's/,/, /g'); median $(sort -g <<<"$diffs" | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')"
+}
 serial=""
 if [ "$SERIAL" = 1 ]; then
   # Every column is its median over the rounds: a single request's latency
@@ -555,7 +566,13 @@ if [ "$SERIAL" = 1 ]; then
   a50=$(median_col admission 2 SRES); a99=$(median_col admission 3 SRES)
   serial+="
 
-admission over unprotected, one request at a time: p50 $(awk -v a="$a50" -v b="$u50" 'BEGIN {printf "%+.0f µs", (a-b)*1000}'), p99 $(awk -v a="$a99" -v b="$u99" 'BEGIN {printf "%+.0f µs", (a-b)*1000}') (medians over the rounds)"
+admission over unprotected, one request at a time: p50 $(awk -v a="$a50" -v b="$u50" 'BEGIN {printf "%+.0f µs", (a-b)*1000}'), p99 $(awk -v a="$a99" -v b="$u99" 'BEGIN {printf "%+.0f µs", (a-b)*1000}') (medians over the rounds)
+
+latency added, paired within each round (µs; the two rows measured in the same round, back to back):
+$(paired_diff unprotected direct 2 p50)
+$(paired_diff proxy_pass direct 2 p50)
+$(paired_diff admission unprotected 2 p50)
+$(paired_diff admission unprotected 3 p99)"
 fi
 idle=""
 if [ "$IDLE_CONNS" -gt 0 ]; then

@@ -8,6 +8,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -20,8 +21,8 @@ func main() {
 	addr := flag.String("listen", "127.0.0.1:0", "address to listen on")
 	read := flag.Int("read", 4096, "largest read from a connection, bytes")
 	flag.Parse()
-	if *read < 512 {
-		fmt.Fprintln(os.Stderr, "uploadsink: -read must be at least 512")
+	if *read < minRead {
+		fmt.Fprintf(os.Stderr, "uploadsink: -read must be at least %d\n", minRead)
 		os.Exit(2)
 	}
 	ln, err := net.Listen("tcp", *addr)
@@ -35,39 +36,71 @@ func main() {
 		if err != nil {
 			return
 		}
-		go serve(c, *read)
+		go func() {
+			defer c.Close()
+			serve(c, *read)
+		}()
 	}
 }
 
-// serve answers every request on c once its body has been read.
-func serve(c net.Conn, read int) {
-	defer c.Close()
-	br := bufio.NewReaderSize(c, read)
+// minRead is the smallest -read: also the longest head line taken.
+const minRead = 512
+
+// maxBody bounds a Content-Length (1 TiB): a bench body, not a number
+// that overflows the countdown.
+const maxBody = 1 << 40
+
+// Errors of readHead: the connection is then closed without an answer.
+var (
+	errLine   = errors.New("head line longer than a read, or no end of line")
+	errLength = errors.New("bad Content-Length")
+)
+
+// readHead reads one request head from br and returns its Content-Length
+// (0 without one; the last one counts).
+func readHead(br *bufio.Reader) (int64, error) {
+	var n int64
+	for {
+		line, err := br.ReadSlice('\n')
+		if err != nil {
+			if errors.Is(err, bufio.ErrBufferFull) {
+				return 0, errLine
+			}
+			return 0, err
+		}
+		if len(bytes.TrimRight(line, "\r\n")) == 0 {
+			return n, nil
+		}
+		k, v, ok := bytes.Cut(line, []byte(":"))
+		if !ok || !bytes.EqualFold(bytes.TrimSpace(k), []byte("content-length")) {
+			continue
+		}
+		n, err = strconv.ParseInt(string(bytes.TrimSpace(v)), 10, 64)
+		if err != nil || n < 0 || n > maxBody {
+			return 0, errLength
+		}
+	}
+}
+
+// serve answers every request on rw once its body has been read, in
+// reads of at most read bytes, until rw ends or sends a head it does not
+// take.
+func serve(rw io.ReadWriter, read int) {
+	br := bufio.NewReaderSize(rw, read)
 	buf := make([]byte, read)
 	for {
-		n := 0
-		for {
-			line, err := br.ReadSlice('\n')
-			if err != nil {
-				return // EOF, or a head line longer than a read: not a bench request
-			}
-			if len(bytes.TrimRight(line, "\r\n")) == 0 {
-				break
-			}
-			if k, v, ok := bytes.Cut(line, []byte(":")); ok && bytes.EqualFold(bytes.TrimSpace(k), []byte("content-length")) {
-				if n, err = strconv.Atoi(string(bytes.TrimSpace(v))); err != nil || n < 0 {
-					return
-				}
-			}
+		n, err := readHead(br)
+		if err != nil {
+			return
 		}
 		for n > 0 {
-			k, err := br.Read(buf[:min(n, len(buf))])
+			k, err := br.Read(buf[:min(n, int64(len(buf)))])
 			if err != nil {
 				return
 			}
-			n -= k
+			n -= int64(k)
 		}
-		if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"); err != nil {
+		if _, err := io.WriteString(rw, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"); err != nil {
 			return
 		}
 	}
