@@ -322,10 +322,21 @@ type Config struct {
 	// upstreams named by IP address themselves (non-blocking, no
 	// goroutine): it is called on the loop with the new socket before its
 	// connect (to bind it, say) and returns a function the loop runs once
-	// that connect attempt finished, connected or not. Dial is then used
-	// only for upstreams named by host name. It runs on a loop's thread:
-	// it must not block.
+	// that connect attempt finished, connected or not. The loops connect
+	// to upstreams named by host name the same way, once Resolve gave
+	// their addresses; Dial is then used only by the paths outside the
+	// loops (HTTP/2, TLS passthrough, tunnels). It runs on a loop's
+	// thread: it must not block.
 	DialPrep func(fd int, dst netip.AddrPort) (after func(), err error)
+	// Resolve looks up an upstream's host name for the event loops (when
+	// they connect themselves: Dial nil, or DialPrep set); nil uses
+	// net.DefaultResolver. It runs on a goroutine, bounded by the
+	// service's upstream timeout.
+	Resolve func(ctx context.Context, host string) ([]netip.Addr, error)
+	// ResolveTTL is how long a loop connects to the addresses a lookup
+	// gave before it looks the name up again (default DefaultResolveTTL).
+	// While lookups fail, the last addresses stay in use.
+	ResolveTTL time.Duration
 }
 
 // AdmissionTimeoutFor is the admission bound of svc's requests: svc's

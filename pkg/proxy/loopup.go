@@ -30,7 +30,8 @@ type lup struct {
 	idx       int // position in pool.idle, -1 when not there
 
 	reused, pinned, paused, connecting bool
-	dialing                            bool // a goroutine dials: it owns u until dialed
+	dialing                            bool // a goroutine dials or looks up: it owns u until done
+	hostFirst, hostTries               int  // host-name upstream: first address index, addresses tried
 	proxyVersion                       proxyproto.Version
 	// afterConnect is Config.DialPrep's function for this connect
 	// attempt, run once when it finished (connDone).
@@ -44,6 +45,7 @@ type lpool struct {
 	sa      unix.Sockaddr  // the address when it is an IP literal (else dialled by name)
 	ap      netip.AddrPort // the same, for Config.DialPrep
 	family  int
+	h       *hostAddrs // the addresses when it is a host name (else nil)
 	idle    []*lup
 	timer   evloop.Timer
 	timerAt int64
@@ -62,6 +64,9 @@ func (ls *loopState) pool(addr string) *lpool {
 		} else if a.Zone() == "" {
 			pl.sa, pl.family = &unix.SockaddrInet6{Port: int(ap.Port()), Addr: a.As16()}, unix.AF_INET6
 		}
+	}
+	if pl.sa == nil {
+		pl.h = newHostAddrs(addr)
 	}
 	pl.timer.Init(ls.l, pl.prune)
 	ls.pools[addr] = pl
@@ -120,9 +125,17 @@ func (c *lconn) getUpstream(fresh bool) {
 	if svc.ProxyProtocol != proxyproto.None {
 		u.pinned, u.proxyVersion = true, svc.ProxyProtocol
 	}
-	if (r.cfg.Dial == nil || r.cfg.DialPrep != nil) && pl.sa != nil {
-		u.connect(r.cfg.DialPrep)
-		return
+	if r.cfg.Dial == nil || r.cfg.DialPrep != nil {
+		switch {
+		case pl.sa != nil:
+			if err := u.connectTo(r.cfg.DialPrep, pl.family, pl.sa, pl.ap); err != nil {
+				u.dialFailed(err)
+			}
+			return
+		case pl.h != nil:
+			u.connectHost(r.cfg, svc.upstreamTimeout())
+			return
+		}
 	}
 	u.dial(r.cfg, svc.upstreamTimeout())
 }
@@ -143,32 +156,32 @@ func (c *lconn) takePinned(svc *Service, fresh bool) *lup {
 	return u
 }
 
-// connect opens a non-blocking connection on the loop, prepared by prep
-// (Config.DialPrep) when set.
-func (u *lup) connect(prep func(fd int, dst netip.AddrPort) (func(), error)) {
-	pl := u.pool
-	fd, err := unix.Socket(pl.family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+// connectTo starts a non-blocking connection to sa (ap) on the loop,
+// prepared by prep (Config.DialPrep) when set; the error when it could
+// not start (u is then still the caller's).
+func (u *lup) connectTo(prep func(fd int, dst netip.AddrPort) (func(), error), family int, sa unix.Sockaddr, ap netip.AddrPort) error {
+	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		u.dialFailed(fmt.Errorf("dial upstream %s: %w", pl.addr, err))
-		return
+		return fmt.Errorf("dial upstream %s: %w", u.pool.addr, err)
 	}
 	unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 	if prep != nil {
-		after, err := prep(fd, pl.ap)
+		after, err := prep(fd, ap)
 		if err != nil {
 			unix.Close(fd)
-			u.dialFailed(fmt.Errorf("dial upstream %s: %w", pl.addr, err))
-			return
+			return fmt.Errorf("dial upstream %s: %w", u.pool.addr, err)
 		}
 		u.afterConnect = after
 	}
-	s, err := u.ls.l.Connect(fd, pl.sa, u)
+	s, err := u.ls.l.Connect(fd, sa, u)
 	if err != nil {
 		unix.Close(fd)
-		u.dialFailed(fmt.Errorf("dial upstream %s: %w", pl.addr, err))
-		return
+		u.connDone()
+		return fmt.Errorf("dial upstream %s: %w", u.pool.addr, err)
 	}
 	u.s = s
+	u.connecting = true
+	return nil
 }
 
 var defaultDialer = &net.Dialer{KeepAlive: 30 * time.Second}
@@ -273,6 +286,9 @@ func (u *lup) OnConnect(s *evloop.Sock, err error) {
 	u.connecting = false
 	u.connDone()
 	if err != nil {
+		if u.retryHost() { // the loop closes s after this returns
+			return
+		}
 		u.dialFailed(fmt.Errorf("dial upstream %s: %w", u.pool.addr, err))
 		return
 	}
@@ -312,6 +328,9 @@ func (u *lup) OnError(_ *evloop.Sock, err error) {
 	if u.connecting {
 		u.connecting = false
 		u.connDone()
+		if u.retryHost() {
+			return
+		}
 		u.dialFailed(fmt.Errorf("dial upstream %s: %w", u.pool.addr, err))
 		return
 	}
