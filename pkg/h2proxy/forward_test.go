@@ -116,9 +116,7 @@ func (h *fwdHook) Done(r *proxy.Request, _ *proxy.Decision, res *proxy.Result) {
 // TestUpstreamDown: a gRPC call to a dead upstream ends UNAVAILABLE, a
 // plain request gets 502; the result carries the upstream error.
 func TestUpstreamDown(t *testing.T) {
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	dead := ln.Addr().String()
-	_ = ln.Close()
+	dead := testkit.RefusedAddr(t)
 	h := &rec{}
 	_, addr := startProxy(t, &proxy.Service{Name: "s", Upstream: dead}, h)
 	cl := h2cClient()

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 )
 
@@ -88,12 +89,7 @@ func TestForwardFieldsAndUpstreamResult(t *testing.T) {
 // A request that never reaches an upstream has no upstream status, and a
 // dead upstream leaves the address but no status.
 func TestUpstreamResultWithoutResponse(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
+	dead := testkit.RefusedAddr(t)
 	hook := &resultHook{results: make(chan resultRec, 4)}
 	_, addr := startProxy(t, hook, &Service{Name: "web", Upstream: dead}, nil)
 	cl := dialClient(t, addr)

@@ -7,10 +7,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 // closingUpstream answers one request per connection and closes it, so
@@ -177,7 +178,7 @@ func TestResolveCoalescedAndAbandoned(t *testing.T) {
 		waiting[i] = dialClient(t, addr)
 		waiting[i].send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 	}
-	waitStats(t, p, "3 requests wait for the lookup", func(st Stats) bool { return st.Requests == 3 })
+	testkit.WaitFor(t, "3 requests waiting for the lookup", func() bool { return p.Stats().Requests == 3 })
 	close(release)
 	for i, cl := range waiting {
 		if r, body := cl.resp("GET"); r.StatusCode != 200 || body != "ok" {
@@ -187,18 +188,6 @@ func TestResolveCoalescedAndAbandoned(t *testing.T) {
 	if n := lookups.Load(); n != 1 {
 		t.Fatalf("%d lookups, want 1", n)
 	}
-}
-
-// waitStats spins (bounded) until cond holds for p's Stats: a condition
-// polled, not a time waited for.
-func waitStats(t *testing.T, p *Proxy, what string, cond func(Stats) bool) {
-	t.Helper()
-	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); runtime.Gosched() {
-		if cond(p.Stats()) {
-			return
-		}
-	}
-	t.Fatalf("%s: never (stats %+v)", what, p.Stats())
 }
 
 // TestResolveDefaultResolver: without Config.Resolve the loop asks Go's

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
 func TestUpstreamCloseMidBody(t *testing.T) {
@@ -128,9 +130,7 @@ func TestUpstreamPool(t *testing.T) {
 		}
 	})
 	t.Run("dial-failure-502", func(t *testing.T) {
-		ln, _ := net.Listen("tcp", "127.0.0.1:0")
-		dead := ln.Addr().String()
-		ln.Close()
+		dead := testkit.RefusedAddr(t)
 		_, addr := startProxy(t, nil, &Service{Upstream: dead}, nil)
 		c := dialClient(t, addr)
 		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
