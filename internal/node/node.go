@@ -239,7 +239,7 @@ func (n *Node) startProxy(ctx context.Context, pol *admission.Policy) error {
 		return metrics.ProxyStats{OpenConnections: int64(st.Conns), UpstreamIdle: int64(st.UpstreamIdle),
 			EventLoops: st.Loops.Loops, LoopTurns: st.Loops.Turns, LoopParks: st.Loops.Parks,
 			LoopKernelWaits: st.Loops.KernelWaits, LoopBuffers: int64(st.Loops.Buffers), LoopStarved: st.Loops.Starved,
-			LoopSpliced: st.Loops.Spliced}
+			LoopSpliced: st.Loops.Spliced, UpstreamLookups: st.UpstreamLookups, UpstreamLookupErrors: st.UpstreamLookupErrors}
 	})
 	if err := n.syncListeners(ctx, pol); err != nil {
 		return err

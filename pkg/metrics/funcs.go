@@ -59,6 +59,8 @@ type ProxyStats struct {
 	LoopBuffers                int64
 	LoopStarved                uint64
 	LoopSpliced                uint64 // body bytes spliced (kernel to kernel)
+	// Lookups of upstream host names, and those that failed.
+	UpstreamLookups, UpstreamLookupErrors uint64
 }
 
 // statsCollector is a collector computed from a callback at scrape time.
@@ -128,6 +130,7 @@ var (
 	descLoopBuffers  = desc("event_loop_buffers", "Receive and write buffers held by connections (0 when every connection is idle).")
 	descLoopStarved  = desc("event_loop_starved_total", "io_uring receives that found the provided-buffer ring empty and waited for buffers.")
 	descLoopSpliced  = desc("event_loop_spliced_bytes_total", "Request and response body bytes moved between client and upstream sockets by splice(2), without a copy through the proxy.")
+	descLookups      = desc("upstream_lookups_total", "Lookups of upstream host names by the event loops, by result: ok, or failed (an error or no usable address).", "result")
 )
 
 // Sources are the scrape-time collectors; set their callbacks with the
@@ -147,7 +150,7 @@ func (m *Metrics) sources() *sources {
 				descEndpointUsable, descEndpointChosen}},
 			server: &statsCollector{descs: []*prometheus.Desc{descSrvRequests, descSrvAllows, descSrvDenies, descSrvReports, descSrvCompl, descSrvDropped}},
 			proxy: &statsCollector{descs: []*prometheus.Desc{descOpenConns, descUpstreamIdle,
-				descLoops, descLoopTurns, descLoopWaits, descLoopBuffers, descLoopStarved, descLoopSpliced}},
+				descLoops, descLoopTurns, descLoopWaits, descLoopBuffers, descLoopStarved, descLoopSpliced, descLookups}},
 		}
 		m.Registry.MustRegister(m.src.client, m.src.server, m.src.proxy)
 	}
@@ -252,6 +255,8 @@ func (m *Metrics) SetProxyStats(fn func() ProxyStats) {
 		gauge(ch, descLoopBuffers, float64(s.LoopBuffers))
 		counter(ch, descLoopStarved, s.LoopStarved)
 		counter(ch, descLoopSpliced, s.LoopSpliced)
+		counter(ch, descLookups, s.UpstreamLookups-s.UpstreamLookupErrors, "ok")
+		counter(ch, descLookups, s.UpstreamLookupErrors, "failed")
 	})
 }
 

@@ -42,7 +42,8 @@ func populated(t *testing.T) *Metrics {
 		return ServerStats{Requests: 4, Allows: 3, Denies: 1, Dropped: map[string]uint64{"auth": 1}}
 	})
 	m.SetProxyStats(func() ProxyStats {
-		return ProxyStats{OpenConnections: 2, UpstreamIdle: 11, EventLoops: 2, LoopTurns: 900, LoopParks: 40, LoopKernelWaits: 7, LoopBuffers: 3, LoopStarved: 1, LoopSpliced: 5}
+		return ProxyStats{OpenConnections: 2, UpstreamIdle: 11, EventLoops: 2, LoopTurns: 900, LoopParks: 40, LoopKernelWaits: 7, LoopBuffers: 3, LoopStarved: 1, LoopSpliced: 5,
+			UpstreamLookups: 9, UpstreamLookupErrors: 2}
 	})
 	return m
 }
@@ -117,6 +118,8 @@ func TestScrapeHasEveryFamily(t *testing.T) {
 		`rl_tproxy_event_loop_buffers 3`,
 		`rl_tproxy_event_loop_starved_total 1`,
 		`rl_tproxy_event_loop_spliced_bytes_total 5`,
+		`rl_tproxy_upstream_lookups_total{result="ok"} 7`,
+		`rl_tproxy_upstream_lookups_total{result="failed"} 2`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("scrape lacks %q", want)

@@ -423,7 +423,8 @@ func (lg *loopGroup) idle() bool { return lg.conns.Load() == 0 && lg.workers.bus
 
 func (lg *loopGroup) stats() Stats {
 	st := Stats{Conns: int(lg.conns.Load()), UpstreamIdle: int(lg.upIdle.Load()),
-		UpstreamDiscarded: lg.p.discarded.Load(), Attached: int(lg.nAttached.Load())}
+		UpstreamDiscarded: lg.p.discarded.Load(), Attached: int(lg.nAttached.Load()),
+		UpstreamLookups: lg.p.lookups.Load(), UpstreamLookupErrors: lg.p.lookupErrs.Load()}
 	if g := lg.started.Load(); g != nil {
 		st.Loops = g.Stats()
 	}

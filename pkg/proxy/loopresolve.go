@@ -167,12 +167,19 @@ func (ls *loopState) resolve(h *hostAddrs, cfg *Config, timeout time.Duration) {
 func (ls *loopState) resolved(h *hostAddrs, ips []netip.Addr, err error, ttl time.Duration, prep func(int, netip.AddrPort) (func(), error)) {
 	h.resolving = false
 	now := ls.l.Now()
+	ls.p.lookups.Add(1)
 	if err == nil {
 		h.set(ips, now, ttl)
 		if len(h.addrs) == 0 {
 			err = errNoAddrs
 		}
-	} else if len(h.addrs) > 0 {
+	}
+	if err != nil {
+		ls.p.lookupErrs.Add(1)
+	}
+	// An answer without a usable address cleared the list (set): only
+	// an error keeps the last addresses.
+	if err != nil && len(h.addrs) > 0 {
 		h.until = now + int64(resolveRetry) // keep the last addresses a while
 		ls.p.cfg.Load().logger().Warn("upstream lookup failed; using its last addresses",
 			"host", h.host, "addresses", len(h.addrs), "err", err)

@@ -96,7 +96,9 @@ type Proxy struct {
 	wg        sync.WaitGroup // Serve goroutines
 
 	discarded atomic.Uint64 // Stats.UpstreamDiscarded
-	lg        *loopGroup    // the event loops
+	// Stats.UpstreamLookups, UpstreamLookupErrors
+	lookups, lookupErrs atomic.Uint64
+	lg                  *loopGroup // the event loops
 }
 
 // New validates cfg and returns a Proxy. Nothing listens until Serve,
@@ -287,6 +289,10 @@ type Stats struct {
 	// were closed by the upstream; clean ones closed for idling too long
 	// or after a configuration change are not counted.
 	UpstreamDiscarded uint64
+	// UpstreamLookups counts the loops' lookups of upstream host names;
+	// UpstreamLookupErrors those that failed or gave no usable address
+	// (the requests waiting got 502 unless earlier addresses were kept).
+	UpstreamLookups, UpstreamLookupErrors uint64
 	// Attached counts the LoopAttachers registered with Attach and not
 	// Detached (they stay registered through Shutdown).
 	Attached int

@@ -50,7 +50,7 @@ func get(t *testing.T, addr string) int {
 func TestResolveOnLoop(t *testing.T) {
 	up := closingUpstream(t)
 	var lookups atomic.Int32
-	_, addr := startProxy(t, nil, &Service{Upstream: hostUpstream(up)}, func(c *Config) {
+	p, addr := startProxy(t, nil, &Service{Upstream: hostUpstream(up)}, func(c *Config) {
 		c.EventLoops = 1
 		c.ResolveTTL = time.Hour
 		c.Resolve = func(_ context.Context, host string) ([]netip.Addr, error) {
@@ -71,6 +71,9 @@ func TestResolveOnLoop(t *testing.T) {
 	}
 	if n := up.count(); n != 20 {
 		t.Fatalf("%d upstream connections, want 20", n)
+	}
+	if st := p.Stats(); st.UpstreamLookups != 1 || st.UpstreamLookupErrors != 0 {
+		t.Fatalf("stats count %d lookups, %d failed; want 1, 0", st.UpstreamLookups, st.UpstreamLookupErrors)
 	}
 }
 
@@ -104,30 +107,31 @@ func TestResolveFailures(t *testing.T) {
 		name    string
 		resolve func(ctx context.Context, n int32) ([]netip.Addr, error)
 		want    []int // statuses of consecutive requests
+		ok      int32 // lookups that succeed
 	}{
 		{"fails", func(context.Context, int32) ([]netip.Addr, error) {
 			return nil, errors.New("SERVFAIL")
-		}, []int{502, 502}},
+		}, []int{502, 502}, 0},
 		{"no usable address", func(context.Context, int32) ([]netip.Addr, error) {
 			return []netip.Addr{netip.MustParseAddr("fe80::1%nosuchif")}, nil
-		}, []int{502}},
+		}, []int{502}, 0},
 		{"empty answer", func(context.Context, int32) ([]netip.Addr, error) {
 			return nil, nil
-		}, []int{502}},
+		}, []int{502}, 0},
 		{"never answers", func(ctx context.Context, _ int32) ([]netip.Addr, error) {
 			<-ctx.Done()
 			return nil, ctx.Err()
-		}, []int{504}},
+		}, []int{504}, 0},
 		{"fails after a success", func(_ context.Context, n int32) ([]netip.Addr, error) {
 			if n == 1 {
 				return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
 			}
 			return nil, errors.New("SERVFAIL")
-		}, []int{200, 200, 200}},
+		}, []int{200, 200, 200}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var lookups atomic.Int32
-			_, addr := startProxy(t, nil, &Service{Upstream: hostUpstream(up), UpstreamTimeout: 300 * time.Millisecond}, func(c *Config) {
+			p, addr := startProxy(t, nil, &Service{Upstream: hostUpstream(up), UpstreamTimeout: 300 * time.Millisecond}, func(c *Config) {
 				c.EventLoops = 1
 				c.ResolveTTL = time.Nanosecond // every new connection looks up
 				c.Resolve = func(ctx context.Context, _ string) ([]netip.Addr, error) {
@@ -139,9 +143,16 @@ func TestResolveFailures(t *testing.T) {
 					t.Fatalf("request %d: status %d, want %d", i, st, want)
 				}
 			}
-			if tc.name == "fails after a success" && lookups.Load() < 2 {
+			if tc.ok > 0 && lookups.Load() < 2 {
 				t.Fatalf("%d lookups: the failing ones never ran", lookups.Load())
 			}
+			// Every lookup started is counted once its answer is on the
+			// loop (the one that never answers: after its deadline).
+			n := uint64(lookups.Load())
+			testkit.WaitFor(t, "the lookups counted", func() bool {
+				st := p.Stats()
+				return st.UpstreamLookups == n && st.UpstreamLookupErrors == n-uint64(tc.ok)
+			})
 		})
 	}
 }
