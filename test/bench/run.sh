@@ -52,6 +52,9 @@
 # Env: DURATION=10s CONNS=64 THREADS=1 ROUNDS=3 SERVER_CPU=1 CLIENT_CPU=0
 #      OUT=docs/bench/sidebyside.md BIN=bin/rl-tproxy STEERED=1 (0 skips it)
 #      EVPROTO=1 (0 skips the prototype row) SERIAL=1 (0 skips the -c1 pass)
+#      SERIAL_ROUNDS=5 SERIAL_DURATION=6s (the -c1 pass: more, shorter
+#      rounds than -c64, alternating like them; its bars are differences of
+#      tens of µs between rows whose p50 moves by as much between rounds)
 #      IDLE_CONNS=10000 (0 skips the idle-memory pass) IDLE_SETTLE=3 (s)
 #      RESULTS=OUT with .tsv (the rows for test/bench/charts.sh, which draws
 #      sidebyside-*.svg beside OUT with gnuplot)
@@ -77,6 +80,8 @@ BIN=${BIN:-bin/rl-tproxy}
 STEERED=${STEERED:-1}
 EVPROTO=${EVPROTO:-1}
 SERIAL=${SERIAL:-1}
+SERIAL_ROUNDS=${SERIAL_ROUNDS:-5}
+SERIAL_DURATION=${SERIAL_DURATION:-6s}
 IDLE_CONNS=${IDLE_CONNS:-10000}
 IDLE_SETTLE=${IDLE_SETTLE:-3}
 FLAME=${FLAME:-1}
@@ -381,11 +386,11 @@ to_ms() { # wrk latency ("612.00us", "1.23ms", "1.02s") -> ms
 # (non-2xx answers and socket errors are counted). perf stat counts the
 # row's server process(es) for exactly the wrk run.
 run_wrk() {
-  local row=$1 conns=${2:-$CONNS} out pre=() pf="$work/perf.out" perfpid
+  local row=$1 conns=${2:-$CONNS} dur=${3:-$DURATION} out pre=() pf="$work/perf.out" perfpid
   [ -n "${NS[$row]:-}" ] && pre=(nsenter --net="/run/netns/${NS[$row]}")
   perf stat -x, -e raw_syscalls:sys_enter,task-clock,context-switches -p "$(pidlist "${PID[$row]}")" -o "$pf" &
   perfpid=$!
-  out=$("${pre[@]}" taskset -c "$CLIENT_CPU" wrk -t"$THREADS" -c"$conns" -d"$DURATION" --latency --timeout 10s "${URL[$row]}")
+  out=$("${pre[@]}" taskset -c "$CLIENT_CPU" wrk -t"$THREADS" -c"$conns" -d"$dur" --latency --timeout 10s "${URL[$row]}")
   kill -INT "$perfpid"; wait "$perfpid" || true
   if grep -Eq 'Non-2xx|Socket errors' <<<"$out"; then
     echo "  $row: $(grep -E 'Non-2xx|Socket errors' <<<"$out" | sed 's/^ *//' | tr '\n' ' ')" >&2
@@ -428,10 +433,14 @@ measure() { # rows... : ROUNDS alternating rounds
     echo "$line req/s"
   done
 }
-measure_serial() { # rows... : ROUNDS alternating rounds of wrk -c1
-  local r row
-  for r in $(seq 1 "$ROUNDS"); do
-    for row in "$@"; do SRES[$row]+="$(run_wrk "$row" 1);"; done
+measure_serial() { # rows... : SERIAL_ROUNDS rounds of wrk -c1, ABBA
+  local r row order i
+  for r in $(seq 1 "$SERIAL_ROUNDS"); do
+    order=("$@")
+    if [ $((r % 2)) = 0 ]; then
+      order=(); for ((i = $#; i >= 1; i--)); do order+=("${!i}"); done
+    fi
+    for row in "${order[@]}"; do SRES[$row]+="$(run_wrk "$row" 1 "$SERIAL_DURATION");"; done
   done
 }
 
@@ -439,7 +448,8 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "machine: $(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)), kernel $(uname -r), load $load_before"
 echo "$WRK, $ROUNDS alternating rounds; servers on CPU $SERVER_CPU, wrk on CPU $CLIENT_CPU"
 measure "${rows[@]}"
-serial_rows=(direct proxy_pass unprotected admission pkgproxy pkgloop)
+# The rows the bars compare run next to each other in every round.
+serial_rows=(direct unprotected admission proxy_pass pkgproxy pkgloop)
 [ "$EVPROTO" = 1 ] && serial_rows+=(evproto evuring)
 [ "$SERIAL" = 1 ] && measure_serial "${serial_rows[@]}"
 if [ -n "${URL[steered]:-}" ]; then
@@ -554,7 +564,7 @@ if [ "$SERIAL" = 1 ]; then
   # Every column is its median over the rounds: a single request's latency
   # suffers most from the other jobs on a shared machine.
   d50=$(median_col direct 2 SRES)
-  serial="| setup (wrk -c1, one request at a time; medians of $ROUNDS rounds) | req/s | p50 ms | p99 ms | p50 added over backend direct ms | CPU µs/req | syscalls/req |
+  serial="| setup (wrk -c1, one request at a time; medians of $SERIAL_ROUNDS rounds of $SERIAL_DURATION) | req/s | p50 ms | p99 ms | p50 added over backend direct ms | CPU µs/req | syscalls/req |
 |---|---:|---:|---:|---:|---:|---:|"
   for row in "${serial_rows[@]}"; do
     rps=$(median_col "$row" 1 SRES); p50=$(median_col "$row" 2 SRES); p99=$(median_col "$row" 3 SRES)
@@ -615,7 +625,7 @@ dirty=$(git status --porcelain -- cmd pkg internal 2>/dev/null | grep -q . && ec
   echo "- kernel: $(uname -r); CPU: $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo), $(nproc) CPUs"
   echo "- load average before/after: $load_before / $load_after (the machine was shared with other jobs: numbers are noisy)"
   echo "- CPU idle: $(idle_desc) (a virtual CPU that halts without polling first wakes slowly: it dominates the -c1 latencies; docs/bench/evloop.md)"
-  echo "- command: \`${ONLY:+ONLY=\"$ONLY\" }${BIN_OLD:+BIN=$BIN BIN_OLD=$BIN_OLD }DURATION=$DURATION CONNS=$CONNS THREADS=$THREADS ROUNDS=$ROUNDS SERVER_CPU=$SERVER_CPU CLIENT_CPU=$CLIENT_CPU test/bench/run.sh\`"
+  echo "- command: \`${ONLY:+ONLY=\"$ONLY\" }${BIN_OLD:+BIN=$BIN BIN_OLD=$BIN_OLD }DURATION=$DURATION CONNS=$CONNS THREADS=$THREADS ROUNDS=$ROUNDS SERIAL_ROUNDS=$SERIAL_ROUNDS SERIAL_DURATION=$SERIAL_DURATION SERVER_CPU=$SERVER_CPU CLIENT_CPU=$CLIENT_CPU test/bench/run.sh\`"
   echo "- wrk: \`taskset -c $CLIENT_CPU $WRK URL\`; servers \`taskset -c $SERVER_CPU\`: nginx $(nginx -v 2>&1 | sed 's/.*\///') 1 worker, $(haproxy -v | awk 'NR==1 {print "HAProxy " $3}') nbthread 1, $(caddy version | awk '{print "Caddy " $1}') GOMAXPROCS=1, rl-tproxy GOMAXPROCS=1 (embedded RateLimitly in the same process)"
   echo "- body: 612 bytes static (nginx default page size); access logs off everywhere (rl-tproxy \`--log-level warn\`)"
   echo "- rounds alternate the rows (even rounds in reverse order); each row shows its median round's req/s; p50, p99, CPU, syscalls and context switches per request are medians over the rounds, from \`perf stat -e raw_syscalls:sys_enter,task-clock,context-switches -p PIDS\` on the row's server process(es) alone (nginx: master + worker; rl-tproxy: the whole process, embedded RateLimitly included) for exactly the wrk run"
