@@ -356,3 +356,25 @@ func TestUpstreamHeadTimeout(t *testing.T) {
 		})
 	}
 }
+
+// TestUpstreamHostName: an upstream named by host name (localhost, Go's
+// resolver) is reached on every upstream protocol; DialUpstream looks the
+// name up (pkg/proxy dialup.go).
+func TestUpstreamHostName(t *testing.T) {
+	for _, proto := range []string{h2proxy.ProtoHTTP1, h2proxy.ProtoH2C} {
+		t.Run(proto, func(t *testing.T) {
+			_, port, _ := net.SplitHostPort(startHTTP(t, true))
+			_, addr := startProxy(t, &proxy.Service{Name: "s", Upstream: "localhost:" + port, UpstreamProtocol: proto}, &rec{})
+			cl := h2cClient()
+			defer cl.CloseIdleConnections()
+			res, err := cl.Get("http://" + addr + "/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = res.Body.Close()
+			if res.StatusCode != 200 {
+				t.Fatalf("status %d", res.StatusCode)
+			}
+		})
+	}
+}

@@ -39,15 +39,11 @@ func (h *conn) upstream() (*upstream, error) {
 	if cu.cfg == nil {
 		cu.ups.init()
 		cfg := *h.cfg
-		dial := h.cfg.Dial
-		if dial == nil {
-			var d net.Dialer
-			dial = d.DialContext
-		}
+		base := h.cfg
 		svc, remote, local := h.svc, h.remote, h.local
 		timeout := durOr(svc.UpstreamTimeout, proxy.DefaultUpstreamTimeout)
-		cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := dial(ctx, network, addr)
+		cfg.Dial = func(ctx context.Context, _, addr string) (net.Conn, error) {
+			c, err := base.DialUpstream(ctx, addr)
 			if err != nil {
 				return nil, err
 			}

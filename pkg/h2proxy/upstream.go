@@ -62,15 +62,10 @@ func (u *upstreams) get(svc *proxy.Service, cfg *proxy.Config) (*upstream, error
 	if up := u.m[key]; up != nil {
 		return up, nil
 	}
-	dial := cfg.Dial
-	if dial == nil {
-		d := &net.Dialer{}
-		dial = d.DialContext
-	}
-	dialTimed := func(ctx context.Context, network, addr string) (net.Conn, error) {
+	dialTimed := func(ctx context.Context, _, addr string) (net.Conn, error) {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
-		c, err := dial(ctx, network, addr)
+		c, err := cfg.DialUpstream(ctx, addr)
 		if err != nil {
 			return nil, fmt.Errorf("dial %s: %w", addr, err)
 		}

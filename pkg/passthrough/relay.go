@@ -199,13 +199,8 @@ func (c *conn) relay(data []byte) {
 	if timeout <= 0 {
 		timeout = proxy.DefaultUpstreamTimeout
 	}
-	dial := cfg.Dial
-	if dial == nil {
-		var d net.Dialer
-		dial = d.DialContext
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	up, err := dial(ctx, "tcp", svc.Upstream)
+	up, err := cfg.DialUpstream(ctx, svc.Upstream)
 	cancel()
 	if err == nil {
 		err = proxy.WriteProxyHeader(up, svc, hc.Remote, hc.Local, timeout)
