@@ -51,9 +51,16 @@ func (c *Config) DialUpstream(ctx context.Context, addr string) (net.Conn, error
 
 // nameCache is DialUpstream's process-wide cache of upstream host names.
 type nameCache struct {
-	mu sync.Mutex
-	m  map[string]*nameEntry
+	mu    sync.Mutex
+	m     map[string]*nameEntry
+	sweep time.Time // when entries unused for nameIdle are next dropped
 }
+
+// nameIdle: an entry whose addresses expired this long ago is dropped
+// (names a reload took out of the policy do not stay forever);
+// nameSweep is how often the cache looks for such entries. Variables
+// for the tests only.
+var nameIdle, nameSweep = 10 * time.Minute, time.Minute
 
 // nameEntry is one host name: its addresses, and the lookup in flight.
 type nameEntry struct {
@@ -70,6 +77,14 @@ var upstreamNames = nameCache{m: map[string]*nameEntry{}}
 func (nc *nameCache) lookup(ctx context.Context, host string, cfg *Config) ([]netip.Addr, error) {
 	for {
 		nc.mu.Lock()
+		if now := time.Now(); !now.Before(nc.sweep) {
+			nc.sweep = now.Add(nameSweep)
+			for h, e := range nc.m {
+				if e.busy == nil && now.After(e.until.Add(nameIdle)) {
+					delete(nc.m, h)
+				}
+			}
+		}
 		e := nc.m[host]
 		if e == nil {
 			e = &nameEntry{}

@@ -156,3 +156,38 @@ func TestDialUpstream(t *testing.T) {
 		}
 	})
 }
+
+// TestNameCacheForgets: a name whose addresses expired nameIdle ago is
+// dropped at the next sweep; a fresh one stays.
+func TestNameCacheForgets(t *testing.T) {
+	idle, sweep := nameIdle, nameSweep
+	nameIdle, nameSweep = 0, 0
+	upstreamNames.mu.Lock()
+	upstreamNames.sweep = time.Time{} // earlier tests scheduled the next sweep a minute out
+	upstreamNames.mu.Unlock()
+	t.Cleanup(func() { nameIdle, nameSweep = idle, sweep })
+	_, port, _ := net.SplitHostPort(newRawUpstream(t, func(int, net.Conn) {}).addr())
+	var n atomic.Int32
+	gone, kept := uniqueHost("gone", port), uniqueHost("kept", port)
+	short := &Config{ResolveTTL: time.Nanosecond, Resolve: countingResolve(&n, []string{"127.0.0.1"}, nil)}
+	long := &Config{ResolveTTL: time.Hour, Resolve: countingResolve(&n, []string{"127.0.0.1"}, nil)}
+	for _, d := range []struct {
+		cfg  *Config
+		addr string
+	}{{short, gone}, {long, kept}, {long, kept}} {
+		c, err := d.cfg.DialUpstream(context.Background(), d.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+	}
+	gh, _, _ := net.SplitHostPort(gone)
+	kh, _, _ := net.SplitHostPort(kept)
+	upstreamNames.mu.Lock()
+	_, hasGone := upstreamNames.m[gh]
+	_, hasKept := upstreamNames.m[kh]
+	upstreamNames.mu.Unlock()
+	if hasGone || !hasKept {
+		t.Fatalf("after the sweeps: expired name kept %v, fresh name kept %v", hasGone, hasKept)
+	}
+}
