@@ -23,15 +23,7 @@ var _ h2proxy.GRPCDenier = (*hook.Gate)(nil)
 // HTTP/2 prior knowledge too. It echoes the request body and the
 // request's protocol, headers and trailers back.
 func startHTTP(t testing.TB, h2c bool) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(h2c)
-	s := &http.Server{Protocols: &p, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return serveHTTP(t, h2c, &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		w.Header().Set("X-Proto", r.Proto)
 		w.Header().Set("X-Got-Trailer", r.Trailer.Get("X-Req-Trailer"))
@@ -40,7 +32,21 @@ func startHTTP(t testing.TB, h2c bool) string {
 		w.Header().Set("Trailer", "X-Res-Trailer")
 		_, _ = w.Write(body)
 		w.Header().Set("X-Res-Trailer", "done")
-	})}
+	})})
+}
+
+// serveHTTP serves s on a loopback port (HTTP/1.1, and h2c when asked)
+// until the test ends.
+func serveHTTP(t testing.TB, h2c bool, s *http.Server) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(h2c)
+	s.Protocols = &p
 	go func() { _ = s.Serve(ln) }()
 	t.Cleanup(func() { _ = s.Close() })
 	return ln.Addr().String()

@@ -82,12 +82,19 @@ func (h *rec) doneCount() int {
 // standalone mode: the codec reads the preface itself).
 func startProxy(t testing.TB, svc *proxy.Service, hook proxy.Hook) (*h2proxy.Server, string) {
 	t.Helper()
+	cfg := &proxy.Config{Services: []*proxy.Service{svc}, Hook: hook}
+	return serveConns(t, func() (*proxy.Service, *proxy.Config) { return svc, cfg })
+}
+
+// serveConns serves each accepted connection with the service and
+// configuration next returns at its accept, until the test ends.
+func serveConns(t testing.TB, next func() (*proxy.Service, *proxy.Config)) (*h2proxy.Server, string) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := h2proxy.New()
-	cfg := &proxy.Config{Services: []*proxy.Service{svc}, Hook: hook}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -97,6 +104,7 @@ func startProxy(t testing.TB, svc *proxy.Service, hook proxy.Hook) (*h2proxy.Ser
 			if err != nil {
 				return
 			}
+			svc, cfg := next()
 			wg.Add(1)
 			go func() { defer wg.Done(); srv.Serve(c, nil, svc, cfg) }()
 		}

@@ -25,7 +25,14 @@ const (
 type upstream struct {
 	rt     http.RoundTripper
 	closer interface{ CloseIdleConnections() }
+	used   bool // got since the last sweep (upstreams.mu)
 }
+
+// upstreamSweep is how often unused transports are dropped: one no
+// stream asked for during a whole period is closed (its idle connections
+// now, busy ones when their streams end) and forgotten, so upstreams and
+// timeouts a reload stopped naming do not pile up. A variable for tests.
+var upstreamSweep = time.Minute
 
 // upstreamHeaderTableSize is the HPACK dynamic table the proxy's encoder
 // uses towards an h2c upstream: no field fits (HTTP2Config's minimum,
@@ -38,8 +45,9 @@ type upKey struct {
 }
 
 type upstreams struct {
-	mu sync.Mutex
-	m  map[upKey]*upstream
+	mu    sync.Mutex
+	m     map[upKey]*upstream
+	sweep *time.Timer // armed while m has entries
 }
 
 func (u *upstreams) init() { u.m = map[upKey]*upstream{} }
@@ -60,6 +68,7 @@ func (u *upstreams) get(svc *proxy.Service, cfg *proxy.Config) (*upstream, error
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if up := u.m[key]; up != nil {
+		up.used = true
 		return up, nil
 	}
 	dialTimed := func(ctx context.Context, _, addr string) (net.Conn, error) {
@@ -123,8 +132,33 @@ func (u *upstreams) get(svc *proxy.Service, cfg *proxy.Config) (*upstream, error
 		}
 		up = &upstream{rt: t, closer: t}
 	}
+	up.used = true
 	u.m[key] = up
+	if u.sweep == nil {
+		u.sweep = time.AfterFunc(upstreamSweep, u.sweepUnused)
+	}
 	return up, nil
+}
+
+// sweepUnused drops the transports not used since the last sweep.
+func (u *upstreams) sweepUnused() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for k, up := range u.m {
+		if !up.used {
+			up.closer.CloseIdleConnections()
+			delete(u.m, k)
+		}
+		up.used = false
+	}
+	if u.sweep == nil { // closed meanwhile
+		return
+	}
+	if len(u.m) > 0 {
+		u.sweep.Reset(upstreamSweep)
+	} else {
+		u.sweep = nil
+	}
 }
 
 // close closes the idle upstream connections (after a drain).
@@ -134,5 +168,9 @@ func (u *upstreams) close() {
 	for k, up := range u.m {
 		up.closer.CloseIdleConnections()
 		delete(u.m, k)
+	}
+	if u.sweep != nil {
+		u.sweep.Stop()
+		u.sweep = nil
 	}
 }

@@ -59,6 +59,7 @@ type loopGroup struct {
 	// (handoffs, Upgrade tunnels): while any runs, loops park (holdP).
 	offLoop atomic.Int64
 	upIdle  atomic.Int64 // idle pooled upstream connections
+	upPools atomic.Int64 // the loops' upstream pools (loopState.pools)
 	// inFlight counts each loop's requests in progress (by Loop.ID; a
 	// head begun until its response is done): written by that loop only,
 	// read by its holdP and by Stats.
@@ -422,7 +423,7 @@ func (lg *loopGroup) holdP(l *evloop.Loop) bool {
 func (lg *loopGroup) idle() bool { return lg.conns.Load() == 0 && lg.workers.busy.Load() == 0 }
 
 func (lg *loopGroup) stats() Stats {
-	st := Stats{Conns: int(lg.conns.Load()), UpstreamIdle: int(lg.upIdle.Load()),
+	st := Stats{Conns: int(lg.conns.Load()), UpstreamIdle: int(lg.upIdle.Load()), UpstreamPools: int(lg.upPools.Load()),
 		UpstreamDiscarded: lg.p.discarded.Load(), Attached: int(lg.nAttached.Load()),
 		UpstreamLookups: lg.p.lookups.Load(), UpstreamLookupErrors: lg.p.lookupErrs.Load()}
 	if g := lg.started.Load(); g != nil {

@@ -50,7 +50,15 @@ type lpool struct {
 	timer   evloop.Timer
 	timerAt int64
 	idleFor int64 // UpstreamIdleTimeout in ns
+	conns   int   // lups of this pool (idle, in use, dialling or waiting for a lookup)
+	emptyAt int64 // when conns last fell to 0
 }
+
+// poolForget: a pool without a connection for this long is dropped from
+// its loop (with a host name's addresses), so that upstreams a reloaded
+// policy no longer names, or pod addresses that churn, do not pile up.
+// A variable for tests.
+var poolForget = time.Minute
 
 func (ls *loopState) pool(addr string) *lpool {
 	if pl := ls.pools[addr]; pl != nil {
@@ -70,6 +78,7 @@ func (ls *loopState) pool(addr string) *lpool {
 	}
 	pl.timer.Init(ls.l, pl.prune)
 	ls.pools[addr] = pl
+	ls.lg.upPools.Add(1)
 	return pl
 }
 
@@ -84,11 +93,17 @@ func (ls *loopState) getUp(pl *lpool) *lup {
 		u.resp.Reset()
 	}
 	u.pool, u.idx = pl, -1
+	pl.conns++
 	return u
 }
 
 func (ls *loopState) putUp(u *lup) {
 	u.connDone()
+	if pl := u.pool; pl != nil {
+		if pl.conns--; pl.conns == 0 {
+			pl.emptied()
+		}
+	}
 	hs := u.resp.Headers
 	*u = lup{ls: ls}
 	u.resp.Headers = hs
@@ -440,7 +455,7 @@ func (pl *lpool) put(u *lup, cfg *Config) {
 	pl.idle = append(pl.idle, u)
 	pl.ls.lg.upIdle.Add(1)
 	pl.idleFor = int64(durOr(cfg.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout))
-	if pl.timerAt == 0 {
+	if pl.timerAt == 0 || pl.timerAt > now+pl.idleFor { // unarmed, or armed to forget the pool
 		pl.timerAt = now + pl.idleFor
 		pl.timer.Reset(pl.timerAt)
 	}
@@ -460,7 +475,16 @@ func (pl *lpool) remove(u *lup) {
 	pl.ls.lg.upIdle.Add(-1)
 }
 
-// prune closes the connections idle too long and re-arms for the oldest.
+// emptied arms the timer to forget the pool once its last connection
+// is gone.
+func (pl *lpool) emptied() {
+	pl.emptyAt = pl.ls.l.Now()
+	pl.timerAt = pl.emptyAt + int64(poolForget)
+	pl.timer.Reset(pl.timerAt)
+}
+
+// prune closes the connections idle too long and re-arms for the oldest;
+// a pool left without a connection for poolForget is dropped.
 func (pl *lpool) prune() {
 	pl.timerAt = 0
 	now := pl.ls.l.Now()
@@ -477,9 +501,17 @@ func (pl *lpool) prune() {
 		}
 		i++
 	}
-	if len(pl.idle) > 0 {
+	switch {
+	case len(pl.idle) > 0:
 		pl.timerAt = oldest + pl.idleFor
 		pl.timer.Reset(pl.timerAt)
+	case pl.conns > 0: // in use: emptied re-arms when the last one goes
+	case now-pl.emptyAt < int64(poolForget):
+		pl.timerAt = pl.emptyAt + int64(poolForget)
+		pl.timer.Reset(pl.timerAt)
+	case pl.ls.pools[pl.addr] == pl:
+		delete(pl.ls.pools, pl.addr)
+		pl.ls.lg.upPools.Add(-1)
 	}
 }
 

@@ -57,8 +57,11 @@
 //     Attach gives every loop, on its thread, to a LoopAttacher (the
 //     RateLimitly client's per-loop shard): an AsyncHook whose answer
 //     is read on the request's loop resumes it there (LoopResumer).
-//   - Idle upstream connections close after UpstreamIdleTimeout; idle
-//     admission workers exit after 10 s.
+//   - Idle upstream connections close after UpstreamIdleTimeout; a
+//     loop's pool for an upstream address (with a host name's looked-up
+//     addresses) is dropped a minute after its last connection closed, so
+//     upstreams a reload stopped naming do not pile up; idle admission
+//     workers exit after 10 s.
 //   - Shutdown (graceful drain) closes idle keep-alive connections at
 //     once, but waits for the first request of a just-accepted connection
 //     for up to Service.HeaderTimeout after its accept; that request is
@@ -281,6 +284,9 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 type Stats struct {
 	Conns        int // open client connections
 	UpstreamIdle int // idle pooled upstream connections
+	// UpstreamPools counts the loops' per-upstream pools: one per loop and
+	// upstream address in use, dropped a minute after its last connection.
+	UpstreamPools int
 	// Requests counts requests in progress on the loops (a head begun
 	// until its response is done; Config.HoldPInFlight).
 	Requests int
