@@ -118,6 +118,9 @@ func TestRunBadFlagValues(t *testing.T) {
 		{[]string{"--log-buffer", "-1"}, "--log-buffer -1: want at least 4096"},
 		{[]string{"--splice-min", "-5"}, "--splice-min -5: want 0 (never) or more"},
 		{[]string{"--splice-min", "1e6"}, `invalid value "1e6" for flag -splice-min`},
+		{[]string{"--upstream-dns-refresh", "0"}, "--upstream-dns-refresh 0s: want at least 100ms"},
+		{[]string{"--upstream-dns-refresh", "-1s"}, "--upstream-dns-refresh -1s: want at least 100ms"},
+		{[]string{"--upstream-dns-refresh", "5"}, `invalid value "5" for flag -upstream-dns-refresh`},
 	} {
 		var out, errb bytes.Buffer
 		args := append([]string{"run", "--policy", missing}, tc.args...)

@@ -17,11 +17,15 @@ func init() {
 	register("run", "run the proxy", runRun)
 }
 
+// minDNSRefresh bounds --upstream-dns-refresh from below: a shorter one
+// would look names up on every few requests.
+const minDNSRefresh = 100 * time.Millisecond
+
 // runRun is `rl-tproxy run`: parse the flags, load the policy, and hand
 // both to node.Run, which serves until SIGTERM/SIGINT and reloads on
 // SIGHUP and on file change.
 func runRun(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("run", "run --policy FILE [--admin ADDR] [--log-format text|json|combined] [--log-level debug|info|warn|error] [--log-buffer BYTES] [--event-loops N] [--loop-kernel-wait off|light|always] [--splice-min BYTES] [--upgrade-redirect]",
+	fs := newFlagSet("run", "run --policy FILE [--admin ADDR] [--log-format text|json|combined] [--log-level debug|info|warn|error] [--log-buffer BYTES] [--event-loops N] [--loop-kernel-wait off|light|always] [--splice-min BYTES] [--upstream-dns-refresh DURATION] [--upgrade-redirect]",
 		"Runs the proxy with the given policy file. SIGHUP (or a change of the policy or credentials file) reloads it;\n"+
 			"SIGTERM/SIGINT drain in-flight requests (bounded by --drain-timeout) and exit.\n"+
 			"Per-request timeouts are policy settings, per service or in defaults, applied by a reload:\n"+
@@ -39,6 +43,7 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	loops := fs.Int("event-loops", 0, "serve HTTP/1.x on N event loops, one thread each (0: one per CPU); with N below GOMAXPROCS an idle loop waits in io_uring_enter for up to 1 ms before parking")
 	kwait := fs.String("loop-kernel-wait", "off", "when an idle event loop may wait in io_uring_enter holding its thread's P (up to 1 ms after each park) instead of parking in Go's netpoller, while no HTTP/2, TLS or tunnel connection is open: off, light (while the loop has at most "+fmt.Sprint(node.LightInFlight)+" requests in progress: fewer system calls and context switches at low load) or always (also under load, where it measured dearer with admission); other goroutines may wait up to 1 ms for a P (docs/operations.md)")
 	spliceMin := fs.Int64("splice-min", proxy.DefaultSpliceMin, "Content-Length request and response bodies with at least this many bytes left after the head (and close-delimited responses once this many went) go from one socket to the other by splice(2), without a copy through the proxy; 0: never")
+	dnsRefresh := fs.Duration("upstream-dns-refresh", proxy.DefaultResolveTTL, "how long the addresses of an upstream named by host name are used before the name is looked up again (Go's resolver gives no record TTLs; like Envoy's dns_refresh_rate); a failed lookup keeps the last addresses and retries after 1s (at least 100ms)")
 	if done, code := parseFlags(fs, args, stdout); done {
 		return code
 	}
@@ -66,6 +71,10 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	if *spliceMin == 0 {
 		*spliceMin = -1 // proxy.Config: negative is never, 0 the default
 	}
+	if *dnsRefresh < minDNSRefresh {
+		fmt.Fprintf(stderr, "rl-tproxy run: --upstream-dns-refresh %v: want at least %v\n", *dnsRefresh, minDNSRefresh)
+		return exitInvalid
+	}
 	if *logBuffer < 4096 {
 		fmt.Fprintf(stderr, "rl-tproxy run: --log-buffer %d: want at least 4096\n", *logBuffer)
 		return exitInvalid
@@ -85,7 +94,7 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		return exitInvalid
 	}
 	opts := node.Options{Policy: *policy, Admin: *admin, Log: log, Watch: *watch, UpgradeRedirect: *upgrade,
-		EventLoops: *loops, LoopKernelWait: kw, SpliceMin: *spliceMin, Version: version, Commit: commit, LogDropped: alog.Dropped}
+		EventLoops: *loops, LoopKernelWait: kw, SpliceMin: *spliceMin, UpstreamDNSRefresh: *dnsRefresh, Version: version, Commit: commit, LogDropped: alog.Dropped}
 	if err := node.Run(context.Background(), pol, opts, *drain); err != nil {
 		return exitRuntime
 	}

@@ -172,3 +172,35 @@ func TestParseKernelWait(t *testing.T) {
 		t.Errorf("KernelWait(7).String() = %q", s)
 	}
 }
+
+// TestUpstreamDNSRefresh: Options.UpstreamDNSRefresh reaches the proxy
+// as the lookup lifetime of upstream host names and survives a reload;
+// a service whose upstream is named "localhost" is served through the
+// loops' lookup.
+func TestUpstreamDNSRefresh(t *testing.T) {
+	_, port, _ := net.SplitHostPort(namedUpstream(t, "a"))
+	la, lb := freeAddr(t), freeAddr(t)
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	writeTwoServices(t, path, la, "localhost:"+port, lb, namedUpstream(t, "b"))
+	pol, err := admission.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := startLoadedWith(t, pol, path, func(o *Options) { o.UpstreamDNSRefresh = 3 * time.Second })
+	for i := range 2 {
+		if got := getBody(t, "http://"+la+"/"); got != "a" {
+			t.Fatalf("%s answered %q, want a", la, got)
+		}
+		if ttl := rt.proxy.Config().ResolveTTL; ttl != 3*time.Second {
+			t.Fatalf("proxy ResolveTTL %v, want 3s", ttl)
+		}
+		if i == 0 {
+			if err := rt.reloader.Reload(admission.TriggerSignal); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n := rt.proxy.Stats().UpstreamLookups; n < 1 {
+		t.Fatalf("%d upstream lookups, want the name looked up", n)
+	}
+}

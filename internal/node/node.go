@@ -59,6 +59,10 @@ type Options struct {
 	// at least this many bytes left go by splice(2) (0: the default,
 	// negative: never).
 	SpliceMin int64
+	// UpstreamDNSRefresh is proxy.Config.ResolveTTL: how long the
+	// addresses of an upstream named by host name are used before it is
+	// looked up again (0: proxy.DefaultResolveTTL).
+	UpstreamDNSRefresh time.Duration
 	// LogDropped, if set, counts the log lines dropped because the log's
 	// reader fell behind (exported as rl_tproxy_log_lines_dropped_total).
 	LogDropped func() uint64
@@ -202,7 +206,7 @@ func (n *Node) startProxy(ctx context.Context, pol *admission.Policy) error {
 	}
 	pcfg := proxy.Config{Services: hook.ProxyServices(pol), Hook: n.gate, Logger: n.log,
 		Handoff: &proxy.HandoffMux{HTTP2: n.h2, TLS: relay, Other: relay}, EventLoops: n.opts.EventLoops,
-		SpliceMin: n.opts.SpliceMin}
+		SpliceMin: n.opts.SpliceMin, ResolveTTL: n.opts.UpstreamDNSRefresh}
 	if n.opts.LoopKernelWait != KernelWaitOff {
 		pcfg.HoldP = func() bool { return !n.checksOffLoop.Load() }
 	}
