@@ -40,13 +40,15 @@ const (
 
 // Server serves handed-off HTTP/2 connections. One Server is shared by all
 // services; it holds one HTTP/2 server per service configuration (its
-// limits) and the upstream pools.
+// limits; stopped by a sweep once no connection uses it) and the upstream
+// pools.
 type Server struct {
 	ups upstreams
 	drainState
 
 	mu       sync.Mutex
 	servers  map[serverKey]*h2server
+	sweep    *time.Timer // armed while servers has entries (mu)
 	draining bool
 
 	// CountError, if set, is called with the codec's error kind
@@ -68,9 +70,17 @@ type serverKey struct {
 // http.Server speaking only HTTP/2 prior knowledge, fed the handed-off
 // connections through a listener of its own.
 type h2server struct {
-	hs *http.Server
-	ln *connListener
+	hs    *http.Server
+	ln    *connListener
+	conns int  // connections in Serve (Server.mu)
+	used  bool // got a connection since the last sweep (Server.mu)
 }
+
+// serverSweep is how often the HTTP/2 servers of configurations no
+// longer in use are stopped: one that served no connection since the
+// previous sweep and has none open goes (a reload that changed a
+// service's limits leaves the old server behind, with its goroutine).
+var serverSweep = time.Minute
 
 // New returns a Server with empty upstream pools.
 func New() *Server {
@@ -155,7 +165,10 @@ func (s *Server) Serve(c net.Conn, buffered []byte, svc *proxy.Service, cfg *pro
 		return
 	}
 	h := s.serverFor(svc)
+	h.conns++
+	h.used = true
 	s.mu.Unlock()
+	defer s.done(h)
 	pre, ok := readPreface(c, buffered, durOr(svc.HeaderTimeout, proxy.DefaultHeaderTimeout))
 	if !ok {
 		lingerClose(c)
@@ -171,6 +184,40 @@ func (s *Server) Serve(c net.Conn, buffered []byte, svc *proxy.Service, cfg *pro
 		_ = co.Close()
 	}
 	<-co.done // what the codec wrote last (GOAWAY) has been sent
+}
+
+// done ends a connection's hold on h.
+func (s *Server) done(h *h2server) {
+	s.mu.Lock()
+	h.conns--
+	s.mu.Unlock()
+}
+
+// sweepServers stops the HTTP/2 servers that served no connection since
+// the last sweep and have none open.
+func (s *Server) sweepServers() {
+	s.mu.Lock()
+	if s.draining { // Shutdown stops every server
+		s.mu.Unlock()
+		return
+	}
+	var idle []*h2server
+	for k, h := range s.servers {
+		if !h.used && h.conns == 0 {
+			idle = append(idle, h)
+			delete(s.servers, k)
+		}
+		h.used = false
+	}
+	if len(s.servers) > 0 {
+		s.sweep.Reset(serverSweep)
+	} else {
+		s.sweep = nil
+	}
+	s.mu.Unlock()
+	for _, h := range idle {
+		_ = h.hs.Close()
+	}
 }
 
 // clientPreface is what an HTTP/2 connection starts with (RFC 9113 3.4).
@@ -248,6 +295,9 @@ func (s *Server) serverFor(svc *proxy.Service) *h2server {
 	h := &h2server{hs: hs, ln: &connListener{ch: make(chan net.Conn), done: make(chan struct{})}}
 	go func() { _ = hs.Serve(h.ln) }()
 	s.servers[key] = h
+	if s.sweep == nil {
+		s.sweep = time.AfterFunc(serverSweep, s.sweepServers)
+	}
 	return h
 }
 
@@ -291,6 +341,10 @@ func (s *Server) startDrain() []*h2server {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.draining = true
+	if s.sweep != nil {
+		s.sweep.Stop()
+		s.sweep = nil
+	}
 	servers := make([]*h2server, 0, len(s.servers))
 	for _, h := range s.servers {
 		servers = append(servers, h)
