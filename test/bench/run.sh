@@ -49,7 +49,9 @@
 # Assumes bin/rl-tproxy is built (`make build`) and nginx, haproxy, wrk,
 # curl, taskset are installed (`make deps`). Writes $OUT (Markdown).
 #
-# Env: DURATION=10s CONNS=64 THREADS=1 ROUNDS=3 SERVER_CPU=1 CLIENT_CPU=0
+# Env: DURATION=10s CONNS=64 THREADS=1 ROUNDS=5 SERVER_CPU=1 CLIENT_CPU=0
+#      (5 rounds: ratios near their bar, such as admission against
+#      limit_req, flip with one disturbed round of 3)
 #      OUT=docs/bench/sidebyside.md BIN=bin/rl-tproxy STEERED=1 (0 skips it)
 #      EVPROTO=1 (0 skips the prototype row) SERIAL=1 (0 skips the -c1 pass)
 #      SERIAL_ROUNDS=5 SERIAL_DURATION=6s (the -c1 pass: more, shorter
@@ -71,7 +73,7 @@ cd "$(dirname "$0")/../.."
 DURATION=${DURATION:-10s}
 CONNS=${CONNS:-64}
 THREADS=${THREADS:-1}
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-5}
 SERVER_CPU=${SERVER_CPU:-1}
 CLIENT_CPU=${CLIENT_CPU:-0}
 OUT_GIVEN=${OUT:-}
