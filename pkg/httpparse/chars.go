@@ -1,5 +1,7 @@
 package httpparse
 
+import "bytes"
+
 // Byte classes, one table lookup per byte on the hot path.
 const (
 	cToken  = 1 << iota // tchar (RFC 9110 5.6.2)
@@ -75,19 +77,24 @@ func trimOWS(b []byte) []byte {
 // elements and OWS around elements are ignored. It does not allocate.
 func TokenListContains(v []byte, token string) bool {
 	for len(v) > 0 {
-		i := 0
-		for i < len(v) && v[i] != ',' {
-			i++
-		}
-		if EqualFold(trimOWS(v[:i]), token) {
+		var e []byte
+		e, v = nextElem(v)
+		if EqualFold(e, token) {
 			return true
 		}
-		if i == len(v) {
-			break
-		}
-		v = v[i+1:]
 	}
 	return false
+}
+
+// nextElem splits the first element off the comma-separated list v: the
+// element with OWS trimmed (empty for an empty element) and the rest after
+// its comma (nil after the last).
+func nextElem(v []byte) (elem, rest []byte) {
+	i := bytes.IndexByte(v, ',')
+	if i < 0 {
+		return trimOWS(v), nil
+	}
+	return trimOWS(v[:i]), v[i+1:]
 }
 
 // lookup returns the value of the first field named name (case-insensitive).
@@ -118,22 +125,38 @@ func ConnectionHas(hs []Header, token []byte) bool {
 		if !EqualFold(hs[i].Name, "connection") {
 			continue
 		}
-		v := hs[i].Value
-		for len(v) > 0 {
-			j := 0
-			for j < len(v) && v[j] != ',' {
-				j++
-			}
-			if EqualFoldBytes(trimOWS(v[:j]), token) {
+		for v := hs[i].Value; len(v) > 0; {
+			var e []byte
+			e, v = nextElem(v)
+			if EqualFoldBytes(e, token) {
 				return true
 			}
-			if j == len(v) {
-				break
-			}
-			v = v[j+1:]
 		}
 	}
 	return false
+}
+
+// ConnectionOptions appends to dst the options of every Connection field
+// of hs (non-empty list elements, OWS trimmed) and reports whether they all
+// fit in dst's capacity; it stops at the first that does not. A head Parse
+// accepted lists at most MaxConnectionOptions. It does not allocate.
+func ConnectionOptions(dst [][]byte, hs []Header) ([][]byte, bool) {
+	for i := range hs {
+		if !EqualFold(hs[i].Name, "connection") {
+			continue
+		}
+		for v := hs[i].Value; len(v) > 0; {
+			var o []byte
+			if o, v = nextElem(v); len(o) == 0 {
+				continue
+			}
+			if len(dst) == cap(dst) {
+				return dst, false
+			}
+			dst = append(dst, o)
+		}
+	}
+	return dst, true
 }
 
 // EqualFoldBytes reports whether a and b are equal under ASCII case

@@ -32,6 +32,7 @@ var laxerRequest = map[*Error]string{
 	ErrTooManyHeaders:     "ReadRequest has no limits",
 	ErrBadHeaderName:      "textproto accepts field names containing spaces",
 	ErrSpaceBeforeColon:   "textproto accepts (and keeps) whitespace before the colon",
+	ErrConnectionOptions:  "net/http does not bound Connection options",
 }
 
 // laxerResponse is the same for http.ReadResponse.
@@ -48,6 +49,7 @@ var laxerResponse = map[*Error]string{
 	ErrSpaceBeforeColon:   "textproto accepts (and keeps) whitespace before the colon",
 	ErrBadStatusCode:      "net/http accepts any 3 digits, e.g. 099",
 	ErrBadStatusLine:      "net/http does not check the reason phrase",
+	ErrConnectionOptions:  "net/http does not bound Connection options",
 }
 
 // diffRequest compares our verdict on in with http.ReadRequest's. It returns

@@ -68,7 +68,8 @@ var (
 	ErrTEUnsupported         = newErr(501, "transfer-encoding-unsupported") // anything but exactly "chunked"
 	ErrTERepeated            = newErr(501, "transfer-encoding-repeated")    // more than one Transfer-Encoding field
 	ErrTEHTTP10              = newErr(400, "transfer-encoding-http10")
-	ErrExpectUnsupported     = newErr(417, "expect-unsupported") // Expect other than 100-continue (HTTP/1.1)
+	ErrExpectUnsupported     = newErr(417, "expect-unsupported")          // Expect other than 100-continue (HTTP/1.1)
+	ErrConnectionOptions     = newErr(400, "connection-options-too-many") // more than MaxConnectionOptions
 )
 
 // Chunked body framing.
@@ -89,6 +90,6 @@ var AllErrors = []*Error{
 	ErrHeaderTooBig, ErrTooManyHeaders, ErrObsFold, ErrSpaceBeforeColon, ErrBadHeaderName,
 	ErrMissingColon, ErrBadHeaderValue, ErrMissingHost, ErrRepeatedHost, ErrBadHost,
 	ErrBadContentLength, ErrContentLengthOverflow, ErrConflictingLength, ErrTEWithCL,
-	ErrTEUnsupported, ErrTERepeated, ErrTEHTTP10, ErrExpectUnsupported,
+	ErrTEUnsupported, ErrTERepeated, ErrTEHTTP10, ErrExpectUnsupported, ErrConnectionOptions,
 	ErrBadChunkSize, ErrChunkSizeOverflow, ErrBadChunkExt, ErrChunkLineTooLong, ErrChunkMissingCRLF, ErrChunkOverhead,
 }

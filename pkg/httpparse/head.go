@@ -87,8 +87,39 @@ type facts struct {
 	close      bool // Connection: close
 	keepAlive  bool // Connection: keep-alive
 	connUpg    bool // Connection: upgrade
+	connOpts   int  // options listed by all Connection fields
 	hasUpgrade bool // Upgrade field present
 	expect100  bool
+}
+
+// MaxConnectionOptions bounds the options all Connection fields of a head
+// list together (close, keep-alive and the names of fields to drop). A
+// proxy drops every field a Connection option names, which costs a
+// comparison per field and option; legitimate senders list one to three.
+const MaxConnectionOptions = 16
+
+// connection notes the options of one Connection field value (empty list
+// elements and OWS ignored, as TokenListContains).
+func (f *facts) connection(v []byte) error {
+	for len(v) > 0 {
+		var o []byte
+		if o, v = nextElem(v); len(o) == 0 {
+			continue
+		}
+		f.connOpts++
+		if f.connOpts > MaxConnectionOptions {
+			return ErrConnectionOptions
+		}
+		switch {
+		case EqualFold(o, "close"):
+			f.close = true
+		case EqualFold(o, "keep-alive"):
+			f.keepAlive = true
+		case EqualFold(o, "upgrade"):
+			f.connUpg = true
+		}
+	}
+	return nil
 }
 
 // classify maps an unexpected byte to its specific rule, or def.
@@ -323,15 +354,7 @@ func (f *facts) field(name, v []byte, isReq bool, minor int) error {
 		}
 	case 10:
 		if EqualFold(name, "connection") {
-			if TokenListContains(v, "close") {
-				f.close = true
-			}
-			if TokenListContains(v, "keep-alive") {
-				f.keepAlive = true
-			}
-			if TokenListContains(v, "upgrade") {
-				f.connUpg = true
-			}
+			return f.connection(v)
 		}
 	case 14:
 		if EqualFold(name, "content-length") {

@@ -3,6 +3,7 @@ package httpparse
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -69,6 +70,9 @@ var requestRuleCases = []struct {
 	{"bad host userinfo", req("GET / HTTP/1.1", "Host: u@a"), Limits{}, ErrBadHost, 400},
 	{"bad host port", req("GET / HTTP/1.1", "Host: a:8x"), Limits{}, ErrBadHost, 400},
 	{"expect other", req("PUT / HTTP/1.1", "Host: a", "Expect: 200-ok"), Limits{}, ErrExpectUnsupported, 417},
+	{"connection options 17", req("GET / HTTP/1.1", "Host: a", "Connection: "+options(17)), Limits{}, ErrConnectionOptions, 400},
+	{"connection options 17 over two fields", req("GET / HTTP/1.1", "Host: a", "Connection: close, "+options(8), "Connection: "+options(8)), Limits{}, ErrConnectionOptions, 400},
+	{"connection options repeated", req("GET / HTTP/1.1", "Host: a", "Connection: "+strings.Repeat("close,", 17)), Limits{}, ErrConnectionOptions, 400},
 	{"request line too long", "GET /" + strings.Repeat("a", 100) + " HTTP/1.1\r\nHost: a\r\n\r\n", Limits{MaxRequestLine: 64}, ErrRequestLineTooLong, 414},
 	{"request line too long incomplete", "GET /" + strings.Repeat("a", 100), Limits{MaxRequestLine: 64}, ErrRequestLineTooLong, 414},
 	{"header block too big", req("GET / HTTP/1.1", "Host: a", "X: "+strings.Repeat("b", 200)), Limits{MaxHeaderBytes: 128}, ErrHeaderTooBig, 431},
@@ -146,6 +150,35 @@ func TestRuleNamesDistinct(t *testing.T) {
 	}
 }
 
+// options lists n Connection options: o0, o1, ...
+func options(n int) string {
+	var sb strings.Builder
+	for i := range n {
+		if i > 0 {
+			sb.WriteString(", ")
+		}
+		fmt.Fprintf(&sb, "o%d", i)
+	}
+	return sb.String()
+}
+
+// TestConnectionOptions: ConnectionOptions lists the options of every
+// Connection field in order, and says when dst had no room for them all.
+func TestConnectionOptions(t *testing.T) {
+	var r Request
+	if err := r.Parse([]byte(req("GET / HTTP/1.1", "Host: a", "Connection: X-A ,, keep-alive", "X-A: 1", "connection:\tUpgrade")), Limits{}); err != nil {
+		t.Fatal(err)
+	}
+	got, ok := ConnectionOptions(make([][]byte, 0, 3), r.Headers)
+	if !ok || fmt.Sprintf("%q", got) != `["X-A" "keep-alive" "Upgrade"]` {
+		t.Fatalf("ConnectionOptions = %q, %v", got, ok)
+	}
+	got, ok = ConnectionOptions(make([][]byte, 0, 2), r.Headers)
+	if ok || len(got) != 2 {
+		t.Fatalf("ConnectionOptions with room for 2 = %q, %v; want the first 2 and false", got, ok)
+	}
+}
+
 func TestRequestAccepts(t *testing.T) {
 	type want struct {
 		method, target, host string
@@ -181,6 +214,7 @@ func TestRequestAccepts(t *testing.T) {
 		{"ows values and obs-text", req("GET /%41 HTTP/1.1", "Host: \t a \t", "X-A:\tv\xff w "), want{"GET", "/%41", "a", 1, -1, BodyNone, false, false, false, 2}},
 		{"odd but legal target bytes", req("GET /a|b{c}^d?x=\"1\"&y=[2] HTTP/1.1", "Host: a"), want{"GET", "/a|b{c}^d?x=\"1\"&y=[2]", "a", 1, -1, BodyNone, false, false, false, 1}},
 		{"extension method", req("PROPFIND / HTTP/1.1", "Host: a"), want{"PROPFIND", "/", "a", 1, -1, BodyNone, false, false, false, 1}},
+		{"connection options 16, empty elements not counted", req("GET / HTTP/1.1", "Host: a", "Connection: , ,"+options(15)+",, close ,"), want{"GET", "/", "a", 1, -1, BodyNone, true, false, false, 2}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -86,6 +86,7 @@ var responseRuleCases = []struct {
 	{"bare lf", "HTTP/1.1 200 OK\r\nX: a\n\r\n", Limits{}, ErrBareLF},
 	{"header too big", resp("HTTP/1.1 200 OK", "X: "+strings.Repeat("a", 200)), Limits{MaxHeaderBytes: 100}, ErrHeaderTooBig},
 	{"too many", resp("HTTP/1.1 200 OK", "A: 1", "B: 1"), Limits{MaxHeaders: 1}, ErrTooManyHeaders},
+	{"connection options", resp("HTTP/1.1 200 OK", "Connection: "+options(17)), Limits{}, ErrConnectionOptions},
 }
 
 func TestResponseRules(t *testing.T) {

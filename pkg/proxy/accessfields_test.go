@@ -1,10 +1,7 @@
 package proxy
 
 import (
-	"bufio"
 	"context"
-	"io"
-	"net"
 	"strings"
 	"testing"
 
@@ -38,17 +35,7 @@ func (h *resultHook) Done(r *Request, _ *Decision, res *Result) {
 // status and time to the response head, and the client's protocol.
 func TestForwardFieldsAndUpstreamResult(t *testing.T) {
 	heads := make(chan string, 4)
-	up := newRawUpstream(t, func(_ int, c net.Conn) {
-		br := bufio.NewReader(c)
-		for {
-			head, err := readRequestHead(br)
-			if err != nil {
-				return
-			}
-			heads <- head
-			io.WriteString(c, "HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok")
-		}
-	})
+	up := headUpstream(t, heads, func(string) string { return "HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok" })
 	svc := &Service{Name: "web", Upstream: up.addr()}
 	hook := &resultHook{forward: []httpparse.Header{{Name: []byte("X-Request-ID"), Value: []byte("gen-1")}},
 		results: make(chan resultRec, 4)}

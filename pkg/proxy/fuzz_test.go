@@ -24,6 +24,7 @@ func FuzzForwardHead(f *testing.F) {
 		"GET / HTTP/1.0\r\n\r\n",
 		"GET http://a.example?q HTTP/1.1\r\nHost: b.example\r\nConnection: host, content-length\r\n\r\n",
 		"OPTIONS http://a.example HTTP/1.1\r\nHost: a.example\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: x\r\nConnection: a, , B,keep-alive,c\r\nconnection: D, TE\r\nA: 1\r\nb: 2\r\nX-C: 3\r\nd: 4\r\nTE: trailers\r\n\r\n",
 	} {
 		f.Add([]byte(s), uint8(0xff))
 	}

@@ -26,9 +26,38 @@ func isHopByHop(name []byte) bool {
 	return false
 }
 
-func hasConnectionField(hs []httpparse.Header) bool {
-	for i := range hs {
-		if len(hs[i].Name) == 10 && httpparse.EqualFold(hs[i].Name, "connection") {
+// connDrop holds the field names a head's Connection fields list (RFC 9110
+// 7.6.1: the sender's connection-specific fields, never forwarded),
+// collected once per head so that each field costs a comparison per
+// option instead of a scan of every Connection field. Options naming
+// fields isHopByHop drops anyway are left out: the common
+// "Connection: keep-alive" leaves nothing to compare.
+type connDrop struct {
+	buf  [httpparse.MaxConnectionOptions][]byte
+	n    int  // options in buf
+	slow bool // more options than the parser accepts: scan per field
+}
+
+func (d *connDrop) init(hs []httpparse.Header) {
+	list, ok := httpparse.ConnectionOptions(d.buf[:0], hs)
+	d.slow = !ok
+	n := 0
+	for _, o := range list {
+		if !isHopByHop(o) {
+			d.buf[n] = o
+			n++
+		}
+	}
+	d.n = n
+}
+
+// names reports whether name is listed (hs: the head init saw).
+func (d *connDrop) names(hs []httpparse.Header, name []byte) bool {
+	if d.slow {
+		return httpparse.ConnectionHas(hs, name)
+	}
+	for _, o := range d.buf[:d.n] {
+		if httpparse.EqualFoldBytes(o, name) {
 			return true
 		}
 	}
@@ -64,7 +93,8 @@ func appendRequestHead(b []byte, h *httpparse.Request, svc *Service, remote neti
 	b = append(b, ' ')
 	b = appendOriginTarget(b, h)
 	b = append(b, " HTTP/1.1\r\n"...)
-	conn := hasConnectionField(h.Headers)
+	var conn connDrop
+	conn.init(h.Headers)
 	var xff, fwd bool
 	// RFC 9112 3.2.2: the authority of an absolute-form target replaces
 	// the Host field; h.Host is that authority or the Host field, the
@@ -78,7 +108,7 @@ func appendRequestHead(b []byte, h *httpparse.Request, svc *Service, remote neti
 	for i := range h.Headers {
 		f := &h.Headers[i]
 		n := f.Name
-		if isHopByHop(n) || conn && !routing(n) && httpparse.ConnectionHas(h.Headers, n) || len(add) > 0 && named(add, n) {
+		if isHopByHop(n) || !routing(n) && conn.names(h.Headers, n) || len(add) > 0 && named(add, n) {
 			continue
 		}
 		switch len(n) {
@@ -265,11 +295,12 @@ const (
 // the proxy chose and Connection: close when the client connection ends.
 func appendResponseHead(b []byte, r *httpparse.Response, extra []httpparse.Header, flags respFlags) []byte {
 	b = appendStatusLine(b, r.Status, r.Reason)
-	conn := hasConnectionField(r.Headers)
+	var conn connDrop
+	conn.init(r.Headers)
 	for i := range r.Headers {
 		f := &r.Headers[i]
 		n := f.Name
-		if isHopByHop(n) || conn && httpparse.ConnectionHas(r.Headers, n) {
+		if isHopByHop(n) || conn.names(r.Headers, n) {
 			continue
 		}
 		b = appendHeaderBytes(b, n, f.Value)

@@ -209,6 +209,22 @@ func (u *rawUpstream) count() int {
 	return u.conns
 }
 
+// headUpstream starts an upstream that, for each request head it reads
+// (bodies are not read), sends the head to heads and writes answer(head).
+func headUpstream(t *testing.T, heads chan<- string, answer func(head string) string) *rawUpstream {
+	return newRawUpstream(t, func(_ int, c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			head, err := readRequestHead(br)
+			if err != nil {
+				return
+			}
+			heads <- head
+			io.WriteString(c, answer(head))
+		}
+	})
+}
+
 // readRequestHead reads one request head (up to CRLFCRLF) from br.
 func readRequestHead(br *bufio.Reader) (string, error) {
 	var sb strings.Builder

@@ -56,6 +56,7 @@ func TestStrictnessRulesAnswered(t *testing.T) {
 		{"request-line-too-long", "GET /" + long + " HTTP/1.1\r\nHost: x\r\n\r\n", httpparse.ErrRequestLineTooLong},
 		{"header-block-too-big", "GET / HTTP/1.1\r\nHost: x\r\nX: " + strings.Repeat("b", 17000) + "\r\n\r\n", httpparse.ErrHeaderTooBig},
 		{"bad-chunk-size", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n", httpparse.ErrBadChunkSize},
+		{"connection-options", "GET / HTTP/1.1\r\nHost: x\r\nConnection: " + connOptions("x-o", 17) + "\r\n\r\n", httpparse.ErrConnectionOptions},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -345,16 +346,8 @@ func TestUpgradeRelay(t *testing.T) {
 
 func TestForwardedHeaders(t *testing.T) {
 	heads := make(chan string, 4)
-	up := newRawUpstream(t, func(_ int, c net.Conn) {
-		br := bufio.NewReader(c)
-		for {
-			head, err := readRequestHead(br)
-			if err != nil {
-				return
-			}
-			heads <- head
-			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: X-Up, keep-alive\r\nX-Up: secret\r\nKeep-Alive: timeout=5\r\nX-Keep: 1\r\n\r\n")
-		}
+	up := headUpstream(t, heads, func(string) string {
+		return "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: X-Up, keep-alive\r\nX-Up: secret\r\nKeep-Alive: timeout=5\r\nX-Keep: 1\r\n\r\n"
 	})
 	svc := &Service{Name: "web", Upstream: up.addr(), XForwardedFor: true, XForwardedProto: true, Forwarded: true, XRealIP: true}
 	hook := newTestHook(func(context.Context, *Request) Decision {
