@@ -232,6 +232,7 @@ func (st *stream) relay(w http.ResponseWriter, r *http.Request, res *http.Respon
 	for k, vs := range res.Header {
 		hdr[k] = vs
 	}
+	dropConnectionFields(hdr)
 	for _, k := range hopByHop {
 		delete(hdr, k)
 	}
@@ -318,6 +319,21 @@ func (st *stream) fail(w http.ResponseWriter, status int) {
 }
 
 // hasHopByHop reports whether outHeader would leave a field of h out.
+// dropConnectionFields deletes the fields h's Connection values name: an
+// HTTP/1.1 upstream's connection-specific fields (RFC 9110 7.6.1), never
+// the message's. One pass over the values, one map delete per option.
+func dropConnectionFields(h http.Header) {
+	for _, v := range h["Connection"] {
+		for v != "" {
+			var o string
+			o, v, _ = strings.Cut(v, ",")
+			if o = strings.Trim(o, " \t"); o != "" {
+				delete(h, http.CanonicalHeaderKey(o))
+			}
+		}
+	}
+}
+
 func hasHopByHop(h http.Header) bool {
 	for _, k := range hopByHop {
 		if vs, ok := h[k]; ok && isHopByHop(k, vs) {
