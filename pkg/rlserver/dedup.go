@@ -13,12 +13,22 @@ type dedupKey struct {
 	id    uint64
 }
 
+// inlineBody is how many bytes of a slot's plaintext RATE_RESPONSE body
+// live in the slot itself: one resource with up to 16 guards, or up to 7
+// resources, fit. A longer body (at most 556 bytes: 32 guards and 32
+// resources) goes to the shard's large map. With the body inline the ring
+// holds no pointers: filling it allocates nothing, the garbage collector
+// does not scan it, and an answer's slot and body share two cache lines.
+const inlineBody = 96
+
 type dedupSlot struct {
 	key   dedupKey
 	until int64  // unix ms; the entry is valid through this time
 	tag   uint32 // the key's hash tag (dedupTable.shard)
+	n     uint16 // body length; 0 for reports
 	used  bool
-	body  []byte // plaintext RATE_RESPONSE body; nil for reports
+	large bool // the body is in the shard's large map
+	small [inlineBody]byte
 }
 
 // dedupShard holds at most len(ring) ids: a new id takes the ring's next
@@ -32,8 +42,9 @@ type dedupShard struct {
 	mu    sync.Mutex
 	index []uint64
 	ring  []dedupSlot
+	large map[int][]byte // bodies longer than inlineBody, by ring slot
 	next  int
-	_     [40]byte
+	_     [32]byte
 }
 
 type dedupTable struct {
@@ -75,27 +86,28 @@ func (d *dedupTable) find(s *dedupShard, k dedupKey, tag uint32) int {
 	}
 }
 
-// lookup returns the live slot of k (shard locked by the caller) or nil.
-func (d *dedupTable) lookup(s *dedupShard, k dedupKey, tag uint32, nowMs int64) *dedupSlot {
+// lookup returns the ring slot of k while it is live (shard locked by the
+// caller), or -1.
+func (d *dedupTable) lookup(s *dedupShard, k dedupKey, tag uint32, nowMs int64) int {
 	c := d.find(s, k, tag)
 	if c < 0 {
-		return nil
+		return -1
 	}
-	sl := &s.ring[uint32(s.index[c])-1]
-	if sl.until < nowMs {
-		return nil
+	i := int(uint32(s.index[c])) - 1
+	if s.ring[i].until < nowMs {
+		return -1
 	}
-	return sl
+	return i
 }
 
-// insert records k valid through until and returns its slot, whose body the
-// caller fills (shard locked by the caller).
-func (d *dedupTable) insert(s *dedupShard, k dedupKey, tag uint32, until, nowMs int64) *dedupSlot {
+// insert records k valid through until with an empty body and returns its
+// ring slot, whose body the caller may set (shard locked by the caller).
+func (d *dedupTable) insert(s *dedupShard, k dedupKey, tag uint32, until, nowMs int64) int {
 	if c := d.find(s, k, tag); c >= 0 { // an expired entry of the same id
-		sl := &s.ring[uint32(s.index[c])-1]
-		sl.until = until
-		sl.body = sl.body[:0]
-		return sl
+		i := int(uint32(s.index[c])) - 1
+		s.ring[i].until = until
+		s.setBody(i, nil)
+		return i
 	}
 	i := s.next
 	s.next = (s.next + 1) % len(s.ring)
@@ -109,19 +121,41 @@ func (d *dedupTable) insert(s *dedupShard, k dedupKey, tag uint32, until, nowMs 
 		d.count.Add(1)
 	}
 	sl.key, sl.tag, sl.until, sl.used = k, tag, until, true
-	if sl.body == nil {
-		// one allocation per slot on its first use (typical answers fit);
-		// after the ring wrapped once, inserts do not allocate
-		sl.body = make([]byte, 0, 64)
-	}
-	sl.body = sl.body[:0]
+	s.setBody(i, nil)
 	mask := len(s.index) - 1
 	c := int(tag) & mask
 	for s.index[c] != 0 {
 		c = (c + 1) & mask
 	}
 	s.index[c] = uint64(tag)<<32 | uint64(i+1)
-	return sl
+	return i
+}
+
+// body returns slot i's body (shard locked; valid until the slot changes).
+func (s *dedupShard) body(i int) []byte {
+	sl := &s.ring[i]
+	if sl.large {
+		return s.large[i]
+	}
+	return sl.small[:sl.n]
+}
+
+// setBody stores a copy of b as slot i's body (shard locked).
+func (s *dedupShard) setBody(i int, b []byte) {
+	sl := &s.ring[i]
+	if len(b) <= inlineBody {
+		if sl.large {
+			delete(s.large, i)
+			sl.large = false
+		}
+		sl.n = uint16(copy(sl.small[:], b))
+		return
+	}
+	if s.large == nil {
+		s.large = make(map[int][]byte)
+	}
+	s.large[i] = append(s.large[i][:0], b...)
+	sl.large, sl.n = true, uint16(len(b))
 }
 
 // unindex removes the index entry of ring slot i (used), closing the gap
@@ -153,6 +187,7 @@ func (d *dedupTable) sweep(nowMs int64) {
 			sl := &s.ring[j]
 			if sl.used && sl.until < nowMs {
 				d.unindex(s, j)
+				s.setBody(j, nil)
 				sl.used = false
 				d.count.Add(-1)
 			}

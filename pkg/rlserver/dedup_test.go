@@ -1,6 +1,7 @@
 package rlserver
 
 import (
+	"bytes"
 	"math/rand/v2"
 	"testing"
 )
@@ -11,11 +12,13 @@ import (
 type dedupModel struct {
 	per   int
 	until map[dedupKey]int64
+	body  map[dedupKey][]byte
 	ring  map[*dedupShard][]*dedupKey
 	next  map[*dedupShard]int
 }
 
-func (m *dedupModel) insert(d *dedupTable, k dedupKey, until int64) {
+func (m *dedupModel) insert(d *dedupTable, k dedupKey, until int64, body []byte) {
+	m.body[k] = body
 	if _, ok := m.until[k]; ok {
 		m.until[k] = until
 		return
@@ -30,6 +33,7 @@ func (m *dedupModel) insert(d *dedupTable, k dedupKey, until int64) {
 	m.next[s] = (i + 1) % m.per
 	if old := r[i]; old != nil {
 		delete(m.until, *old)
+		delete(m.body, *old)
 	}
 	r[i] = &k
 	m.until[k] = until
@@ -40,6 +44,7 @@ func (m *dedupModel) sweep(now int64) {
 		for i, k := range r {
 			if k != nil && m.until[*k] < now {
 				delete(m.until, *k)
+				delete(m.body, *k)
 				r[i] = nil
 			}
 		}
@@ -47,9 +52,10 @@ func (m *dedupModel) sweep(now int64) {
 }
 
 // TestDedupTableAgreesWithModel drives the table and the model with the
-// same random operations (inserts of fresh and repeated ids, lookups,
-// sweeps; a ring small enough to wrap many times) and compares every
-// lookup and the entry count.
+// same random operations (inserts of fresh and repeated ids with bodies
+// empty, inline and longer than inlineBody, lookups, sweeps; a ring small
+// enough to wrap many times) and compares every lookup, its body, and the
+// entry count.
 func TestDedupTableAgreesWithModel(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -66,7 +72,7 @@ func TestDedupTableAgreesWithModel(t *testing.T) {
 			rng := rand.New(rand.NewPCG(1, uint64(tc.capacity)))
 			d := newDedup(tc.capacity)
 			m := &dedupModel{per: max(1, tc.capacity/nShards), until: map[dedupKey]int64{},
-				ring: map[*dedupShard][]*dedupKey{}, next: map[*dedupShard]int{}}
+				body: map[dedupKey][]byte{}, ring: map[*dedupShard][]*dedupKey{}, next: map[*dedupShard]int{}}
 			now := int64(1000)
 			for i := 0; i < tc.ops; i++ {
 				k := dedupKey{keyID: uint32(rng.IntN(3)), id: uint64(rng.IntN(tc.keys))}
@@ -78,14 +84,18 @@ func TestDedupTableAgreesWithModel(t *testing.T) {
 				case r < 50:
 					s, tag := d.shard(k)
 					until := now + int64(rng.IntN(100)) - 20
-					d.insert(s, k, tag, until, now)
-					m.insert(d, k, until)
+					body := randBody(rng)
+					s.setBody(d.insert(s, k, tag, until, now), body)
+					m.insert(d, k, until, body)
 				default:
 					s, tag := d.shard(k)
-					got := d.lookup(s, k, tag, now) != nil
+					j := d.lookup(s, k, tag, now)
 					u, ok := m.until[k]
-					if want := ok && u >= now; got != want {
-						t.Fatalf("op %d: lookup %v = %v, model %v (until %d, now %d)", i, k, got, want, u, now)
+					if want := ok && u >= now; (j >= 0) != want {
+						t.Fatalf("op %d: lookup %v = %v, model %v (until %d, now %d)", i, k, j >= 0, want, u, now)
+					}
+					if j >= 0 && !bytes.Equal(s.body(j), m.body[k]) {
+						t.Fatalf("op %d: body of %v is %d bytes %x, model %d bytes %x", i, k, len(s.body(j)), s.body(j), len(m.body[k]), m.body[k])
 					}
 				}
 				if i%997 == 0 {
@@ -95,6 +105,56 @@ func TestDedupTableAgreesWithModel(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// randBody is a body for the model test: empty (a report's), inline, at
+// the inline bound, or longer (up to a response with 32 guards and 32
+// resources), with bytes that tell bodies apart.
+func randBody(rng *rand.Rand) []byte {
+	var n int
+	switch r := rng.IntN(10); {
+	case r < 2:
+		return nil
+	case r < 6:
+		n = 1 + rng.IntN(inlineBody)
+	case r < 7:
+		n = inlineBody
+	default:
+		n = inlineBody + 1 + rng.IntN(556-inlineBody)
+	}
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	return b
+}
+
+// TestDedupLargeBodies: a slot whose body moves between the large map and
+// the slot, and a sweep, leave no large body behind for a slot that no
+// longer holds one.
+func TestDedupLargeBodies(t *testing.T) {
+	d := newDedup(nShards)
+	k := dedupKey{keyID: 1, id: 42}
+	s, tag := d.shard(k)
+	big := bytes.Repeat([]byte{7}, inlineBody+1)
+	i := d.insert(s, k, tag, 100, 0)
+	s.setBody(i, big)
+	if !bytes.Equal(s.body(i), big) || len(s.large) != 1 {
+		t.Fatalf("large body: %d bytes back, %d large", len(s.body(i)), len(s.large))
+	}
+	s.setBody(i, []byte("short"))
+	if string(s.body(i)) != "short" || len(s.large) != 0 {
+		t.Fatalf("short after large: %q, %d large", s.body(i), len(s.large))
+	}
+	s.setBody(i, big)
+	if j := d.insert(s, k, tag, 200, 150); j != i || len(s.body(j)) != 0 || len(s.large) != 0 {
+		t.Fatalf("re-insert of an expired id: slot %d (was %d), %d-byte body, %d large", j, i, len(s.body(j)), len(s.large))
+	}
+	s.setBody(i, big)
+	d.sweep(300)
+	if len(s.large) != 0 || d.count.Load() != 0 {
+		t.Fatalf("after the sweep: %d large, %d entries", len(s.large), d.count.Load())
 	}
 }
 
@@ -108,15 +168,43 @@ func BenchmarkDedupInsert(b *testing.B) {
 	for range 2 * DefaultDedupCapacity {
 		k := dedupKey{keyID: 1, id: rng.Uint64()}
 		s, tag := d.shard(k)
-		d.insert(s, k, tag, now+60_000, now)
+		s.setBody(d.insert(s, k, tag, now+60_000, now), body24)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
 		k := dedupKey{keyID: 1, id: rng.Uint64()}
 		s, tag := d.shard(k)
-		if d.lookup(s, k, tag, now) != nil {
+		if d.lookup(s, k, tag, now) >= 0 {
 			b.Fatal("fresh id found")
 		}
-		d.insert(s, k, tag, now+60_000, now)
+		s.setBody(d.insert(s, k, tag, now+60_000, now), body24)
+	}
+}
+
+// body24 is the size of a typical answer's body: one resource, no guard.
+var body24 = make([]byte, 24)
+
+// BenchmarkDedupFill is the same work while the ring fills for the first
+// time (every op a fresh table's new slot), the state of a server's first
+// DefaultDedupCapacity requests.
+func BenchmarkDedupFill(b *testing.B) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	now := int64(1)
+	d := newDedup(DefaultDedupCapacity)
+	b.ReportAllocs()
+	n := 0
+	for b.Loop() {
+		if n == DefaultDedupCapacity/2 {
+			b.StopTimer()
+			d, n = newDedup(DefaultDedupCapacity), 0
+			b.StartTimer()
+		}
+		n++
+		k := dedupKey{keyID: 1, id: rng.Uint64()}
+		s, tag := d.shard(k)
+		if d.lookup(s, k, tag, now) >= 0 {
+			b.Fatal("fresh id found")
+		}
+		s.setBody(d.insert(s, k, tag, now+60_000, now), body24)
 	}
 }

@@ -97,6 +97,7 @@ type worker struct {
 	comp wire.Completion
 	resp wire.RateResponse
 	key  []byte
+	body []byte // an encoded RATE_RESPONSE body, before the dedup slot copies it
 
 	rb    [wire.MaxCount]*bucket
 	orig  [wire.MaxCount]float64
@@ -110,7 +111,8 @@ type worker struct {
 const keyCap = 2 + 64 + wire.MaxName
 
 func newWorker(s *Server, id int, bc *batchConn) *worker {
-	w := &worker{s: s, id: id, bc: bc, batch: s.cfg.Batch, key: make([]byte, 0, keyCap)}
+	w := &worker{s: s, id: id, bc: bc, batch: s.cfg.Batch, key: make([]byte, 0, keyCap),
+		body: make([]byte, 0, wire.MaxBody)}
 	w.req.Guards = make([]wire.Guard, 0, wire.MaxCount)
 	w.req.Resources = make([]wire.Resource, 0, wire.MaxCount)
 	w.comp.Request.Guards = make([]wire.Guard, 0, wire.MaxCount)
@@ -318,19 +320,20 @@ func (w *worker) rateRequest(ke *keyEntry, nowNs int64, out []byte) int {
 	d := w.s.dedup
 	ds, tag := d.shard(dk)
 	ds.mu.Lock()
-	if sl := d.lookup(ds, dk, tag, nowMs); sl != nil {
-		if len(sl.body) == 0 { // the id of a report: not a request we decided
+	if i := d.lookup(ds, dk, tag, nowMs); i >= 0 {
+		sl := &ds.ring[i]
+		if sl.n == 0 { // the id of a report: not a request we decided
 			ds.mu.Unlock()
 			w.dropped(dropReplayedReport)
 			return 0
 		}
 		sl.until = max(sl.until, w.until())
-		n := w.answer(ke, sl.body, nowMs, out)
+		n := w.answer(ke, ds.body(i), nowMs, out)
 		ds.mu.Unlock()
 		w.inc(cReplays)
 		return n
 	}
-	sl := d.insert(ds, dk, tag, w.until(), nowMs)
+	i := d.insert(ds, dk, tag, w.until(), nowMs)
 	w.decide(ke, &w.req, modeRequest, nowNs)
 	w.inc(cRequests)
 	switch {
@@ -344,13 +347,13 @@ func (w *worker) rateRequest(ke *keyEntry, nowNs int64, out []byte) int {
 	if hk := w.s.cfg.Hooks; hk != nil && hk.MutateResponse != nil {
 		hk.MutateResponse(&w.resp)
 	}
-	body, err := w.resp.AppendBody(sl.body[:0])
+	body, err := w.resp.AppendBody(w.body[:0])
 	if err != nil { // only a hook can make the response unencodable
 		ds.mu.Unlock()
 		w.dropped(dropInternal)
 		return 0
 	}
-	sl.body = body
+	ds.setBody(i, body)
 	n := w.answer(ke, body, nowMs, out)
 	ds.mu.Unlock()
 	return n
@@ -393,7 +396,7 @@ func (w *worker) report(ke *keyEntry, nowNs int64) {
 	d := w.s.dedup
 	ds, tag := d.shard(dk)
 	ds.mu.Lock()
-	if d.lookup(ds, dk, tag, nowMs) != nil {
+	if d.lookup(ds, dk, tag, nowMs) >= 0 {
 		ds.mu.Unlock()
 		w.dropped(dropReplayedReport)
 		return
@@ -422,21 +425,22 @@ func (w *worker) completion(ke *keyEntry, nowNs int64) {
 	ds, tag := d.shard(dk)
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
-	if sl := d.lookup(ds, dk, tag, nowMs); sl != nil {
+	if i := d.lookup(ds, dk, tag, nowMs); i >= 0 {
+		sl := &ds.ring[i]
 		// Keep the id as long as this completion can pass the timestamp
 		// check: a captured copy re-sent later must still find it.
 		sl.until = max(sl.until, w.until())
 		w.inc(cCompletionsIgnored)
 		return
 	}
-	sl := d.insert(ds, dk, tag, w.until(), nowMs)
+	i := d.insert(ds, dk, tag, w.until(), nowMs)
 	m := modeForceDeny
 	if w.comp.Decision == wire.DecisionAllow {
 		m = modeForceAllow
 	}
 	w.decide(ke, &w.comp.Request, m, nowNs)
-	if body, err := w.resp.AppendBody(sl.body[:0]); err == nil {
-		sl.body = body
+	if body, err := w.resp.AppendBody(w.body[:0]); err == nil {
+		ds.setBody(i, body)
 	}
 	w.inc(cCompletionsApplied)
 }
