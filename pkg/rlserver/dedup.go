@@ -26,13 +26,14 @@ type dedupSlot struct {
 	until int64  // unix ms; the entry is valid through this time
 	tag   uint32 // the key's hash tag (dedupTable.shard)
 	n     uint16 // body length; 0 for reports
-	used  bool
-	large bool // the body is in the shard's large map
+	large bool   // the body is in the shard's large map
 	small [inlineBody]byte
 }
 
-// dedupShard holds at most len(ring) ids: a new id takes the ring's next
-// slot and evicts whatever that slot held (the oldest insert). index finds
+// dedupShard holds at most len(ring) ids, in the order they came: the n
+// slots before next (cyclically) hold ids, the oldest first. A new id
+// takes slot next and, when the ring is full, evicts the oldest id from
+// it; sweep forgets expired ids from the oldest end. index finds
 // an id's slot: open addressing with linear probing, at most half full,
 // each cell 0 (empty) or the id's hash tag in the high 32 bits and its
 // slot + 1 in the low 32. A lookup that misses (every new request) reads
@@ -43,8 +44,9 @@ type dedupShard struct {
 	index []uint64
 	ring  []dedupSlot
 	large map[int][]byte // bodies longer than inlineBody, by ring slot
-	next  int
-	_     [32]byte
+	next  int            // the slot the next new id takes
+	n     int            // ids held: the n slots before next
+	_     [24]byte
 }
 
 type dedupTable struct {
@@ -112,15 +114,16 @@ func (d *dedupTable) insert(s *dedupShard, k dedupKey, tag uint32, until, nowMs 
 	i := s.next
 	s.next = (s.next + 1) % len(s.ring)
 	sl := &s.ring[i]
-	if sl.used {
+	if s.n == len(s.ring) { // full: slot i holds the oldest id
 		d.unindex(s, i)
 		if sl.until >= nowMs {
 			d.evictedLive.Add(1)
 		}
 	} else {
+		s.n++
 		d.count.Add(1)
 	}
-	sl.key, sl.tag, sl.until, sl.used = k, tag, until, true
+	sl.key, sl.tag, sl.until = k, tag, until
 	s.setBody(i, nil)
 	mask := len(s.index) - 1
 	c := int(tag) & mask
@@ -158,7 +161,7 @@ func (s *dedupShard) setBody(i int, b []byte) {
 	sl.large, sl.n = true, uint16(len(b))
 }
 
-// unindex removes the index entry of ring slot i (used), closing the gap
+// unindex removes the index entry of ring slot i (held), closing the gap
 // by moving back the entries after it that may not stay behind a hole.
 func (d *dedupTable) unindex(s *dedupShard, i int) {
 	mask := len(s.index) - 1
@@ -178,19 +181,30 @@ func (d *dedupTable) unindex(s *dedupShard, i int) {
 	s.index[hole] = 0
 }
 
-// sweep forgets expired entries.
+// sweep forgets expired ids from each shard's oldest end and stops at the
+// first live one, so its work is the ids it forgets, not the ring: at the
+// default capacity a walk of the whole ring read 16 MiB each second while
+// every id was live. Ids come in roughly the order they expire; one that
+// expires before an older one (a shorter ttl_ms, a sender's clock behind
+// the others, an older id kept longer by a replay) waits for that one or
+// for the ring to reuse its slot. Lookups never find expired ids, swept or
+// not.
 func (d *dedupTable) sweep(nowMs int64) {
 	for i := range d.shards {
 		s := &d.shards[i]
 		s.mu.Lock()
-		for j := range s.ring {
-			sl := &s.ring[j]
-			if sl.used && sl.until < nowMs {
-				d.unindex(s, j)
-				s.setBody(j, nil)
-				sl.used = false
-				d.count.Add(-1)
+		for s.n > 0 {
+			t := s.next - s.n
+			if t < 0 {
+				t += len(s.ring)
 			}
+			if s.ring[t].until >= nowMs {
+				break
+			}
+			d.unindex(s, t)
+			s.setBody(t, nil)
+			s.n--
+			d.count.Add(-1)
 		}
 		s.mu.Unlock()
 	}

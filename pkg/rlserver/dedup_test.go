@@ -6,15 +6,16 @@ import (
 	"testing"
 )
 
-// dedupModel is the reference the table must agree with: per shard a ring
-// of slots filled in order (an insert of a new id takes the next slot and
-// evicts whatever it held, live or not), and a plain map from id to slot.
+// dedupModel is the reference the table must agree with: per shard a
+// queue of ids in the order they came (a new id joins the back and, with
+// the queue at capacity, pushes the front one out, live or not; a sweep
+// drops ids from the front while they are expired), and plain maps from
+// id to expiry and body.
 type dedupModel struct {
 	per   int
 	until map[dedupKey]int64
 	body  map[dedupKey][]byte
-	ring  map[*dedupShard][]*dedupKey
-	next  map[*dedupShard]int
+	queue map[*dedupShard][]dedupKey
 }
 
 func (m *dedupModel) insert(d *dedupTable, k dedupKey, until int64, body []byte) {
@@ -24,30 +25,27 @@ func (m *dedupModel) insert(d *dedupTable, k dedupKey, until int64, body []byte)
 		return
 	}
 	s, _ := d.shard(k)
-	r := m.ring[s]
-	if r == nil {
-		r = make([]*dedupKey, m.per)
-		m.ring[s] = r
+	q := m.queue[s]
+	if len(q) == m.per {
+		m.forget(q[0])
+		q = q[1:]
 	}
-	i := m.next[s]
-	m.next[s] = (i + 1) % m.per
-	if old := r[i]; old != nil {
-		delete(m.until, *old)
-		delete(m.body, *old)
-	}
-	r[i] = &k
+	m.queue[s] = append(q, k)
 	m.until[k] = until
 }
 
+func (m *dedupModel) forget(k dedupKey) {
+	delete(m.until, k)
+	delete(m.body, k)
+}
+
 func (m *dedupModel) sweep(now int64) {
-	for _, r := range m.ring {
-		for i, k := range r {
-			if k != nil && m.until[*k] < now {
-				delete(m.until, *k)
-				delete(m.body, *k)
-				r[i] = nil
-			}
+	for s, q := range m.queue {
+		for len(q) > 0 && m.until[q[0]] < now {
+			m.forget(q[0])
+			q = q[1:]
 		}
+		m.queue[s] = q
 	}
 }
 
@@ -72,7 +70,7 @@ func TestDedupTableAgreesWithModel(t *testing.T) {
 			rng := rand.New(rand.NewPCG(1, uint64(tc.capacity)))
 			d := newDedup(tc.capacity)
 			m := &dedupModel{per: max(1, tc.capacity/nShards), until: map[dedupKey]int64{},
-				body: map[dedupKey][]byte{}, ring: map[*dedupShard][]*dedupKey{}, next: map[*dedupShard]int{}}
+				body: map[dedupKey][]byte{}, queue: map[*dedupShard][]dedupKey{}}
 			now := int64(1000)
 			for i := 0; i < tc.ops; i++ {
 				k := dedupKey{keyID: uint32(rng.IntN(3)), id: uint64(rng.IntN(tc.keys))}
@@ -206,5 +204,26 @@ func BenchmarkDedupFill(b *testing.B) {
 			b.Fatal("fresh id found")
 		}
 		s.setBody(d.insert(s, k, tag, now+60_000, now), body24)
+	}
+}
+
+// BenchmarkDedupSweep is one sweep of a full ring at the default capacity
+// while every id is live (a busy server: ids live for their horizon plus
+// the 30 s clock skew allowance), the state sweeps meet each second.
+func BenchmarkDedupSweep(b *testing.B) {
+	d := newDedup(DefaultDedupCapacity)
+	rng := rand.New(rand.NewPCG(7, 7))
+	for range DefaultDedupCapacity {
+		k := dedupKey{keyID: 1, id: rng.Uint64()}
+		s, tag := d.shard(k)
+		s.setBody(d.insert(s, k, tag, 60_000, 1), body24)
+	}
+	held := d.count.Load() // some shards got more than their share: less than the capacity
+	b.ReportAllocs()
+	for b.Loop() {
+		d.sweep(2)
+	}
+	if got := d.count.Load(); got != held {
+		b.Fatalf("%d ids after sweeps of %d live ids", got, held)
 	}
 }
