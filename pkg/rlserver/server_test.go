@@ -169,6 +169,44 @@ func TestReplayReturnsSameAnswerConsumesOnce(t *testing.T) {
 	}
 }
 
+// A replay is answered from the dedup cache byte for byte whether the
+// answer's body lives in its slot (one resource) or beside the ring (32
+// resources: 396 bytes), and the request's buckets are charged once.
+func TestReplayAnswerSizes(t *testing.T) {
+	for _, n := range []int{1, 7, 8, 32} {
+		t.Run(fmt.Sprintf("%d resources", n), func(t *testing.T) {
+			clk := newClock()
+			s := startServer(t, clk, nil)
+			c := newClient(t, s, clk, testCred("acme", 1, 1))
+			r := &wire.RateRequest{}
+			for i := range n {
+				r.Resources = append(r.Resources, res(fmt.Sprintf("b%d", i), 5, 1000, 5, 1))
+			}
+			h := c.header(99)
+			c.send(c.seal(&h, r))
+			_, r1, body1 := c.recv()
+			if want := 12 + 12*n; len(body1) != want {
+				t.Fatalf("answer body %d bytes, want %d", len(body1), want)
+			}
+			for i := range 3 {
+				clk.Advance(time.Millisecond)
+				h = c.header(99)
+				h.Attempt, h.Flags = uint8(1+i), wire.FlagReplay
+				c.send(c.seal(&h, r))
+				if _, _, b := c.recv(); !bytes.Equal(b, body1) {
+					t.Fatalf("replay %d answer differs:\n%x\n%x", i, b, body1)
+				}
+			}
+			if !r1.Success || r1.Resources[n-1].Remaining != 4 {
+				t.Fatalf("first answer %+v", r1)
+			}
+			if st := s.Stats(); st.Replays != 3 || st.Requests != 1 {
+				t.Fatalf("stats %+v", st)
+			}
+		})
+	}
+}
+
 func TestCompletion(t *testing.T) {
 	clk := newClock()
 	var lost atomic.Uint64
