@@ -37,7 +37,7 @@ func runServer(args []string, stdout, stderr io.Writer) int {
 // runServerCtx runs the server until ctx is done, then drains. ready, when
 // set, is called with the bound UDP and admin addresses once serving.
 func runServerCtx(ctx context.Context, args []string, stdout, stderr io.Writer, ready func(udp netip.AddrPort, admin net.Addr)) int {
-	fs := newFlagSet("ratelimitly-server", "ratelimitly-server --listen ADDR --credentials FILE [--admin ADDR] [--workers N]",
+	fs := newFlagSet("ratelimitly-server", "ratelimitly-server --listen ADDR --credentials FILE [--admin ADDR] [--workers N] [--dedup-capacity N]",
 		"Runs a RateLimitly-compatible server (wire v1, docs/protocol.md) on a UDP address: one SO_REUSEPORT\n"+
 			"socket per worker, batched receive and send. Prometheus metrics on http://ADMIN/metrics.\n"+
 			"SIGTERM or SIGINT drains and exits 0.", stderr)
@@ -45,6 +45,7 @@ func runServerCtx(ctx context.Context, args []string, stdout, stderr io.Writer, 
 	credPath := fs.String("credentials", "", "credentials file (YAML: one credential or a credentials list)")
 	admin := fs.String("admin", "127.0.0.1:9902", "admin HTTP address for /metrics and /healthz (port 0 picks one)")
 	workers := fs.Int("workers", 0, "worker sockets (0 = one per CPU)")
+	dedupCap := fs.Int("dedup-capacity", rlserver.DefaultDedupCapacity, fmt.Sprintf("request ids remembered against replays, about %d bytes each once used (rounded down to a multiple of 64; at most %d): ids are kept for their request's horizon plus 30 s of clock skew, so size it to the request rate times that; ids forgotten early count in rlserver_evictions_total{table=\"dedup\"}", rlserver.DedupBytesPerID, rlserver.MaxDedupCapacity))
 	if done, code := parseFlags(fs, args, stdout); done {
 		return code
 	}
@@ -62,6 +63,8 @@ func runServerCtx(ctx context.Context, args []string, stdout, stderr io.Writer, 
 		return invalid("--credentials is required")
 	case *workers < 0:
 		return invalid("--workers must be >= 0, got %d", *workers)
+	case *dedupCap < 64 || *dedupCap > rlserver.MaxDedupCapacity:
+		return invalid("--dedup-capacity must be between 64 and %d, got %d", rlserver.MaxDedupCapacity, *dedupCap)
 	}
 	if _, err := net.ResolveUDPAddr("udp", *listen); err != nil {
 		return invalid("--listen %q: %v", *listen, err)
@@ -74,7 +77,7 @@ func runServerCtx(ctx context.Context, args []string, stdout, stderr io.Writer, 
 		return invalid("%v", err)
 	}
 
-	srv, err := rlserver.Start(rlserver.Config{Listen: *listen, Credentials: creds, Workers: *workers, Logger: log})
+	srv, err := rlserver.Start(rlserver.Config{Listen: *listen, Credentials: creds, Workers: *workers, DedupCapacity: *dedupCap, Logger: log})
 	if err != nil {
 		log.Error("start failed", "err", err)
 		return exitRuntime

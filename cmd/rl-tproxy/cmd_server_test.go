@@ -43,7 +43,7 @@ func TestServerCommandServesAndDrains(t *testing.T) {
 	done := make(chan int, 1)
 	var stderr testkit.SyncBuffer
 	go func() {
-		done <- runServerCtx(ctx, []string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--credentials", creds, "--workers", "2"},
+		done <- runServerCtx(ctx, []string{"--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--credentials", creds, "--workers", "2", "--dedup-capacity", "4100"},
 			io.Discard, &stderr, func(u netip.AddrPort, a net.Addr) { readyc <- addrs{u, a} })
 	}()
 	var a addrs
@@ -88,7 +88,7 @@ func TestServerCommandServesAndDrains(t *testing.T) {
 	}
 	body, _ := io.ReadAll(res.Body)
 	res.Body.Close()
-	for _, want := range []string{`rlserver_decisions_total{result="allow"} 1`, `rlserver_workers 2`, `rlserver_keys{table="buckets"} 1`, "go_goroutines"} {
+	for _, want := range []string{`rlserver_decisions_total{result="allow"} 1`, `rlserver_workers 2`, `rlserver_keys{table="buckets"} 1`, `rlserver_capacity{table="dedup"} 4096`, "go_goroutines"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
@@ -120,6 +120,10 @@ func TestServerCommandExitCodes(t *testing.T) {
 		{[]string{"--listen", "127.0.0.1:0", "--credentials", bad}, exitInvalid},
 		{[]string{"--listen", "127.0.0.1:0", "--credentials", filepath.Join(t.TempDir(), "missing")}, exitInvalid},
 		{[]string{"--listen", "127.0.0.1:0", "--credentials", good, "--workers", "-1"}, exitInvalid},
+		{[]string{"--listen", "127.0.0.1:0", "--credentials", good, "--dedup-capacity", "0"}, exitInvalid},
+		{[]string{"--listen", "127.0.0.1:0", "--credentials", good, "--dedup-capacity", "63"}, exitInvalid},
+		{[]string{"--listen", "127.0.0.1:0", "--credentials", good, "--dedup-capacity", "33554433"}, exitInvalid},
+		{[]string{"--listen", "127.0.0.1:0", "--credentials", good, "--dedup-capacity", "1e9"}, exitInvalid},
 		{[]string{"--listen", "nope:port", "--credentials", good}, exitInvalid},
 		{[]string{"--listen", "127.0.0.1:0", "--credentials", good, "--bogus"}, exitInvalid},
 		{[]string{"--listen", "127.0.0.1:0", "--credentials", good, "--admin", busy.Addr().String()}, exitRuntime},

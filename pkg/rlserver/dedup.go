@@ -67,6 +67,9 @@ func newDedup(capacity int) *dedupTable {
 	return d
 }
 
+// capacity is the number of ids the table holds at most.
+func (d *dedupTable) capacity() int { return len(d.shards) * len(d.shards[0].ring) }
+
 // shard returns k's shard and tag from k's keyed hash: its top bits pick
 // the shard, its low 32 bits are the tag (and the home cell) within it.
 func (d *dedupTable) shard(k dedupKey) (*dedupShard, uint32) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 )
 
 // dedupModel is the reference the table must agree with: per shard a
@@ -103,6 +104,19 @@ func TestDedupTableAgreesWithModel(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// DedupBytesPerID, which ratelimitly-server's --help quotes, is the slot
+// plus two index cells per id at a power-of-two capacity.
+func TestDedupBytesPerID(t *testing.T) {
+	if got := int(unsafe.Sizeof(dedupSlot{})) + 2*8; got != DedupBytesPerID {
+		t.Fatalf("slot %d bytes + 16 of index = %d, DedupBytesPerID %d", unsafe.Sizeof(dedupSlot{}), got, DedupBytesPerID)
+	}
+	for _, c := range []struct{ in, want int }{{1, 64}, {64, 64}, {100, 64}, {4100, 4096}, {DefaultDedupCapacity, DefaultDedupCapacity}} {
+		if got := newDedup(c.in).capacity(); got != c.want {
+			t.Errorf("capacity %d holds %d ids, want %d", c.in, got, c.want)
+		}
 	}
 }
 

@@ -21,6 +21,7 @@ var (
 	descSteered     = prometheus.NewDesc("rlserver_steering_feedback_total", "Responses that asked the client to move (steering_feedback = 0).", nil, nil)
 	descDrops       = prometheus.NewDesc("rlserver_drops_total", "Datagrams dropped without an answer, by reason.", []string{"reason"}, nil)
 	descKeys        = prometheus.NewDesc("rlserver_keys", "Live keys, by table (buckets, trackers, dedup).", []string{"table"}, nil)
+	descCapacity    = prometheus.NewDesc("rlserver_capacity", "Keys a table holds at most, by table (buckets, trackers, dedup).", []string{"table"}, nil)
 	descEvictions   = prometheus.NewDesc("rlserver_evictions_total", "Keys evicted because a table was full, by table.", []string{"table"}, nil)
 	descEpoch       = prometheus.NewDesc("rlserver_epoch_seconds", "server_epoch: the server start time.", nil, nil)
 	descWorkers     = prometheus.NewDesc("rlserver_workers", "Worker sockets.", nil, nil)
@@ -28,7 +29,7 @@ var (
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descReceived, descBatches, descReadErrors, descDecisions, descReplays, descReports,
-		descCompletions, descResponses, descSendErrors, descSteered, descDrops, descKeys, descEvictions, descEpoch, descWorkers} {
+		descCompletions, descResponses, descSendErrors, descSteered, descDrops, descKeys, descCapacity, descEvictions, descEpoch, descWorkers} {
 		ch <- d
 	}
 }
@@ -60,6 +61,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descKeys, float64(st.Buckets), "buckets")
 	gauge(descKeys, float64(st.Trackers), "trackers")
 	gauge(descKeys, float64(st.DedupEntries), "dedup")
+	gauge(descCapacity, float64(st.BucketCapacity), "buckets")
+	gauge(descCapacity, float64(st.TrackerCapacity), "trackers")
+	gauge(descCapacity, float64(st.DedupCapacity), "dedup")
 	ctr(descEvictions, st.BucketEvictions, "buckets")
 	ctr(descEvictions, st.TrackerEvictions, "trackers")
 	ctr(descEvictions, st.DedupEvictedLive, "dedup")

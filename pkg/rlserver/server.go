@@ -38,6 +38,12 @@ const (
 	DefaultMaxBuckets    = 1 << 20
 	DefaultMaxTrackers   = 1 << 16
 	DefaultDedupCapacity = 1 << 17
+	// MaxDedupCapacity bounds Config.DedupCapacity: 2^25 ids take about
+	// 4.5 GiB (DedupBytesPerID each) once the ring has filled.
+	MaxDedupCapacity = 1 << 25
+	// DedupBytesPerID is the memory one remembered id takes: its ring slot
+	// (the answer's body inline) and its share of the index.
+	DedupBytesPerID = 128 + 16
 	// OverloadTurns full read batches in a row make a worker overloaded:
 	// its answers carry steering_feedback = 0 until a read turn is not full.
 	OverloadTurns = 4
@@ -129,6 +135,9 @@ func Start(cfg Config) (*Server, error) {
 	}
 	if cfg.DedupCapacity <= 0 {
 		cfg.DedupCapacity = DefaultDedupCapacity
+	}
+	if cfg.DedupCapacity > MaxDedupCapacity {
+		return nil, fmt.Errorf("rlserver: dedup capacity %d: at most %d", cfg.DedupCapacity, MaxDedupCapacity)
 	}
 	if cfg.SweepInterval <= 0 {
 		cfg.SweepInterval = time.Second
@@ -355,6 +364,9 @@ type Stats struct {
 	BucketEvictions    uint64
 	TrackerEvictions   uint64
 	DedupEvictedLive   uint64 // ids forgotten before their time (capacity)
+	// The tables' bounds: MaxBuckets, MaxTrackers, and the ids the dedup
+	// ring holds (Config.DedupCapacity rounded down to a multiple of 64).
+	BucketCapacity, TrackerCapacity, DedupCapacity int
 }
 
 // Stats returns the current counters.
@@ -391,6 +403,9 @@ func (s *Server) Stats() Stats {
 		BucketEvictions:    s.buckets.evictions.Load(),
 		TrackerEvictions:   s.trackers.evictions.Load(),
 		DedupEvictedLive:   s.dedup.evictedLive.Load(),
+		BucketCapacity:     s.cfg.MaxBuckets,
+		TrackerCapacity:    s.cfg.MaxTrackers,
+		DedupCapacity:      s.dedup.capacity(),
 	}
 	for r := drop(0); r < numDrops; r++ {
 		var n uint64
