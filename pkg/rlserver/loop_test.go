@@ -2,7 +2,9 @@ package rlserver
 
 import (
 	"errors"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
@@ -181,5 +183,33 @@ func TestDrivenDetachHandsToWorker(t *testing.T) {
 	}
 	if seen := c.recvIDs(10); len(seen) != 10 {
 		t.Fatalf("%d distinct answers after Close", len(seen))
+	}
+}
+
+// A read turn reads the clock once for all its datagrams, and every one
+// of them is decided and answered at that time.
+func TestTurnReadsClockOnce(t *testing.T) {
+	clk := newClock()
+	var reads atomic.Int64
+	s := startServer(t, clk, func(cfg *Config) {
+		cfg.Workers, cfg.Driven, cfg.Batch = 1, true, 8
+		cfg.Now = func() time.Time { reads.Add(1); return clk.Now() }
+	})
+	k := s.Sockets()[0]
+	c := newClient(t, s, clk, testCred("acme", 1, 1))
+	c.sendN(1, 7) // less than the batch: one turn reads them all
+	if err := k.Attach(); err != nil {
+		t.Fatal(err)
+	}
+	defer k.Detach()
+	before := reads.Load()
+	if k.Serve(1) {
+		t.Fatal("more after one turn of 7")
+	}
+	if got := reads.Load() - before; got != 1 {
+		t.Fatalf("%d clock reads for one turn of 7 datagrams, want 1", got)
+	}
+	if got := len(c.recvIDs(7)); got != 7 || s.Stats().Allows != 7 {
+		t.Fatalf("%d answers, %d allows", got, s.Stats().Allows)
 	}
 }
