@@ -242,6 +242,15 @@ func (e *Engine) now() time.Time {
 	return e.Now()
 }
 
+// since is the time elapsed from t: with the real clock from its monotonic
+// reading alone (time.Since reads one clock where time.Now reads two).
+func (e *Engine) since(t time.Time) time.Duration {
+	if e.Now == nil {
+		return time.Since(t)
+	}
+	return e.Now().Sub(t)
+}
+
 // resolve applies the failure policy, the invalid-value rule and the local
 // fallback to a protected request's verdict and cause.
 func (e *Engine) resolve(p *Policy, d *Decision) {
@@ -272,7 +281,7 @@ func (e *Engine) resolve(p *Policy, d *Decision) {
 	default:
 		d.Zones = grow(d.Zones, len(loc.Limits))
 	}
-	d.Admission = e.now().Sub(d.start)
+	d.Admission = e.since(d.start)
 }
 
 func grow(z []ZoneState, n int) []ZoneState {

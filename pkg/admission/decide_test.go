@@ -219,6 +219,31 @@ func TestDecideBuildsOneCombinedCheck(t *testing.T) {
 	}
 }
 
+// Decision.Admission covers the check: with the real clock it is at least
+// what the checker itself saw pass (both monotonic), with an injected one
+// exactly the clock's advance.
+func TestAdmissionDurationCoversCheck(t *testing.T) {
+	p, svc := testPolicy(t, FailOpen, ModeEnforce)
+	var inCheck time.Duration
+	ch := &scriptChecker{res: validResp(wire.StatusOK, true, okGuard, okRes), mutate: func(*wire.RateRequest, *CheckResult) {
+		t0 := time.Now()
+		for time.Since(t0) < time.Millisecond { // the check takes a while; no sleep: a busy wait
+		}
+		inCheck = time.Since(t0)
+	}}
+	var d Decision
+	(&Engine{Checker: ch}).Decide(context.Background(), p, svc, testRequest(hdrs{"x-key": "alice"}), &d)
+	if d.Admission < inCheck {
+		t.Fatalf("admission %v, the check alone took %v", d.Admission, inCheck)
+	}
+	now := time.Unix(1000, 0)
+	ch.mutate = func(*wire.RateRequest, *CheckResult) { now = now.Add(7 * time.Millisecond) }
+	(&Engine{Checker: ch, Now: func() time.Time { return now }}).Decide(context.Background(), p, svc, testRequest(hdrs{"x-key": "alice"}), &d)
+	if d.Admission != 7*time.Millisecond {
+		t.Fatalf("admission %v with the clock advanced 7ms in the check", d.Admission)
+	}
+}
+
 func TestUnprotectedAndUnmatchedSendNothing(t *testing.T) {
 	p, svc := testPolicy(t, FailClose, ModeEnforce)
 	svc.Locations[0].Match = Match{Path: "/only"}
