@@ -46,6 +46,7 @@ type Gate struct {
 	access   *slog.Logger
 	log      *slog.Logger
 	now      func() time.Time
+	engNow   func() time.Time // Config.Now for the engine: nil times decisions by the monotonic clock alone
 	pool     sync.Pool
 	causes   []counter
 	inflight interface {
@@ -98,7 +99,7 @@ var internalBody = []byte("500 Internal Server Error\n")
 // until Swap) and no checker (protected requests fail as no_endpoints
 // until SetChecker).
 func New(cfg Config) *Gate {
-	g := &Gate{m: cfg.Metrics, access: cfg.AccessLog, log: cfg.Logger, now: cfg.Now}
+	g := &Gate{m: cfg.Metrics, access: cfg.AccessLog, log: cfg.Logger, now: cfg.Now, engNow: cfg.Now}
 	if g.m == nil {
 		g.m = metrics.New("dev", "unknown")
 	}
@@ -122,7 +123,7 @@ func New(cfg Config) *Gate {
 		st.tk.st = st
 		return st
 	}
-	g.eng = admission.Engine{Local: g.local, Now: g.now}
+	g.eng = admission.Engine{Local: g.local, Now: g.engNow}
 	g.checker.Store(&checkerRef{c: noChecker{}})
 	return g
 }
@@ -220,7 +221,7 @@ func (g *Gate) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
 	if st.gen == nil {
 		return st.unmatched()
 	}
-	eng := admission.Engine{Checker: st, Local: g.local, Now: g.now}
+	eng := admission.Engine{Checker: st, Local: g.local, Now: g.engNow}
 	g.inflight.Inc()
 	eng.Decide(ctx, st.gen.pol, svc, &st.areq, &st.dec)
 	g.inflight.Dec()
