@@ -247,7 +247,7 @@ func New(cfg Config) (*Client, error) {
 	c := &Client{cfg: cfg, policy: cfg.Policy, key: key, clock: clk, log: lg, done: make(chan struct{})}
 	c.horizon = cfg.Policy.Horizon()
 	c.ttlMs = uint16(ratelimitly.CeilMs(c.horizon))
-	c.table.init()
+	c.table.init(stripesFor(runtime.GOMAXPROCS(0)))
 	if cfg.Shards <= 0 {
 		cfg.Shards = runtime.GOMAXPROCS(0)
 	}

@@ -1,15 +1,44 @@
 package rlclient
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 )
+
+// The stripe count follows the threads that may check at once: four per
+// thread, a power of two, within [minStripes, maxStripes]; a stripe's
+// header fills one cache line.
+func TestStripesFor(t *testing.T) {
+	for _, c := range []struct{ procs, want int }{{0, 4}, {1, 4}, {2, 8}, {3, 16}, {4, 16}, {5, 32}, {16, 64}, {1000, 64}} {
+		if got := stripesFor(c.procs); got != c.want {
+			t.Errorf("stripesFor(%d) = %d, want %d", c.procs, got, c.want)
+		}
+	}
+	if sz := unsafe.Sizeof(tableStripe{}); sz != 64 {
+		t.Errorf("tableStripe is %d bytes, want one 64-byte line", sz)
+	}
+	var tb reqTable
+	tb.init(8)
+	for i := range tb.stripes {
+		if s := &tb.stripes[i]; s.shift != stripeShift+3 || len(s.slots) != stripeSlots {
+			t.Fatalf("stripe %d: shift %d, %d slots", i, s.shift, len(s.slots))
+		}
+	}
+}
 
 // TestReqTableAgreesWithModel drives the table and a map with the same
 // random puts, removes and lookups, ids crowded into few stripes and few
 // home slots (so clusters form, wrap around the end and grow the
 // stripes), and compares every lookup and, at the end, the live set.
 func TestReqTableAgreesWithModel(t *testing.T) {
+	for _, stripes := range []int{minStripes, maxStripes} {
+		t.Run(fmt.Sprintf("%d stripes", stripes), func(t *testing.T) { reqTableAgreesWithModel(t, stripes) })
+	}
+}
+
+func reqTableAgreesWithModel(t *testing.T, stripes int) {
 	for _, tc := range []struct {
 		name   string
 		idBits uint // random bits above the token bits
@@ -23,7 +52,7 @@ func TestReqTableAgreesWithModel(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(3, uint64(tc.idBits)))
 			var tb reqTable
-			tb.init()
+			tb.init(stripes)
 			model := map[uint64]*request{}
 			id := func() uint64 { return (rng.Uint64() & (1<<tc.idBits - 1)) << stripeShift }
 			for i := range tc.ops {
@@ -65,10 +94,19 @@ func TestReqTableAgreesWithModel(t *testing.T) {
 }
 
 // BenchmarkReqTable is a check's table work: put at the start, get for
-// its answer, remove at the end, with 256 others in flight.
+// its answer, remove at the end, with 256 others in flight, at the fewest
+// and the most stripes. (In the proxy the difference is the cache: between
+// two checks on one loop thread, the TCP work evicts the lines of a table
+// spread over 64 stripes; here every line stays hot.)
 func BenchmarkReqTable(b *testing.B) {
+	for _, stripes := range []int{minStripes, maxStripes} {
+		b.Run(fmt.Sprintf("stripes=%d", stripes), func(b *testing.B) { benchReqTable(b, stripes) })
+	}
+}
+
+func benchReqTable(b *testing.B, stripes int) {
 	var tb reqTable
-	tb.init()
+	tb.init(stripes)
 	rng := rand.New(rand.NewPCG(1, 2))
 	live := make([]*request, 256)
 	for i := range live {
