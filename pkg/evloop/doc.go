@@ -59,7 +59,15 @@
 // keeps its P and is not handed off (an announced blocking call would
 // have the runtime's monitor give the P to another thread after 20 µs).
 // Post wakes such a wait through the ring's or the epoll set's own
-// eventfd. Once the span is over the next idle wait parks. A loop waits
+// eventfd. Once the span is over the next idle wait parks. One
+// IORING_OP_TIMEOUT, armed when the span's first kernel wait begins,
+// ends the span; a wait does not carry a timeout of its own unless a
+// loop timer is due before the span ends (an enter's timeout arms a
+// kernel timer and cancels it at the wake-up, and a timer due within the
+// millisecond is the CPU's next event: each reprograms the timer
+// device, on a virtual machine an exit each time, on the request's path
+// at one request at a time). A kernel that refuses the TIMEOUT is asked
+// once, logged, and its waits carry their own timeout. A loop waits
 // in the kernel only on io_uring (epoll's parker, a duplicate of the epoll
 // set in Go's netpoller, would wake the netpoller at every event) and
 // only while the process has a P that no loop holds

@@ -271,6 +271,7 @@ type Loop struct {
 	nParks   atomic.Uint64
 	nKWaits  atomic.Uint64
 	nWakes   atomic.Uint64 // wake-ups read from the driver's eventfd (tests)
+	nKTimed  atomic.Uint64 // kernel waits bounded by a timeout of their own: a loop timer due within the span (tests)
 	nSpliced atomic.Uint64
 	nPipes   atomic.Int64
 }
@@ -419,8 +420,13 @@ func (l *Loop) loop() error {
 		if timeout != 0 {
 			if l.pk != nil {
 				if now := l.clock(); now < l.kernelUntil && l.mayHoldP() {
-					if left := l.kernelUntil - now; timeout < 0 || left < timeout {
-						timeout = left
+					if left := l.kernelUntil - now; timeout < 0 || left <= timeout {
+						// The span's TIMEOUT ends this wait: no timer is
+						// armed per wait (see uring.spanAt).
+						timeout = -1
+						if !l.ur.armSpan(l.kernelUntil, now) {
+							timeout = left
+						}
 					}
 					l.inKernel.Store(true)
 				} else {
@@ -446,6 +452,9 @@ func (l *Loop) loop() error {
 			}
 		case l.inKernel.Load():
 			l.nKWaits.Add(1)
+			if timeout > 0 {
+				l.nKTimed.Add(1)
+			}
 			_, err = l.drv.poll(timeout)
 		default:
 			_, err = l.drv.poll(timeout)

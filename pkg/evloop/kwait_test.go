@@ -180,3 +180,102 @@ func TestKernelWaitHoldP(t *testing.T) {
 			st.KernelWaits, got.KernelWaits, st.Parks, got.Parks)
 	}
 }
+
+// spanLoop starts one io_uring loop with a P to spare and the given
+// kernel span, serving an echo; it returns the loop and a connection
+// after trips round trips.
+func spanLoop(t *testing.T, span time.Duration, trips int) (*Group, *Loop, net.Conn) {
+	t.Helper()
+	withKernelSpan(t, span)
+	prev := runtime.GOMAXPROCS(2) // a P to spare
+	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
+	if err := probeUring(); err != nil {
+		testkit.Missing(t, "io_uring refused on this machine: %v", err)
+	}
+	g := startGroup(t, IOUring, 1)
+	fd, addr := listenFD(t)
+	listenAll(t, g, fd, func() Handler { return &echo{limit: 64 << 10} })
+	c := dial(t, addr)
+	for i := range trips {
+		if err := echoOnce(c, []byte("ping")); err != nil {
+			t.Fatalf("round trip %d: %v", i, err)
+		}
+	}
+	return g, g.Loops()[0], c
+}
+
+// TestKernelWaitSpanTimeout: a span of kernel waits is bounded by one
+// TIMEOUT armed when it begins, not by a timeout on each wait (an
+// enter's timeout arms a kernel timer and cancels it on the wake-up:
+// on a virtual machine two exits per wait, docs/bench/evloop.md); a
+// loop timer due before the span ends still bounds the wait it falls in.
+func TestKernelWaitSpanTimeout(t *testing.T) {
+	_, l, _ := spanLoop(t, time.Hour, 200)
+	waits := l.nKWaits.Load()
+	if waits < 100 {
+		t.Fatalf("%d kernel waits for 200 round trips after the first park, want one per trip at least", waits)
+	}
+	if n := l.ur.nSpans.Load(); n != 1 {
+		t.Fatalf("%d span TIMEOUTs armed in one span, want 1", n)
+	}
+	if n := l.nKTimed.Load(); n != 0 {
+		t.Fatalf("%d of %d kernel waits had a timeout of their own, want none (no loop timer was armed)", n, waits)
+	}
+
+	// A timer due within the span bounds the wait it falls in.
+	testkit.WaitFor(t, "the loop to wait in the kernel", func() bool { return l.inKernel.Load() && l.asleep.Load() })
+	fired := make(chan struct{})
+	var tm Timer
+	l.Post(func() {
+		tm.Init(l, func() { close(fired) })
+		tm.Reset(l.Now() + int64(5*time.Millisecond))
+	})
+	select {
+	case <-fired:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a timer 5 ms ahead did not fire in 30 s during an hour's span")
+	}
+	if l.nKTimed.Load() == 0 {
+		t.Fatal("the timer fired, but no kernel wait was bounded by it (a signal or a spurious wake-up ended the wait)")
+	}
+	if n := l.ur.nSpans.Load(); n != 1 {
+		t.Fatalf("%d span TIMEOUTs armed, want still 1", n)
+	}
+}
+
+// TestKernelWaitSpanEnds: the span's TIMEOUT completes, so an idle loop
+// leaves its kernel wait and parks (without it only the runtime's
+// preemption signal would end the wait, 10 ms later).
+func TestKernelWaitSpanEnds(t *testing.T) {
+	g, l, c := spanLoop(t, 200*time.Microsecond, 0)
+	for round := range 3 {
+		for i := range 100 {
+			if err := echoOnce(c, []byte("ping")); err != nil {
+				t.Fatalf("round %d, trip %d: %v", round, i, err)
+			}
+		}
+		testkit.WaitFor(t, "every span TIMEOUT armed to complete", func() bool {
+			return l.ur.nSpans.Load() > 0 && l.ur.nEnds.Load() == l.ur.nSpans.Load()
+		})
+		testkit.WaitFor(t, "the idle loop to park", func() bool { return strings.HasPrefix(loopWaitState(), "IO wait") })
+	}
+	if l.nKWaits.Load() == 0 {
+		t.Fatalf("stats %+v: no kernel wait", g.Stats())
+	}
+}
+
+// TestKernelWaitSpanRefused: a kernel that refuses the span's TIMEOUT
+// (here an invalid one) is asked once; the loop's waits then bound
+// themselves, and traffic flows (a wait armed a refused TIMEOUT before
+// each, each would end at once: a busy loop).
+func TestKernelWaitSpanRefused(t *testing.T) {
+	refuseSpanTimeout = true
+	t.Cleanup(func() { refuseSpanTimeout = false })
+	g, l, _ := spanLoop(t, time.Hour, 100)
+	if n := l.ur.nSpans.Load(); n != 1 {
+		t.Fatalf("%d TIMEOUTs armed after the kernel refused the first, want 1", n)
+	}
+	if l.nKTimed.Load() == 0 {
+		t.Fatalf("stats %+v: no kernel wait bounded by its own timeout after the refusal", g.Stats())
+	}
+}

@@ -578,6 +578,7 @@ const (
 	udCancel = 6 << 56
 	udConn   = 7 << 56
 	udPollIn = 8 << 56 // io_uring POLL_ADD POLLIN: a splice's source is readable
+	udSpan   = 9 << 56 // io_uring TIMEOUT ending a span of kernel waits (low bits: its sequence)
 	udKind   = 0xff << 56
 )
 

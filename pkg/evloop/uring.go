@@ -36,6 +36,20 @@ type uring struct {
 	// them: the ring polls the set, the loop accepts with accept4.
 	lep int // epoll set of the listeners (0: none yet)
 	lev [64]unix.EpollEvent
+
+	// A span of kernel waits (kernelSpan) ends with one TIMEOUT
+	// submission, not with a timeout on each wait: an enter's timeout
+	// arms a kernel timer and cancels it on wake-up, and a timer due
+	// within a millisecond is the CPU's next event, so each of those
+	// reprograms the timer device (on a virtual machine two exits
+	// of several µs per wait, all on the request's path at one request
+	// at a time: docs/bench/evloop.md).
+	spanAt  int64         // end of the span the pending TIMEOUT was armed for, loop clock; 0: none pending
+	spanSeq uint32        // sequence of the latest TIMEOUT (user data's low bits)
+	spanTS  unix.Timespec // its relative expiry, read by the kernel at submission
+	nSpans  atomic.Uint64 // TIMEOUTs armed (tests)
+	nEnds   atomic.Uint64 // TIMEOUTs completed (tests)
+	spanOff bool          // the kernel refused a TIMEOUT: waits bound themselves
 }
 
 // udListenSet marks the POLL_ADD on the listeners' epoll set.
@@ -44,6 +58,9 @@ const udListenSet = udListen | 0xffffffff
 // recvBurst is how many receive buffers' worth one multishot recv may
 // take before it is re-armed: the most a paused socket keeps stashed.
 const recvBurst = 4
+
+// refuseSpanTimeout (tests) makes the kernel refuse the span's TIMEOUT.
+var refuseSpanTimeout bool
 
 // refuseRecvLimit (tests) makes the kernel refuse the first limited recv
 // as a kernel without the limit does.
@@ -90,6 +107,31 @@ func newUring(l *Loop) (*uring, error) {
 	u := &uring{l: l, r: r, pb: pb, evfd: evfd, parkfd: -1, page: page, recvLimit: recvBurst * l.bufSize}
 	u.armWake()
 	return u, nil
+}
+
+// armSpan makes sure a TIMEOUT ends the loop's wait by until (loop
+// clock, now is the clock): it arms one unless one is pending, which
+// then ends a wait no later (until only grows); it goes with the wait's
+// own enter. False when the kernel refused one: the wait needs its own
+// timeout.
+func (u *uring) armSpan(until, now int64) bool {
+	if u.spanOff {
+		return false
+	}
+	if u.spanAt != 0 {
+		return true
+	}
+	u.spanSeq++
+	u.spanAt = until
+	u.spanTS = unix.NsecToTimespec(until - now)
+	q := u.r.get()
+	q.opcode, q.fd, q.userData = opTimeout, -1, udSpan|uint64(u.spanSeq)
+	q.addr, q.len = uint64(uintptr(unsafe.Pointer(&u.spanTS))), 1
+	if refuseSpanTimeout {
+		q.len = 2 // EINVAL
+	}
+	u.nSpans.Add(1)
+	return true
 }
 
 func (u *uring) armWake() {
@@ -181,6 +223,17 @@ func (u *uring) complete(c cqe) {
 	case udWake:
 		l.nWakes.Add(1)
 		u.armWake()
+	case udSpan:
+		u.nEnds.Add(1)
+		if uint32(c.userData) == u.spanSeq {
+			u.spanAt = 0
+		}
+		if e := unix.Errno(-c.res); c.res < 0 && e != unix.ETIME && e != unix.ECANCELED && !u.spanOff {
+			// Refused: each wait would arm another at once. Waits go
+			// back to a timeout of their own.
+			u.spanOff = true
+			l.log.Warn("evloop: io_uring TIMEOUT refused; kernel waits arm their own timeout", "loop", l.id, "err", e)
+		}
 	case udListen:
 		u.listenReady(c)
 	case udWatch:

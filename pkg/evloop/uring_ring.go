@@ -18,6 +18,7 @@ const (
 	sysIOUringRegister = 427
 
 	opPollAdd     = 6
+	opTimeout     = 11
 	opAccept      = 13
 	opAsyncCancel = 14
 	opRead        = 22
