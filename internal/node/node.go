@@ -53,7 +53,7 @@ type Options struct {
 	// io_uring_enter holding their P (up to 1 ms after each park) also
 	// when every P runs a loop, while the RateLimitly client runs on the
 	// loops and no connection is served by a goroutine
-	// (proxy.Config.HoldP). The zero value is KernelWaitOff.
+	// (proxy.Config.HoldP). The zero value is KernelWaitLight.
 	LoopKernelWait KernelWait
 	// SpliceMin is proxy.Config.SpliceMin: request and response bodies with
 	// at least this many bytes left go by splice(2) (0: the default,
