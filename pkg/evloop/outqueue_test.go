@@ -10,7 +10,8 @@ import (
 )
 
 // TestWriteQueueStaysBounded streams 8 MiB to a reader that keeps up but
-// stays window bytes behind, so the queue never empties. The queue's
+// stays window bytes behind (each chunk read, one more written), so the
+// queue never empties. The queue's
 // array must stay about the size of what is unsent: before reserve it
 // grew by everything written since the queue last drained (the whole
 // stream here, 630 MB of RSS for a 256 MiB download through the proxy).
@@ -56,6 +57,9 @@ func TestWriteQueueStaysBounded(t *testing.T) {
 		})
 		r := bufio.NewReaderSize(c, chunk)
 		got := make([]byte, chunk)
+		// Each read waits for the write it asks for, so the writer's lead
+		// is the window at every read however late the loop runs.
+		wrote := make(chan struct{}, 1)
 		for off := 0; off < total; off += chunk {
 			if _, err := io.ReadFull(r, got); err != nil {
 				t.Fatalf("read at %d: %v", off, err)
@@ -69,7 +73,9 @@ func TestWriteQueueStaysBounded(t *testing.T) {
 				if written < total {
 					write()
 				}
+				wrote <- struct{}{}
 			})
+			<-wrote
 		}
 		t.Logf("max queue array %d bytes for %d streamed; least unsent mid-stream %d", maxCap, total, minPend)
 		if minPend == 0 {
