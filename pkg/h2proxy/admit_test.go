@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"runtime"
@@ -181,14 +180,8 @@ func TestAdmissionTimeoutFlood(t *testing.T) {
 	svc := &proxy.Service{Name: "a", Upstream: up, AdmissionTimeout: admitTimeout}
 	_, addr := startProxy(t, svc, hook)
 	goroutines := runtime.NumGoroutine()
-	var dials atomic.Int32
-	tr := h2cTransport()
-	tr.DialContext = func(ctx context.Context, network, a string) (net.Conn, error) {
-		dials.Add(1)
-		var d net.Dialer
-		return d.DialContext(ctx, network, a)
-	}
-	cl := &http.Client{Transport: tr, Timeout: clientBound}
+	cl, cc := h2cOneConn(t, h2cTransport(), addr)
+	cl.Timeout = clientBound
 	if n := getStatus(t, cl, "http://"+addr+"/ok"); n != 200 { // the connection is up
 		t.Fatalf("status %d, want 200", n)
 	}
@@ -220,8 +213,8 @@ func TestAdmissionTimeoutFlood(t *testing.T) {
 	if n := getStatus(t, cl, "http://"+addr+"/ok"); n != 200 {
 		t.Errorf("after the flood: status %d, want 200", n)
 	}
-	if n := dials.Load(); n != 1 {
-		t.Errorf("%d connections, want 1", n)
+	if err := cc.Err(); err != nil {
+		t.Errorf("the flood's connection: %v", err)
 	}
 	ignoring.releaseAll()
 	testkit.WaitFor(t, "every Done", func() bool {

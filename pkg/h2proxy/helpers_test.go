@@ -134,6 +134,21 @@ func h2cClient() *http.Client {
 	return &http.Client{Transport: h2cTransport()}
 }
 
+// h2cOneConn is a client whose every request goes over one h2c
+// connection to addr, dialled through tr (closed at cleanup). A pooling
+// Transport is no proof that requests shared a connection: it dials
+// again whenever a request comes before the first connection is back in
+// its pool, which a loaded machine makes happen.
+func h2cOneConn(t *testing.T, tr *http.Transport, addr string) (*http.Client, *http.ClientConn) {
+	t.Helper()
+	cc, err := tr.NewClientConn(context.Background(), "http", addr)
+	if err != nil {
+		t.Fatalf("h2c connection to %s: %v", addr, err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return &http.Client{Transport: cc}, cc
+}
+
 func limits(maxHeaders int) httpparse.Limits { return httpparse.Limits{MaxHeaders: maxHeaders} }
 
 // admittedPath reports whether a request for path reached Admit.

@@ -80,15 +80,8 @@ func TestProxyProtocolHTTP2(t *testing.T) {
 					t.Fatal(err)
 				}
 				tr := h2cTransport()
-				used := false
-				tr.DialContext = func(context.Context, string, string) (net.Conn, error) {
-					if used {
-						return nil, fmt.Errorf("second dial")
-					}
-					used = true
-					return conn, nil
-				}
-				cl := &http.Client{Transport: tr}
+				tr.DialContext = func(context.Context, string, string) (net.Conn, error) { return conn, nil }
+				cl, cc := h2cOneConn(t, tr, addr)
 				for i := 0; i < 3; i++ {
 					res, err := cl.Get("http://" + addr + "/")
 					if err != nil {
@@ -100,7 +93,7 @@ func TestProxyProtocolHTTP2(t *testing.T) {
 						t.Fatalf("status %d", res.StatusCode)
 					}
 				}
-				cl.CloseIdleConnections()
+				cc.Close()
 				lp := conn.LocalAddr().(*net.TCPAddr).Port
 				want = append(want, fmt.Sprintf("PROXY TCP4 127.0.0.1 127.0.0.1 %d %s\r\n", lp, strings.Split(addr, ":")[1]))
 			}
