@@ -195,8 +195,20 @@ func TestGRPCPushbackHonoured(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	_, err = testgrpc.NewTestServiceClient(cc).EmptyCall(ctx, &testgrpc.Empty{})
-	if status.Code(err) != codes.ResourceExhausted {
+	// grpc-go returns the last attempt's status, except when the deny
+	// (answered on the request's HEADERS, before its message) ended that
+	// attempt's stream while the client was still sending the message:
+	// SendMsg then sees io.EOF, and the retry loop returns "max retries
+	// exhausted: failed after 2 attempts: EOF" without the status (seen
+	// on a loaded machine; docs/http.md). Either way the second attempt
+	// was refused; that there was one, after the pushback, is checked
+	// below.
+	exhausted := errors.Is(err, io.EOF) && strings.Contains(err.Error(), "failed after 2 attempts")
+	if status.Code(err) != codes.ResourceExhausted && !exhausted {
 		t.Fatalf("err %v", err)
+	}
+	if exhausted {
+		t.Logf("the last attempt's status was lost in grpc-go: %v", err)
 	}
 	h.mu.Lock()
 	n := h.admits
