@@ -271,6 +271,7 @@ type Loop struct {
 	nParks   atomic.Uint64
 	nKWaits  atomic.Uint64
 	nWakes   atomic.Uint64 // wake-ups read from the driver's eventfd (tests)
+	nPostWk  atomic.Uint64 // wake-ups a Post sent to a sleeping loop (tests)
 	nKTimed  atomic.Uint64 // kernel waits bounded by a timeout of their own: a loop timer due within the span (tests)
 	nSpliced atomic.Uint64
 	nPipes   atomic.Int64
@@ -344,6 +345,7 @@ func (l *Loop) Post(fn func()) {
 	if !l.dead {
 		l.posted = append(l.posted, fn)
 		if l.asleep.Load() && l.asleep.Swap(false) {
+			l.nPostWk.Add(1)
 			l.drv.wake()
 		}
 	}
