@@ -21,20 +21,9 @@ PROXY=${2:?usage: hoptrace.sh URL PROXY_COMM [BACKEND_COMM] [SECONDS]}
 BACKEND=${3:-nginx}
 SECS=${4:-0.5}
 CLIENT_CPU=${CLIENT_CPU:-0}
-for tool in perf wrk python3 taskset; do
-  command -v "$tool" >/dev/null || { echo "hoptrace.sh: needs $tool (make deps installs it)" >&2; exit 1; }
-done
-work=$(mktemp -d /tmp/hoptrace.XXXXXX)
-trap 'rm -rf "$work"' EXIT
-taskset -c "$CLIENT_CPU" wrk -t1 -c1 -d1s "$URL" > /dev/null
-taskset -c "$CLIENT_CPU" wrk -t1 -c1 -d"$(python3 -c "print(int($SECS)+3)")"s --latency "$URL" > "$work/wrk" &
-wrkpid=$!
-sleep 1
-perf record -q -e sched:sched_switch,sched:sched_waking,raw_syscalls:sys_enter,raw_syscalls:sys_exit \
-  -a -o "$work/data" -- sleep "$SECS" > /dev/null 2>&1
-wait "$wrkpid"
-echo "wrk during the trace: $(awk '/Requests\/sec/{print $2 " req/s"} $1=="50%"{print "p50 " $2}' "$work/wrk" | paste -sd' ')"
-perf script -i "$work/data" -F comm,tid,cpu,time,event,trace 2>/dev/null > "$work/txt"
+me=hoptrace.sh
+# shellcheck source=trace1.sh
+source "$(dirname "$0")/trace1.sh"
 python3 - "$work/txt" "$PROXY" "$BACKEND" <<'PY'
 import re, statistics, sys
 path, proxy, backend = sys.argv[1:4]

@@ -19,20 +19,9 @@ URL=${1:?usage: waketrace.sh URL COMM [SECONDS]}
 COMM=${2:?usage: waketrace.sh URL COMM [SECONDS]}
 SECS=${3:-0.5}
 CLIENT_CPU=${CLIENT_CPU:-0}
-for tool in perf wrk python3 taskset; do
-  command -v "$tool" >/dev/null || { echo "waketrace.sh: needs $tool (make deps installs it)" >&2; exit 1; }
-done
-work=$(mktemp -d /tmp/waketrace.XXXXXX)
-trap 'rm -rf "$work"' EXIT
-taskset -c "$CLIENT_CPU" wrk -t1 -c1 -d1s "$URL" >/dev/null
-taskset -c "$CLIENT_CPU" wrk -t1 -c1 -d"$(python3 -c "print(int($SECS)+3)")"s --latency "$URL" >"$work/wrk" &
-wrkpid=$!
-sleep 1
-perf record -q -e sched:sched_switch,sched:sched_waking,raw_syscalls:sys_enter,raw_syscalls:sys_exit \
-  -a -o "$work/data" -- sleep "$SECS" >/dev/null 2>&1
-wait "$wrkpid"
-echo "wrk during the trace: $(awk '/Requests\/sec/{print $2 " req/s"} $1=="50%"{print "p50 " $2}' "$work/wrk" | paste -sd' ')"
-perf script -i "$work/data" -F comm,tid,cpu,time,event,trace 2>/dev/null >"$work/txt"
+me=waketrace.sh
+# shellcheck source=trace1.sh
+source "$(dirname "$0")/trace1.sh"
 python3 - "$work/txt" "$COMM" <<'PY'
 import re, statistics, sys
 path, comm = sys.argv[1:3]
