@@ -28,6 +28,9 @@
 #      UPSTREAMS="keepalive close" CLIENTS="wrk latclient"
 #      CONNMODES="persistent new" ROWS="direct proxy_pass unprotected admission"
 #      SERVER_CPU=1 CLIENT_CPU=0 BIN=bin/rl-tproxy RLFLAGS="" (extra run flags)
+#      RLFLAGS_ALT="--loop-backend epoll" (a second rl-tproxy with these
+#      flags, in the same run: rows unprotected_alt, admission_alt; add them
+#      to ROWS)
 #      OUT=docs/bench/latency.md (the table; TSV beside it as .tsv)
 # Needs nginx, wrk, perf, taskset, curl, python3, go (make deps).
 set -euo pipefail
@@ -44,6 +47,7 @@ SERVER_CPU=${SERVER_CPU:-1}
 CLIENT_CPU=${CLIENT_CPU:-0}
 BIN=${BIN:-bin/rl-tproxy}
 RLFLAGS=${RLFLAGS:-}
+RLFLAGS_ALT=${RLFLAGS_ALT:-}
 OUT=${OUT:-docs/bench/latency.md}
 if [ "$(nproc)" -lt 2 ]; then SERVER_CPU=0 CLIENT_CPU=0; fi
 for tool in nginx wrk perf taskset curl python3 go; do
@@ -70,6 +74,7 @@ head -c 612 /dev/zero | tr '\0' 'x' >"$work/www/index.html"
 
 BKA=$(free_port); BCL=$(free_port); NKA=$(free_port); NCL=$(free_port)
 RKA=$(free_port); RCL=$(free_port); AKA=$(free_port); ACL=$(free_port); RADMIN=$(free_port)
+XKA=$(free_port); XCL=$(free_port); YKA=$(free_port); YCL=$(free_port); XADMIN=$(free_port)
 nginx_conf() { # dir workers http-body
   mkdir -p "$1"
   cat >"$1/nginx.conf" <<EOF
@@ -103,7 +108,10 @@ services:
   - {name: adm-ka, listen: "127.0.0.1:$AKA", upstream: "127.0.0.1:$BKA", locations: [{name: adm, limit: [huge]}]}
   - {name: adm-close, listen: "127.0.0.1:$ACL", upstream: "127.0.0.1:$BCL", locations: [{name: adm, limit: [huge]}]}
 EOF
+sed -e "s/127.0.0.1:$RKA\"/127.0.0.1:$XKA\"/; s/127.0.0.1:$RCL\"/127.0.0.1:$XCL\"/" \
+  -e "s/127.0.0.1:$AKA\"/127.0.0.1:$YKA\"/; s/127.0.0.1:$ACL\"/127.0.0.1:$YCL\"/" "$work/policy.yaml" >"$work/policy-alt.yaml"
 "$BIN" check --policy "$work/policy.yaml" >/dev/null
+"$BIN" check --policy "$work/policy-alt.yaml" >/dev/null
 
 declare -A PID
 servers=()
@@ -125,9 +133,18 @@ start_servers() { # placement
   "${pre[@]}" env "${env[@]}" "$BIN" run --policy "$work/policy.yaml" --admin "127.0.0.1:$RADMIN" --log-level warn --watch=false $RLFLAGS >"$work/rl.log" 2>&1 &
   PID[unprotected]=$!; PID[admission]=$!
   servers=("${PID[direct]}" "${PID[proxy_pass]}" "${PID[unprotected]}")
+  local ports=("$BKA" "$BCL" "$NKA" "$NCL" "$RKA" "$RCL" "$AKA" "$ACL")
+  if [ -n "$RLFLAGS_ALT" ]; then
+    # shellcheck disable=SC2086 # a list of flags
+    "${pre[@]}" env "${env[@]}" "$BIN" run --policy "$work/policy-alt.yaml" --admin "127.0.0.1:$XADMIN" --log-level warn --watch=false $RLFLAGS_ALT >"$work/rl-alt.log" 2>&1 &
+    PID[unprotected_alt]=$!; PID[admission_alt]=$!
+    servers+=("${PID[unprotected_alt]}")
+    ports+=("$XKA" "$XCL" "$YKA" "$YCL")
+  fi
   pids+=("${servers[@]}")
-  for u in "$BKA" "$BCL" "$NKA" "$NCL" "$RKA" "$RCL" "$AKA" "$ACL"; do wait_http "http://127.0.0.1:$u/"; done
+  for u in "${ports[@]}"; do wait_http "http://127.0.0.1:$u/"; done
   wait_http "http://127.0.0.1:$RADMIN/readyz"
+  [ -z "$RLFLAGS_ALT" ] || wait_http "http://127.0.0.1:$XADMIN/readyz"
 }
 stop_servers() {
   local p
@@ -141,6 +158,8 @@ url() { # row upstream
     proxy_pass/keepalive) echo "http://127.0.0.1:$NKA/" ;; proxy_pass/close) echo "http://127.0.0.1:$NCL/" ;;
     unprotected/keepalive) echo "http://127.0.0.1:$RKA/" ;; unprotected/close) echo "http://127.0.0.1:$RCL/" ;;
     admission/keepalive) echo "http://127.0.0.1:$AKA/" ;; admission/close) echo "http://127.0.0.1:$ACL/" ;;
+    unprotected_alt/keepalive) echo "http://127.0.0.1:$XKA/" ;; unprotected_alt/close) echo "http://127.0.0.1:$XCL/" ;;
+    admission_alt/keepalive) echo "http://127.0.0.1:$YKA/" ;; admission_alt/close) echo "http://127.0.0.1:$YCL/" ;;
   esac
 }
 
@@ -198,9 +217,9 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 mkdir -p "$(dirname "$OUT")"
 cp "$work/tsv" "$tsv"
-python3 - "$work/tsv" "$OUT" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" "$load_before" "$load_after" "$DURATION" "$RLFLAGS" <<'PY'
+python3 - "$work/tsv" "$OUT" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" "$load_before" "$load_after" "$DURATION" "$RLFLAGS" "$RLFLAGS_ALT" <<'PY'
 import csv, sys, datetime
-src, out, rev, lb, la, dur, flags = sys.argv[1:8]
+src, out, rev, lb, la, dur, flags, alt = sys.argv[1:9]
 rows = list(csv.DictReader(open(src), delimiter='\t'))
 def num(x):
     try: return float(x)
@@ -212,7 +231,8 @@ lines = [
     "# Latency matrix",
     "",
     f"`test/bench/latency.sh` at {rev}, {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, {dur} per cell, load {lb} before, {la} after"
-    + (f", rl-tproxy flags `{flags}`" if flags else ", every server with its defaults") + ".",
+    + (f", rl-tproxy flags `{flags}`" if flags else ", every server with its defaults")
+    + (f"; rows `*_alt`: rl-tproxy with `{alt}`" if alt else "") + ".",
     "Times in ms; CPU is the serving processes' task-clock per request (µs);",
     "`p99 ÷ pp` and `p99.9 ÷ pp` divide by nginx proxy_pass's in the same cell.",
     "",
