@@ -11,25 +11,37 @@ import (
 const (
 	ClientFromXFF       = "x-forwarded-for"
 	ClientFromForwarded = "forwarded"
+	// ClientFromProxy reads an inbound PROXY protocol header (v1 or v2)
+	// at the start of each connection from a trusted peer (required from
+	// them, refused from others): the data path resolves it, before the
+	// connection's protocol is known (proxy.Service.AcceptProxy).
+	ClientFromProxy = "proxy_protocol"
 )
 
 // ClientAddress says where a service's requests name their real client
 // when a balancer or proxy stands in front of the node: a forwarding
-// header, believed only from a peer inside Trusted (realip).
+// header or a PROXY protocol header, believed only from a peer inside
+// Trusted (realip).
 type ClientAddress struct {
 	From    string // ClientFromXFF or ClientFromForwarded
 	Trusted *realip.Trusted
 }
 
-// Header is the request header the client is read from.
-func (c *ClientAddress) Header() string { return c.From }
+// Header is the request header the client is read from ("" for
+// ClientFromProxy: the connection, not a request, names it).
+func (c *ClientAddress) Header() string {
+	if c.From == ClientFromProxy {
+		return ""
+	}
+	return c.From
+}
 
 // Resolve returns the client of a request from peer whose From header
 // lines are values (in arrival order): the rightmost address that is not
 // trusted when peer is trusted and the list reads whole, else peer. A
 // forwarded client's port is unknown (0). It does not allocate.
 func (c *ClientAddress) Resolve(peer netip.AddrPort, values [][]byte) netip.AddrPort {
-	if c == nil {
+	if c == nil || c.From == ClientFromProxy {
 		return peer
 	}
 	var a netip.Addr
@@ -64,10 +76,10 @@ func (l *loader) clientAddress(v *yaml.Node, c string, s *serviceSettings) {
 				return
 			}
 			switch m {
-			case ClientFromXFF, ClientFromForwarded:
+			case ClientFromXFF, ClientFromForwarded, ClientFromProxy:
 				ca.From, fromSet = m, true
 			default:
-				l.errorf(f.v, "%s: want x-forwarded-for or forwarded, got %q", fc, short(m))
+				l.errorf(f.v, "%s: want x-forwarded-for, forwarded or proxy_protocol, got %q", fc, short(m))
 				return
 			}
 		case "trusted":
@@ -79,11 +91,11 @@ func (l *loader) clientAddress(v *yaml.Node, c string, s *serviceSettings) {
 		}
 	}
 	if !fromSet {
-		l.errorf(v, "%s: from is required (x-forwarded-for or forwarded)", c)
+		l.errorf(v, "%s: from is required (x-forwarded-for, forwarded or proxy_protocol)", c)
 		return
 	}
 	if !trustedSet || len(cidrs) == 0 {
-		l.errorf(v, "%s: trusted is required: the balancers' addresses or CIDRs whose %s header is believed", c, ca.From)
+		l.errorf(v, "%s: trusted is required: the balancers' addresses or CIDRs whose %s is believed", c, ca.From)
 		return
 	}
 	bad := false

@@ -25,7 +25,7 @@ func TestLoadClientAddress(t *testing.T) {
 
 func TestLoadClientAddressErrors(t *testing.T) {
 	for _, tc := range []struct{ name, setting, want string }{
-		{"bad from", "{from: x-real-ip, trusted: [10.0.0.0/8]}", `6: services[0] (web).client_address.from: want x-forwarded-for or forwarded, got "x-real-ip"`},
+		{"bad from", "{from: x-real-ip, trusted: [10.0.0.0/8]}", `6: services[0] (web).client_address.from: want x-forwarded-for, forwarded or proxy_protocol, got "x-real-ip"`},
 		{"no from", "{trusted: [10.0.0.0/8]}", "6: services[0] (web).client_address: from is required"},
 		{"no trusted", "{from: forwarded}", "6: services[0] (web).client_address: trusted is required"},
 		{"empty trusted", "{from: forwarded, trusted: []}", "6: services[0] (web).client_address: trusted is required"},

@@ -29,7 +29,7 @@ func (s *Server) ServeConn(hc *proxy.HandoffConn) {
 			}
 		}()
 	}
-	s.Serve(hc.Conn, hc.Buffered, hc.Service, hc.Config)
+	s.serve(hc.Conn, hc.Buffered, hc.Service, hc.Config, hc.Remote, hc.Peer)
 }
 
 // goaway starts the graceful shutdown of every HTTP/2 server (GOAWAY on

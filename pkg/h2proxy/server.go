@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -101,15 +102,18 @@ type h2conn struct {
 	closed chan struct{}
 	once   sync.Once
 	ppUp   connUpstream // upstream connections with this client's PROXY header (proxyheader.go)
-	cv     *conn        // the streams' view of the connection (view)
-	cvOnce sync.Once
+	// remote is the client, peer the TCP peer when a PROXY header named
+	// another client (proxy.HandoffConn.Peer; zero otherwise).
+	remote, peer netip.AddrPort
+	cv           *conn // the streams' view of the connection (view)
+	cvOnce       sync.Once
 }
 
 // view returns the per-stream view of the connection, built by its first
 // stream and shared by the others (read-only).
 func (c *h2conn) view(srv *Server) *conn {
 	c.cvOnce.Do(func() {
-		c.cv = &conn{srv: srv, svc: c.svc, cfg: c.cfg, remote: addrPort(c.RemoteAddr()), local: addrPort(c.LocalAddr()), hc: c}
+		c.cv = &conn{srv: srv, svc: c.svc, cfg: c.cfg, remote: c.remote, peer: c.peer, local: addrPort(c.LocalAddr()), hc: c}
 	})
 	return c.cv
 }
@@ -158,6 +162,12 @@ func (l *connListener) Addr() net.Addr {
 // force when the connection was accepted; cfg supplies the Hook, the
 // upstream dialer, the logger and the clock. Serve closes c.
 func (s *Server) Serve(c net.Conn, buffered []byte, svc *proxy.Service, cfg *proxy.Config) {
+	s.serve(c, buffered, svc, cfg, addrPort(c.RemoteAddr()), netip.AddrPort{})
+}
+
+// serve is Serve for a client named by remote: the TCP peer, or the
+// client of a PROXY header the peer sent (then peer is the TCP peer).
+func (s *Server) serve(c net.Conn, buffered []byte, svc *proxy.Service, cfg *proxy.Config, remote, peer netip.AddrPort) {
 	s.mu.Lock()
 	if s.draining {
 		s.mu.Unlock()
@@ -175,7 +185,7 @@ func (s *Server) Serve(c net.Conn, buffered []byte, svc *proxy.Service, cfg *pro
 		return
 	}
 	co := newCoalescer(c)
-	hc := &h2conn{Conn: co, pre: pre, svc: svc, cfg: cfg, closed: make(chan struct{})}
+	hc := &h2conn{Conn: co, pre: pre, svc: svc, cfg: cfg, remote: remote, peer: peer, closed: make(chan struct{})}
 	hc.rb.init(c, co)
 	select {
 	case h.ln.ch <- hc:

@@ -27,6 +27,7 @@ type conn struct {
 	svc           *proxy.Service
 	cfg           *proxy.Config
 	remote, local netip.AddrPort
+	peer          netip.AddrPort // the TCP peer when a PROXY header named remote
 	hc            *h2conn
 }
 
@@ -224,7 +225,7 @@ func (st *stream) build(r *http.Request) {
 	if i := bytes.IndexByte(path, '?'); i >= 0 {
 		path, query = path[:i], path[i+1:]
 	}
-	st.req = proxy.Request{Remote: h.remote, Local: h.local, Service: h.svc, Head: hd, Path: path, Query: query, Start: h.now(), Proto: proxy.ProtoH2}
+	st.req = proxy.Request{Remote: h.remote, Local: h.local, Peer: h.peer, Service: h.svc, Head: hd, Path: path, Query: query, Start: h.now(), Proto: proxy.ProtoH2}
 	st.grpc = isGRPC(r.Header.Get("Content-Type"))
 }
 

@@ -260,7 +260,9 @@ func (g *Gate) prepare(r *proxy.Request) (*state, *admission.Service) {
 			svc = st.gen.byName[r.Service.Name]
 		}
 	}
-	if svc != nil && svc.ClientAddress != nil && r.Head != nil {
+	if r.Peer.IsValid() { // a PROXY header named the client (proxy.Service.AcceptProxy)
+		st.areq.Peer = r.Peer
+	} else if svc != nil && svc.ClientAddress != nil && svc.ClientAddress.Header() != "" && r.Head != nil {
 		st.clientFrom(svc.ClientAddress, r)
 	}
 	switch {

@@ -38,6 +38,9 @@ func ProxyServices(p *admission.Policy) []*proxy.Service {
 			},
 		}
 		ps.ProxyProtocol = s.ProxyProtocol
+		if ca := s.ClientAddress; ca != nil && ca.From == admission.ClientFromProxy {
+			ps.AcceptProxy = ca.Trusted
+		}
 		switch s.TLS {
 		case admission.TLSPassthrough:
 			ps.TLS = proxy.ModePassthrough

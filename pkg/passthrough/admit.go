@@ -23,7 +23,7 @@ import (
 // that comes back once the deadline passed is not used.
 func (c *conn) admit(hook proxy.Hook) bool {
 	hc := c.hc
-	c.req = proxy.Request{Remote: hc.Remote, Local: hc.Local, Service: hc.Service, Start: hc.Start,
+	c.req = proxy.Request{Remote: hc.Remote, Local: hc.Local, Peer: hc.Peer, Service: hc.Service, Start: hc.Start,
 		Proto: proxy.ProtoTLSPassthrough, SNI: c.hello.SNI, ALPN: c.hello.FirstALPN()}
 	d := hc.Config.AdmissionTimeoutFor(hc.Service)
 	ctx, cancel := context.WithTimeout(context.Background(), d)

@@ -13,6 +13,7 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxyproto"
+	"github.com/rl-tproxy/rl-tproxy/pkg/realip"
 )
 
 // Defaults applied when a Service or Config field is zero.
@@ -76,10 +77,13 @@ type Rejecter interface {
 // Request is what the Hook sees of one request.
 type Request struct {
 	Remote, Local netip.AddrPort // Local is the original destination (getsockname)
-	Service       *Service       // the service that owns the listener or port
-	Head          *httpparse.Request
-	Path, Query   []byte    // the target split at the first '?'
-	Start         time.Time // arrival of the first byte of the request head
+	// Peer is the TCP peer when a PROXY header named another client
+	// (Service.AcceptProxy); zero when Remote is the peer.
+	Peer        netip.AddrPort
+	Service     *Service // the service that owns the listener or port
+	Head        *httpparse.Request
+	Path, Query []byte    // the target split at the first '?'
+	Start       time.Time // arrival of the first byte of the request head
 	// Proto is the protocol the client spoke (ProtoHTTP11, ProtoH2, ...),
 	// set by the code path that built the Request; the access log shows it.
 	Proto string
@@ -198,6 +202,13 @@ type Service struct {
 	// header naming the client (pinned.go). Such a connection serves one
 	// client connection only: it is never pooled for others.
 	ProxyProtocol proxyproto.Version
+	// AcceptProxy, when set, reads an inbound PROXY protocol header (v1 or
+	// v2) at the start of every connection from a peer inside it, and
+	// requires one: the header names the client (Request.Remote; the TCP
+	// peer goes to Request.Peer). A connection from any other peer that
+	// starts with a PROXY header is refused, never believed. Applies to
+	// every protocol on the port (HTTP/1.x, HTTP/2, TLS passthrough).
+	AcceptProxy *realip.Trusted
 	// TLS and Opaque say what the service does with TLS and with other
 	// protocols; Handoff implementations read them (handoff.go).
 	TLS, Opaque ConnMode

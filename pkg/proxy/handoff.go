@@ -49,8 +49,11 @@ type HandoffConn struct {
 	// ServeConn returns.
 	Buffered      []byte
 	Remote, Local netip.AddrPort // Local is the original destination
-	Service       *Service
-	Config        *Config
+	// Peer is the TCP peer when a PROXY header named another client as
+	// Remote (Service.AcceptProxy); zero otherwise.
+	Peer    netip.AddrPort
+	Service *Service
+	Config  *Config
 	// Start is the arrival of the first byte; HeaderDeadline is Start
 	// plus the service's header timeout (Conn's read deadline is armed
 	// with it when the handoff begins).

@@ -52,6 +52,7 @@ type lconnVars struct {
 	fresh      bool  // accepted, first request not started
 	sniffed    bool  // protocol dispatch done
 	inServe    bool  // serveBuffered runs (no recursion)
+	proxied    bool  // Service.AcceptProxy's stage is done: remote is the client (ls.peers[c] the TCP peer when a PROXY header named another)
 	nreq       int32 // requests started (saturates)
 	discarded  int32 // bytes discarded while lingering (<= lingerMax + one read)
 	freshUntil int64 // loop clock: a drain waits for the first request until then
@@ -123,6 +124,11 @@ func (c *lconn) timeout() {
 		cfg := c.ls.p.cfg.Load()
 		svc := c.pick(cfg, c.local)
 		if svc == nil {
+			c.close()
+			return
+		}
+		if c.nreq == 0 && svc.AcceptProxy != nil && !c.proxied && svc.AcceptProxy.Contains(c.remote.Addr()) {
+			reportReject(cfg, svc, c.remote, "proxy-header-timeout", 0) // a balancer that never finished its header
 			c.close()
 			return
 		}
@@ -361,7 +367,7 @@ func (c *lconn) parseHead() bool {
 		c.close()
 		return true
 	}
-	if !c.sniffed && cfg.Handoff != nil && c.nreq == 0 {
+	if c.nreq == 0 && (!c.sniffed && cfg.Handoff != nil || svc.AcceptProxy != nil && !c.proxied) {
 		if !c.sniff(cfg, svc) {
 			return c.state != lcHead
 		}
@@ -416,7 +422,7 @@ func (c *lconn) startRequest(cfg *Config, svc *Service) {
 	}
 	c.fresh = false
 	r.cfg, r.svc, r.hook = cfg, svc, cfg.Hook
-	r.req = Request{Remote: c.remote, Local: c.local, Service: svc, Head: h, Start: c.start, Proto: ProtoHTTP11}
+	r.req = Request{Remote: c.remote, Local: c.local, Peer: c.peer(), Service: svc, Head: h, Start: c.start, Proto: ProtoHTTP11}
 	if h.Minor == 0 {
 		r.req.Proto = ProtoHTTP10
 	}
@@ -560,6 +566,9 @@ func (c *lconn) close() {
 
 func (c *lconn) release() {
 	c.timer.Stop()
+	if c.proxied {
+		delete(c.ls.peers, c)
+	}
 	if c.pinned != nil {
 		c.pinned.close()
 		c.pinned = nil

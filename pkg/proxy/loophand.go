@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"sync/atomic"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
+	"github.com/rl-tproxy/rl-tproxy/pkg/proxyproto"
 	"github.com/rl-tproxy/rl-tproxy/pkg/sniff"
 )
 
@@ -19,10 +21,19 @@ import (
 // Both are served by a goroutine on a net.Conn made from the detached
 // descriptor; the loop gets the connection's state back when it ends.
 
-// sniff classifies the first bytes of a connection; it reports whether
-// the HTTP/1.x path goes on (false: waiting for more bytes, or handed
-// off).
+// sniff reads an inbound PROXY header where the service takes one, then
+// classifies the first bytes of a connection; it reports whether the
+// HTTP/1.x path goes on (false: waiting for more bytes, refused, or
+// handed off).
 func (c *lconn) sniff(cfg *Config, svc *Service) bool {
+	if svc.AcceptProxy != nil && !c.proxied {
+		if done, ok := c.proxyHeader(cfg, svc); !done || !ok {
+			return false // more bytes needed, or refused and closed
+		}
+		if cfg.Handoff == nil {
+			return true // HTTP/1.x only
+		}
+	}
 	kind := sniff.Detect(c.buf.unread())
 	if kind == sniff.NeedMore {
 		if c.buf.room() > 0 {
@@ -37,6 +48,62 @@ func (c *lconn) sniff(cfg *Config, svc *Service) bool {
 	}
 	c.handoff(cfg, svc, kind)
 	return false
+}
+
+// proxyHeader reads an inbound PROXY header for a service with
+// AcceptProxy: required from a trusted peer (it then names the client),
+// refused from any other. done is false while more bytes are needed (the
+// header timeout bounds the wait); ok is false when the connection was
+// refused and closed (counted as a rejection with status 0).
+func (c *lconn) proxyHeader(cfg *Config, svc *Service) (done, ok bool) {
+	b := c.buf.unread()
+	h, n, err := proxyproto.Parse(b)
+	trusted := svc.AcceptProxy.Contains(c.remote.Addr())
+	switch {
+	case err == proxyproto.ErrIncomplete:
+		if c.buf.room() > 0 {
+			c.setDeadline(c.headStart + int64(svc.headerTimeout()))
+			return false, true
+		}
+		err = proxyproto.ErrV1TooLong // a buffer's worth without a header end
+	case !trusted && err == proxyproto.ErrNotProxy:
+		c.proxied = true // nothing to read from this peer: sniff as usual
+		return true, true
+	}
+	rule := ""
+	switch {
+	case !trusted:
+		rule = "proxy-header-untrusted" // a client claiming to be a balancer
+	case err == proxyproto.ErrNotProxy:
+		rule = "proxy-header-missing"
+	case err != nil:
+		rule = "proxy-header-invalid"
+	}
+	if rule != "" {
+		cfg.logger().Debug("PROXY header refused", "service", svc.Name, "remote", c.remote, "rule", rule, "err", err)
+		reportReject(cfg, svc, c.remote, rule, 0)
+		c.close()
+		return false, false
+	}
+	c.buf.r += n
+	c.proxied = true
+	if !h.Local && h.Src.IsValid() {
+		if c.ls.peers == nil {
+			c.ls.peers = map[*lconn]netip.AddrPort{}
+		}
+		c.ls.peers[c] = c.remote
+		c.remote = netip.AddrPortFrom(h.Src.Addr().Unmap(), h.Src.Port())
+	}
+	return true, true
+}
+
+// peer is the TCP peer when a PROXY header named another client, else
+// zero (Request.Peer).
+func (c *lconn) peer() netip.AddrPort {
+	if !c.proxied {
+		return netip.AddrPort{}
+	}
+	return c.ls.peers[c]
 }
 
 // sniffTimeout ends a connection whose first bytes did not decide its
@@ -62,7 +129,7 @@ func (c *lconn) handoff(cfg *Config, svc *Service, kind sniff.Kind) {
 	}
 	s := c.s
 	c.s = nil
-	hc := &HandoffConn{Kind: kind, Remote: c.remote, Local: c.local, Service: svc, Config: cfg,
+	hc := &HandoffConn{Kind: kind, Remote: c.remote, Local: c.local, Peer: c.peer(), Service: svc, Config: cfg,
 		Start: c.start, HeaderDeadline: c.start.Add(svc.headerTimeout()), Drain: c.ls.p.drain}
 	s.Detach(func(fd int, err error) {
 		if err != nil {

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"net/netip"
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
@@ -27,6 +28,10 @@ type loopState struct {
 	freeUp   []*lup
 	freeBuf  []*bufArr
 	pools    map[string]*lpool
+	// peers holds the TCP peer of each connection whose PROXY header
+	// named another client (lconn.proxied): kept beside the lconn, not in
+	// it, which would outgrow an idle connection's size class.
+	peers    map[*lconn]netip.AddrPort
 	scratch  *bufArr   // heads and re-encoded chunks are built here, then written (Write copies)
 	iov      [2][]byte // Write's arguments without a per-call slice
 	draining bool
