@@ -160,6 +160,7 @@ func inheritServiceSettings(svc *Service, own, defSvc *serviceSettings, ownLoc, 
 		GRPCStatus: int(pick(int64(DefaultDenyGRPCStatus), ownLoc.settings.denyGRPCStatus, defLoc.settings.denyGRPCStatus)),
 	}
 	svc.UpstreamProtocol = pick(UpstreamAuto, own.upstreamProtocol, defSvc.upstreamProtocol)
+	svc.EscapedSlashes = pick(EscapedSlashesReject, own.escapedSlashes, defSvc.escapedSlashes)
 	svc.H2 = own.h2.resolve(&defSvc.h2)
 }
 

@@ -101,6 +101,8 @@ func (l *loader) serviceSetting(e kv, ctx string, s *serviceSettings) bool {
 		}
 	case "upstream_protocol":
 		l.upstreamProtocol(e.v, c, s)
+	case "escaped_slashes":
+		l.escapedSlashes(e.v, c, s)
 	default:
 		return false
 	}

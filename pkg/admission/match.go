@@ -144,11 +144,16 @@ func equalFold(b []byte, p string) bool {
 // NormalizePath appends the normalized form of an origin-form path to dst
 // for matching and templates, without allocating when dst has room:
 // percent-encoded unreserved characters (ALPHA DIGIT - . _ ~) are decoded,
-// other escapes keep their encoding with upper-case hex, repeated slashes
-// are merged, and "." and ".." segments are resolved (RFC 3986 5.2.4; ".."
-// never climbs above "/"). So "/%61pi//v1/./x/../items" becomes
-// "/api/v1/items". It returns dst unchanged and false when p does not start
-// with '/' or holds a malformed escape.
+// an escaped slash (%2F) is decoded into a segment separator and an
+// escaped backslash (%5C) into a backslash, as an upstream that decodes
+// them (Go's net/http) sees them; other escapes keep their encoding with
+// upper-case hex, repeated slashes are merged, and "." and ".." segments
+// are resolved (RFC 3986 5.2.4; ".." never climbs above "/"). So
+// "/%61pi//v1/./x/../items" becomes "/api/v1/items" and "/api%2fx"
+// becomes "/api/x". It returns dst unchanged and false when p does not
+// start with '/' or holds a malformed escape. The data path refuses
+// escaped slashes before matching unless a service decodes them
+// (proxy.CheckPath).
 func NormalizePath(dst, p []byte) ([]byte, bool) {
 	base := len(dst)
 	if len(p) == 0 || p[0] != '/' {
@@ -156,12 +161,16 @@ func NormalizePath(dst, p []byte) ([]byte, bool) {
 	}
 	i := 0
 	for i < len(p) {
-		for i < len(p) && p[i] == '/' {
-			i++
+		for i < len(p) {
+			w := slashAt(p, i)
+			if w == 0 {
+				break
+			}
+			i += w
 		}
 		seg := len(dst)
 		dst = append(dst, '/')
-		for i < len(p) && p[i] != '/' {
+		for i < len(p) && slashAt(p, i) == 0 {
 			c := p[i]
 			if c != '%' {
 				dst = append(dst, c)
@@ -176,7 +185,7 @@ func NormalizePath(dst, p []byte) ([]byte, bool) {
 			if !ok1 || !ok2 {
 				return dst[:base], false
 			}
-			if b := hi<<4 | lo; unreserved(b) {
+			if b := hi<<4 | lo; unreserved(b) || b == '\\' {
 				dst = append(dst, b)
 			} else {
 				dst = append(dst, '%', upperHex[hi], upperHex[lo])
@@ -203,6 +212,18 @@ func NormalizePath(dst, p []byte) ([]byte, bool) {
 		dst = append(dst, '/')
 	}
 	return dst, true
+}
+
+// slashAt returns the length of the segment separator at p[i]: 1 for
+// '/', 3 for an escaped slash (%2F, %2f), 0 for anything else.
+func slashAt(p []byte, i int) int {
+	switch {
+	case p[i] == '/':
+		return 1
+	case p[i] == '%' && i+2 < len(p) && p[i+1] == '2' && (p[i+2] == 'F' || p[i+2] == 'f'):
+		return 3
+	}
+	return 0
 }
 
 const upperHex = "0123456789ABCDEF"

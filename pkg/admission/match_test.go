@@ -101,7 +101,13 @@ func TestNormalizePath(t *testing.T) {
 		{"/api/", "/api/", true},
 		{"//api///items", "/api/items", true},
 		{"/%61pi/", "/api/", true},
-		{"/%7euser/%2Fx%2f", "/~user/%2Fx%2F", true},
+		{"/%7euser/%2Fx%2f", "/~user/x/", true},
+		{"/api%2fx", "/api/x", true},
+		{"/api%2F%2f/x", "/api/x", true},
+		{"%2Fapi", "", false}, // origin-form starts with a raw '/'
+		{"/a%5Cb", "/a\\b", true},
+		{"/a%5c..%5cb", "/a\\..\\b", true}, // a backslash is not a separator
+		{"/x%2", "", false},
 		{"/a/./b/.", "/a/b/", true},
 		{"/a/b/../c", "/a/c", true},
 		{"/a/b/..", "/a/", true},
@@ -109,7 +115,8 @@ func TestNormalizePath(t *testing.T) {
 		{"/..", "/", true},
 		{"/.", "/", true},
 		{"/%2e%2E/admin", "/admin", true},
-		{"/a/%2e%2e%2fadmin", "/a/..%2Fadmin", true}, // %2F is not a separator
+		{"/a/%2e%2e%2fadmin", "/admin", true},
+		{"/a/b%2f..%2F..%2fc", "/c", true},
 		{"/a..b/.c", "/a..b/.c", true},
 		{"/x%", "", false},
 		{"/x%4", "", false},

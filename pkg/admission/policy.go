@@ -226,6 +226,12 @@ type Deny struct {
 	GRPCStatus int
 }
 
+// Values of Service.EscapedSlashes.
+const (
+	EscapedSlashesReject = "reject" // 400 for a path holding %2F or %5C
+	EscapedSlashesDecode = "decode" // match the path with them decoded
+)
+
 // Service is one proxied service: where its traffic arrives (a steered
 // port or listen addresses), where it goes, and its locations.
 type Service struct {
@@ -242,6 +248,7 @@ type Service struct {
 	SteerLoopback    bool // steered mode: connections from the node itself are steered too
 	Deny             Deny
 	UpstreamProtocol string // how HTTP/2 clients' streams reach the upstream: auto, http1, h2c
+	EscapedSlashes   string // a path with %2F or %5C: reject (400) or decode (match decoded)
 	H2               H2Limits
 
 	// Protocols other than HTTP/1.1 on the service's port (load_protocol.go).
