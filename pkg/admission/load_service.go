@@ -126,6 +126,7 @@ func (l *loader) service(idx int, n *yaml.Node, defSvc *serviceSettings, defLoc 
 			svc.Locations = append(svc.Locations, loc)
 		}
 	}
+	svc.IndexLocations()
 	l.checkProtocols(svc, n, ctx)
 	l.p.Services = append(l.p.Services, svc)
 }

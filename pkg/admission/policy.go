@@ -260,6 +260,8 @@ type Service struct {
 	// written without locations has one implicit catch-all location.
 	Locations []*Location
 	Line      int
+
+	index *locIndex // built by IndexLocations (matchindex.go)
 }
 
 // Steered reports whether the service is reached through sk_lookup.
