@@ -108,3 +108,15 @@ func TestNormalizePathNoAlloc(t *testing.T) {
 		t.Fatalf("allocs %v, result %q", n, buf)
 	}
 }
+
+// Matching through the location index allocates nothing.
+func TestMatchIndexAlloc(t *testing.T) {
+	s := manyLocations(1000)
+	if s.index == nil {
+		t.Fatal("not indexed")
+	}
+	r := &Request{Method: []byte("GET"), Path: []byte("/svc7/items")}
+	if n := testing.AllocsPerRun(100, func() { s.Match(r) }); n != 0 {
+		t.Fatalf("%v allocations", n)
+	}
+}

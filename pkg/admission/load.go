@@ -120,6 +120,7 @@ type serviceSettings struct {
 	denyFormat                                  *DenyFormat
 	denyGRPCStatus                              *int64
 	upstreamProtocol                            *string
+	escapedSlashes                              *string
 	h2                                          h2Settings
 }
 
@@ -152,7 +153,7 @@ var (
 	topKeys         = []string{"ratelimitly", "defaults", "tiers", "zones", "trackers", "services", "request_id"}
 	rlKeys          = []string{"srv", "embedded", "resolver", "resolver_timeout", "credentials", "request_policy", "fail", "invalid", "bind", "debug"}
 	rpKeys          = []string{"name", "unit", "replay_gaps", "replays", "final_receive", "completion"}
-	serviceSetKeys  = []string{"forwarded_headers", "timeouts", "limits", "ratelimit_headers", "steer_loopback", "upstream_protocol", "client_address"}
+	serviceSetKeys  = []string{"forwarded_headers", "timeouts", "limits", "ratelimit_headers", "steer_loopback", "upstream_protocol", "client_address", "escaped_slashes"}
 	locationSetKeys = []string{"limit", "guard", "label", "report", "mode", "deny"}
 	serviceOwnKeys  = []string{"name", "port", "prefixes", "listen", "upstream", "locations"}
 	locationOwnKeys = []string{"name", "match"}

@@ -134,9 +134,10 @@ func FuzzTemplate(f *testing.F) {
 }
 
 // FuzzNormalizePath: a normalized path starts with '/', has no empty, "."
-// or ".." segments, and normalizing it again changes nothing.
+// or ".." segments and no escaped slash, and normalizing it again changes
+// nothing.
 func FuzzNormalizePath(f *testing.F) {
-	for _, s := range []string{"/", "/a//b/./c/../d", "/%61%2e%2E/x", "/x%", "/..", "api"} {
+	for _, s := range []string{"/", "/a//b/./c/../d", "/%61%2e%2E/x", "/x%", "/..", "api", "/api%2fx", "/a/b%2F..%2f..%2Fc", "/a%5C..%5cb", "/%2"} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, p []byte) {
@@ -155,6 +156,9 @@ func FuzzNormalizePath(f *testing.F) {
 			if s == "." || s == ".." || (s == "" && i != len(segs)-1) {
 				t.Fatalf("%q -> %q keeps segment %q", p, out, s)
 			}
+		}
+		if strings.Contains(strings.ToUpper(string(out)), "%2F") {
+			t.Fatalf("%q -> %q keeps an escaped slash", p, out)
 		}
 		again, ok := NormalizePath(nil, out)
 		if !ok || string(again) != string(out) {

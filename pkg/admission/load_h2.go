@@ -73,6 +73,20 @@ func (s *h2Settings) resolve(def *h2Settings) H2Limits {
 	}
 }
 
+// escapedSlashes parses `escaped_slashes`.
+func (l *loader) escapedSlashes(v *yaml.Node, c string, s *serviceSettings) {
+	m, ok := l.str(v, c)
+	if !ok {
+		return
+	}
+	switch m {
+	case EscapedSlashesReject, EscapedSlashesDecode:
+		s.escapedSlashes = &m
+	default:
+		l.errorf(v, "%s: want reject or decode, got %q", c, short(m))
+	}
+}
+
 // upstreamProtocol parses `upstream_protocol`.
 func (l *loader) upstreamProtocol(v *yaml.Node, c string, s *serviceSettings) {
 	m, ok := l.str(v, c)

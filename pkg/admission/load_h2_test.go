@@ -61,3 +61,35 @@ func TestLoadH2Errors(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadEscapedSlashes: escaped_slashes defaults to reject, is
+// inherited from defaults and overridden per service; other values are
+// errors.
+func TestLoadEscapedSlashes(t *testing.T) {
+	p := ptLoad(t, ptEmbedded+`defaults:
+  escaped_slashes: decode
+services:
+  - name: inherits
+    listen: 127.0.0.1:8080
+    upstream: 127.0.0.1:8081
+  - name: own
+    listen: 127.0.0.1:8082
+    upstream: 127.0.0.1:8083
+    escaped_slashes: reject
+`)
+	if got := p.Services[0].EscapedSlashes; got != EscapedSlashesDecode {
+		t.Errorf("inherited: %q, want decode", got)
+	}
+	if got := p.Services[1].EscapedSlashes; got != EscapedSlashesReject {
+		t.Errorf("own: %q, want reject", got)
+	}
+	if got := ptLoad(t, ptEmbedded+ptService).Services[0].EscapedSlashes; got != EscapedSlashesReject {
+		t.Errorf("default: %q, want reject", got)
+	}
+	for _, bad := range []string{"keep", `"true"`, "Decode"} {
+		_, err := Load(ptWrite(t, ptEmbedded+ptService+"    escaped_slashes: "+bad+"\n", ""))
+		if err == nil || !strings.Contains(err.Error(), "want reject or decode") {
+			t.Errorf("%q: err %v", bad, err)
+		}
+	}
+}

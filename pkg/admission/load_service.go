@@ -126,6 +126,7 @@ func (l *loader) service(idx int, n *yaml.Node, defSvc *serviceSettings, defLoc 
 			svc.Locations = append(svc.Locations, loc)
 		}
 	}
+	svc.IndexLocations()
 	l.checkProtocols(svc, n, ctx)
 	l.p.Services = append(l.p.Services, svc)
 }
@@ -164,6 +165,7 @@ func inheritServiceSettings(svc *Service, own, defSvc *serviceSettings, ownLoc, 
 		GRPCStatus: int(pick(int64(DefaultDenyGRPCStatus), ownLoc.settings.denyGRPCStatus, defLoc.settings.denyGRPCStatus)),
 	}
 	svc.UpstreamProtocol = pick(UpstreamAuto, own.upstreamProtocol, defSvc.upstreamProtocol)
+	svc.EscapedSlashes = pick(EscapedSlashesReject, own.escapedSlashes, defSvc.escapedSlashes)
 	svc.H2 = own.h2.resolve(&defSvc.h2)
 }
 

@@ -103,6 +103,8 @@ func (l *loader) serviceSetting(e kv, ctx string, s *serviceSettings) bool {
 		l.upstreamProtocol(e.v, c, s)
 	case "client_address":
 		l.clientAddress(e.v, c, s)
+	case "escaped_slashes":
+		l.escapedSlashes(e.v, c, s)
 	default:
 		return false
 	}

@@ -52,8 +52,16 @@ type HeaderCondition struct {
 }
 
 // Match returns the first location of s that matches r, or nil when none
-// does (the request is then unprotected). It does not allocate.
+// does (the request is then unprotected). It does not allocate. With many
+// locations it tests only those whose path condition holds, found in an
+// index (IndexLocations) in time that grows with the path, not with the
+// number of locations.
 func (s *Service) Match(r *Request) *Location {
+	if x := s.index; x != nil && x.n == len(s.Locations) {
+		if l, ok := x.match(s.Locations, r); ok {
+			return l
+		}
+	}
 	for _, l := range s.Locations {
 		if l.Match.matches(r) {
 			return l
@@ -147,11 +155,16 @@ func equalFold(b []byte, p string) bool {
 // NormalizePath appends the normalized form of an origin-form path to dst
 // for matching and templates, without allocating when dst has room:
 // percent-encoded unreserved characters (ALPHA DIGIT - . _ ~) are decoded,
-// other escapes keep their encoding with upper-case hex, repeated slashes
-// are merged, and "." and ".." segments are resolved (RFC 3986 5.2.4; ".."
-// never climbs above "/"). So "/%61pi//v1/./x/../items" becomes
-// "/api/v1/items". It returns dst unchanged and false when p does not start
-// with '/' or holds a malformed escape.
+// an escaped slash (%2F) is decoded into a segment separator and an
+// escaped backslash (%5C) into a backslash, as an upstream that decodes
+// them (Go's net/http) sees them; other escapes keep their encoding with
+// upper-case hex, repeated slashes are merged, and "." and ".." segments
+// are resolved (RFC 3986 5.2.4; ".." never climbs above "/"). So
+// "/%61pi//v1/./x/../items" becomes "/api/v1/items" and "/api%2fx"
+// becomes "/api/x". It returns dst unchanged and false when p does not
+// start with '/' or holds a malformed escape. The data path refuses
+// escaped slashes before matching unless a service decodes them
+// (proxy.CheckPath).
 func NormalizePath(dst, p []byte) ([]byte, bool) {
 	base := len(dst)
 	if len(p) == 0 || p[0] != '/' {
@@ -159,12 +172,16 @@ func NormalizePath(dst, p []byte) ([]byte, bool) {
 	}
 	i := 0
 	for i < len(p) {
-		for i < len(p) && p[i] == '/' {
-			i++
+		for i < len(p) {
+			w := slashAt(p, i)
+			if w == 0 {
+				break
+			}
+			i += w
 		}
 		seg := len(dst)
 		dst = append(dst, '/')
-		for i < len(p) && p[i] != '/' {
+		for i < len(p) && slashAt(p, i) == 0 {
 			c := p[i]
 			if c != '%' {
 				dst = append(dst, c)
@@ -179,7 +196,7 @@ func NormalizePath(dst, p []byte) ([]byte, bool) {
 			if !ok1 || !ok2 {
 				return dst[:base], false
 			}
-			if b := hi<<4 | lo; unreserved(b) {
+			if b := hi<<4 | lo; unreserved(b) || b == '\\' {
 				dst = append(dst, b)
 			} else {
 				dst = append(dst, '%', upperHex[hi], upperHex[lo])
@@ -206,6 +223,18 @@ func NormalizePath(dst, p []byte) ([]byte, bool) {
 		dst = append(dst, '/')
 	}
 	return dst, true
+}
+
+// slashAt returns the length of the segment separator at p[i]: 1 for
+// '/', 3 for an escaped slash (%2F, %2f), 0 for anything else.
+func slashAt(p []byte, i int) int {
+	switch {
+	case p[i] == '/':
+		return 1
+	case p[i] == '%' && i+2 < len(p) && p[i+1] == '2' && (p[i+2] == 'F' || p[i+2] == 'f'):
+		return 3
+	}
+	return 0
 }
 
 const upperHex = "0123456789ABCDEF"

@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"fmt"
 	"testing"
 )
 
@@ -101,7 +102,13 @@ func TestNormalizePath(t *testing.T) {
 		{"/api/", "/api/", true},
 		{"//api///items", "/api/items", true},
 		{"/%61pi/", "/api/", true},
-		{"/%7euser/%2Fx%2f", "/~user/%2Fx%2F", true},
+		{"/%7euser/%2Fx%2f", "/~user/x/", true},
+		{"/api%2fx", "/api/x", true},
+		{"/api%2F%2f/x", "/api/x", true},
+		{"%2Fapi", "", false}, // origin-form starts with a raw '/'
+		{"/a%5Cb", "/a\\b", true},
+		{"/a%5c..%5cb", "/a\\..\\b", true}, // a backslash is not a separator
+		{"/x%2", "", false},
 		{"/a/./b/.", "/a/b/", true},
 		{"/a/b/../c", "/a/c", true},
 		{"/a/b/..", "/a/", true},
@@ -109,7 +116,8 @@ func TestNormalizePath(t *testing.T) {
 		{"/..", "/", true},
 		{"/.", "/", true},
 		{"/%2e%2E/admin", "/admin", true},
-		{"/a/%2e%2e%2fadmin", "/a/..%2Fadmin", true}, // %2F is not a separator
+		{"/a/%2e%2e%2fadmin", "/admin", true},
+		{"/a/b%2f..%2F..%2fc", "/c", true},
 		{"/a..b/.c", "/a..b/.c", true},
 		{"/x%", "", false},
 		{"/x%4", "", false},
@@ -122,5 +130,41 @@ func TestNormalizePath(t *testing.T) {
 		if ok != tc.ok || (ok && string(got) != "k"+tc.want) || (!ok && string(got) != "k") {
 			t.Errorf("NormalizePath(%q) = %q, %v; want %q, %v", tc.in, got, ok, tc.want, tc.ok)
 		}
+	}
+}
+
+// manyLocations is a service of n locations: a health check, n-2
+// path_prefix locations /svcI/ limited by methods (so that each candidate
+// is tested), and a catch-all.
+func manyLocations(n int) *Service {
+	s := &Service{Name: "web"}
+	add := func(m Match) {
+		s.Locations = append(s.Locations, &Location{Service: s, Name: fmt.Sprint(len(s.Locations)), Match: m})
+	}
+	add(Match{Path: "/healthz"})
+	for i := 0; i < n-2; i++ {
+		add(Match{PathPrefix: fmt.Sprintf("/svc%d/", i), Methods: []string{"POST"}})
+	}
+	add(Match{PathPrefix: "/"})
+	s.IndexLocations()
+	return s
+}
+
+// BenchmarkMatchLocations: a request that reaches the catch-all (every
+// /svcI/ prefix but its own ruled out) among 10 and 10,000 locations.
+func BenchmarkMatchLocations(b *testing.B) {
+	for _, n := range []int{10, 10000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			s := manyLocations(n)
+			r := ptRequest()
+			r.Method, r.Path = []byte("GET"), []byte("/svc7/items/42")
+			if l := s.Match(r); l != s.Locations[len(s.Locations)-1] {
+				b.Fatalf("matched %v", l)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = s.Match(r)
+			}
+		})
 	}
 }

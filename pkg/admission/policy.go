@@ -226,6 +226,12 @@ type Deny struct {
 	GRPCStatus int
 }
 
+// Values of Service.EscapedSlashes.
+const (
+	EscapedSlashesReject = "reject" // 400 for a path holding %2F or %5C
+	EscapedSlashesDecode = "decode" // match the path with them decoded
+)
+
 // Service is one proxied service: where its traffic arrives (a steered
 // port or listen addresses), where it goes, and its locations.
 type Service struct {
@@ -246,6 +252,7 @@ type Service struct {
 	ClientAddress    *ClientAddress
 	Deny             Deny
 	UpstreamProtocol string // how HTTP/2 clients' streams reach the upstream: auto, http1, h2c
+	EscapedSlashes   string // a path with %2F or %5C: reject (400) or decode (match decoded)
 	H2               H2Limits
 
 	// Protocols other than HTTP/1.1 on the service's port (load_protocol.go).
@@ -257,6 +264,8 @@ type Service struct {
 	// written without locations has one implicit catch-all location.
 	Locations []*Location
 	Line      int
+
+	index *locIndex // built by IndexLocations (matchindex.go)
 }
 
 // Steered reports whether the service is reached through sk_lookup.

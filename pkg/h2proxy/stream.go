@@ -252,7 +252,8 @@ func isGRPC(ct string) bool {
 }
 
 // check applies the limits the codec does not: field count, body size
-// announced, and the methods the proxy does not forward.
+// announced, the methods the proxy does not forward, and the service's
+// rule on escaped slashes in the path (the one HTTP/1.x applies).
 func (st *stream) check(r *http.Request) (int, string) {
 	svc := st.h.svc
 	max := svc.Limits.MaxHeaders
@@ -268,7 +269,7 @@ func (st *stream) check(r *http.Request) (int, string) {
 	if svc.MaxBodyBytes > 0 && r.ContentLength > svc.MaxBodyBytes {
 		return http.StatusRequestEntityTooLarge, "body-too-large"
 	}
-	return 0, ""
+	return proxy.CheckPath(svc, st.req.Path)
 }
 
 // answer writes a complete response from the proxy itself.

@@ -168,6 +168,7 @@ func (g *Gate) Swap(p *admission.Policy) uint64 {
 		}
 	}
 	g.cur.Store(gen)
+	g.m.Prune() // the series of what this policy no longer names
 	g.m.PolicyLoaded(gen.gen, float64(g.now().UnixNano())/1e9)
 	return gen.gen
 }

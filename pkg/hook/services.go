@@ -29,7 +29,8 @@ func ProxyServices(p *admission.Policy) []*proxy.Service {
 				MaxHeaderBytes: s.Limits.MaxHeaderBytes,
 				MaxHeaders:     s.Limits.MaxHeaders,
 			},
-			UpstreamProtocol: s.UpstreamProtocol,
+			UpstreamProtocol:     s.UpstreamProtocol,
+			DecodeEscapedSlashes: s.EscapedSlashes == admission.EscapedSlashesDecode,
 			H2: proxy.H2Limits{
 				MaxConcurrentStreams: s.H2.MaxConcurrentStreams,
 				MaxReadFrameSize:     s.H2.MaxFrameSize,

@@ -18,7 +18,9 @@ func (m *Metrics) registerDenials() {
 }
 
 // Denial returns the counter of one zone or guard (kind DenialZone or
-// DenialGuard) of a location; resolve it once per policy generation.
+// DenialGuard) of a location; resolve it once per policy generation
+// (Prune).
 func (m *Metrics) Denial(service, location, kind, name string) prometheus.Counter {
+	m.recordDenial(service, location, kind, name)
 	return m.denials.WithLabelValues(service, location, kind, name)
 }

@@ -57,6 +57,9 @@ type Metrics struct {
 	causeCounters  sync.Map // cause string -> prometheus.Counter
 	srcMu          sync.Mutex
 	src            *sources
+
+	genMu        sync.Mutex
+	gen, prevGen *genSeries // series of the generation being built and of the one before (prune.go)
 }
 
 // New creates the registry with the Go and process collectors, build
@@ -151,8 +154,10 @@ type Location struct {
 }
 
 // Location resolves the series of a service/location pair; denyStatus is
-// the location's deny status.
+// the location's deny status. The series belong to the policy generation
+// being built (Prune).
 func (m *Metrics) Location(service, location, reportService string, denyStatus int) *Location {
+	m.recordLocation(service, location, denyStatus)
 	l := &Location{Requests: make([]prometheus.Counter, len(Outcomes))}
 	for i, o := range Outcomes {
 		l.Requests[i] = m.requests.WithLabelValues(service, location, o)

@@ -212,3 +212,39 @@ func TestAdminReusePort(t *testing.T) {
 		t.Fatalf("a second listener joined the ephemeral admin port %s", eph.Addr())
 	}
 }
+
+// Prune deletes the denial series of a zone a kept location stopped
+// listing, and keeps everything asked for again.
+func TestPruneKeptLocation(t *testing.T) {
+	m := New("test", "abc")
+	m.Location("web", "api", "", 429).Requests[0].Inc()
+	m.Denial("web", "api", DenialZone, "old").Inc()
+	m.Prune()
+	m.Location("web", "api", "", 429)
+	m.Denial("web", "api", DenialZone, "new")
+	m.Prune()
+	fams, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, f := range fams {
+		for _, s := range f.GetMetric() {
+			line := f.GetName()
+			for _, l := range s.GetLabel() {
+				line += " " + l.GetName() + "=" + l.GetValue()
+			}
+			if c := s.GetCounter(); c != nil && c.GetValue() > 0 {
+				line += " >0"
+			}
+			got = append(got, line)
+		}
+	}
+	all := strings.Join(got, "\n")
+	if strings.Contains(all, "name=old") || !strings.Contains(all, "name=new") {
+		t.Errorf("denial series after the zone was renamed:\n%s", all)
+	}
+	if !strings.Contains(all, "rl_tproxy_requests_total location=api outcome=allow service=web >0") {
+		t.Errorf("the kept location lost its count:\n%s", all)
+	}
+}

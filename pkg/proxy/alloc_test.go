@@ -173,3 +173,14 @@ func sinkUpstream(t *testing.T, n int) string {
 	}()
 	return ln.Addr().String()
 }
+
+// CheckPath allocates nothing, with or without escapes in the path.
+func TestCheckPathAlloc(t *testing.T) {
+	svc := &Service{DecodeEscapedSlashes: true}
+	for _, p := range []string{"/api/v1/items", "/api/%61x", "/api%2Fx", "/a%2F../b"} {
+		b := []byte(p)
+		if n := testing.AllocsPerRun(100, func() { CheckPath(svc, b) }); n != 0 {
+			t.Errorf("%q: %v allocations", p, n)
+		}
+	}
+}

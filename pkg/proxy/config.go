@@ -217,6 +217,10 @@ type Service struct {
 	// (pkg/h2proxy): "" or "auto" (the client's: h2c), "http1" or "h2c".
 	// HTTP/1.1 clients are always forwarded as HTTP/1.1.
 	UpstreamProtocol string
+	// DecodeEscapedSlashes lets a request whose path holds an escaped
+	// slash (%2F) or backslash (%5C) through, to be matched on its
+	// decoded path; false refuses it with 400 (CheckPath).
+	DecodeEscapedSlashes bool
 	// H2 bounds HTTP/2 client connections (zero fields: pkg/h2proxy's
 	// defaults).
 	H2 H2Limits

@@ -45,11 +45,14 @@ type lreq struct {
 	cancelled bool // Cancel (or the Admit context's cancel) was called
 	sent100   bool
 	canRetry  bool
-	retried   bool
-	upBytes   bool // a response byte arrived
-	chunkedRs bool // the response body goes out re-encoded chunked
-	splicing  bool // a body goes by splice (loopsplice.go)
-	splIn     bool // ... the request body, from the client to r.up
+	interims  int // interim (1xx) responses received
+	// interimBytes counts their head bytes.
+	interimBytes int
+	retried      bool
+	upBytes      bool // a response byte arrived
+	chunkedRs    bool // the response body goes out re-encoded chunked
+	splicing     bool // a body goes by splice (loopsplice.go)
+	splIn        bool // ... the request body, from the client to r.up
 }
 
 func (r *lreq) reset() {

@@ -441,6 +441,10 @@ func (c *lconn) startRequest(cfg *Config, svc *Service) {
 		c.rejectRule(cfg, svc, "body-too-large", 413)
 		return
 	}
+	if status, rule := CheckPath(svc, r.req.Path); status != 0 {
+		c.rejectRule(cfg, svc, rule, status)
+		return
+	}
 	c.deadline = 0
 	if r.hook == nil {
 		c.forward()

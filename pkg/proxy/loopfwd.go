@@ -264,7 +264,13 @@ func (c *lconn) upData(u *lup, b []byte) {
 	if !alive {
 		return
 	}
-	c.setDeadline(c.ls.l.Now() + int64(r.svc.idleTimeout()))
+	if r.rp != rpHead {
+		// The body relays under the idle timeout, renewed by each read;
+		// the response head (interim responses included) keeps the
+		// deadline the upstream timeout set when the request was sent,
+		// so an upstream dribbling its head cannot stretch it.
+		c.setDeadline(c.ls.l.Now() + int64(r.svc.idleTimeout()))
+	}
 	if held {
 		u.buf.r += n
 		if u.buf.empty() {
@@ -279,7 +285,17 @@ func (c *lconn) upData(u *lup, b []byte) {
 	}
 }
 
-var errHeadTooLarge = fmt.Errorf("response head too large")
+var (
+	errHeadTooLarge    = errors.New("response head too large")
+	errTooManyInterims = fmt.Errorf("more than %d interim (1xx) responses or %d bytes of them", maxInterims, maxInterimBytes)
+)
+
+// Bounds of the interim (1xx) responses before the final head, as Go's
+// client bounds them: past either, the exchange fails with 502.
+const (
+	maxInterims     = 5
+	maxInterimBytes = bufSize
+)
 
 // consumeResponse relays what src holds of the response; it returns the
 // bytes consumed and whether u still serves this exchange (false: it was
@@ -305,6 +321,12 @@ func (c *lconn) consumeResponse(u *lup, src []byte) (int, bool) {
 			}
 			n += resp.HeadLen
 			if resp.Status != 101 && resp.Informational() {
+				r.interims++
+				r.interimBytes += resp.HeadLen
+				if r.interims > maxInterims || r.interimBytes > maxInterimBytes {
+					c.upFail(u, fmt.Errorf("read response head: %w", errTooManyInterims))
+					return 0, false
+				}
 				c.relayInterim(resp)
 				continue
 			}
@@ -357,8 +379,7 @@ func (c *lconn) relayInterim(resp *httpparse.Response) {
 	if r.head.Minor != 1 || resp.Status == 100 && r.sent100 {
 		return
 	}
-	c.ls.write2(c.s, appendResponseHead(c.ls.scratch[:0], resp, nil, 0), nil)
-	c.upBackpressure() // an upstream may send 1xx without end
+	c.toClient(appendResponseHead(c.ls.scratch[:0], resp, nil, 0), nil)
 }
 
 // extraHeaders are the Decision's fields added to an upstream response.

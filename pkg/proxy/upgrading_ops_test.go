@@ -221,8 +221,8 @@ func TestUpgradingClientTakesNothing(t *testing.T) {
 }
 
 func clientTakesNothing(t *testing.T, end upgradingEnd) {
-	interim := "HTTP/1.1 102 Processing\r\nX-Pad: " + strings.Repeat("p", 4000) + "\r\n\r\n"
-	const interims = 32 // 128 KiB: below loopMaxPending, far above the small buffers
+	interim := "HTTP/1.1 102 Processing\r\nX-Pad: " + strings.Repeat("p", maxInterimBytes/maxInterims-40) + "\r\n\r\n"
+	const interims = maxInterims // just under maxInterimBytes: as much as the proxy relays, above the small buffers
 	answer, vanish, stop := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	upGone := make(chan error, 1)
 	up := newRawUpstream(t, func(_ int, c net.Conn) {

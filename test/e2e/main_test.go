@@ -355,6 +355,7 @@ type policyOpts struct {
 	rate        string // zone "strict" rate
 	burst       int
 	extra       string   // appended to the locations list
+	service     string   // service settings (indented lines) before its locations
 	tiers       string   // a top-level tiers block
 	defaults    string   // a top-level defaults block
 	zones       string   // appended to the zones block
@@ -394,7 +395,7 @@ services:
   - name: web
     listen: %s
     upstream: %s
-    locations:
+%s    locations:
       - name: probe
         match: {path: /probe}
         report: slow
@@ -415,7 +416,7 @@ services:
         match: {path_prefix: /}
         limit: [strict]
         report: slow
-`, o.srv, c.DNS.Addr(), o.credentials, o.fail, o.defaults, o.tiers, o.rate, o.burst, o.zones, o.listen, o.upstream, o.extra)
+`, o.srv, c.DNS.Addr(), o.credentials, o.fail, o.defaults, o.tiers, o.rate, o.burst, o.zones, o.listen, o.upstream, o.service, o.extra)
 	return bintest.WriteFile(t, filepath.Join(dir, "policy.yaml"), body, 0o644)
 }
 
