@@ -247,6 +247,39 @@ for r in rows:
     lines.append(f"| {r['placement']} | {r['upstream']} | {r['client_conns']} | {r['conc']} | {r['client']} | {r['row']} | "
                  f"{r['rps']} | {r['cpu_us']} | {r['p50_ms']} | {r['p99_ms']} | {r['p999_ms']} | {r['max_ms']} | "
                  f"{ratio('p99_ms')} | {ratio('p999_ms')} | {r['errors']} |")
+# The bars: what a transparent proxy may add, read from the cells above
+# (unpinned: the deployment users run).
+def cell(place, up, mode, c, client, row):
+    return ref.get((place, up, mode, str(c), client, row))
+def f(r, k):
+    return num(r[k]) if r else None
+bars = []
+for row in ("unprotected", "unprotected_alt"):
+    for client in ("latclient", "wrk"):
+        d, x = cell("unpinned", "close", "new", 1, client, "direct"), cell("unpinned", "close", "new", 1, client, row)
+        if d and x:
+            bars.append((f"closing upstream, new connection per request, c=1, {client}: {row} p50 {f(x,'p50_ms'):.3f} / p99 {f(x,'p99_ms'):.3f} ms vs direct {f(d,'p50_ms'):.3f} / {f(d,'p99_ms'):.3f}",
+                         f(x,'p50_ms') - f(d,'p50_ms') <= 0.5 and f(x,'p99_ms') - f(d,'p99_ms') <= 2))
+for (up, mode) in (("keepalive", "persistent"), ("close", "new")):
+    for sfx in ("", "_alt"):
+        u, a = cell("unpinned", up, mode, 1, "latclient", "unprotected" + sfx), cell("unpinned", up, mode, 1, "latclient", "admission" + sfx)
+        if u and a:
+            bars.append((f"serial admission{sfx}, {up} upstream, {mode} client connections, c=1: p50 {f(a,'p50_ms'):.3f} ms vs unprotected {f(u,'p50_ms'):.3f}",
+                         f(a,'p50_ms') - f(u,'p50_ms') <= 1))
+for c in (4, 64):
+    for client in ("wrk", "latclient"):
+        for row in ("unprotected", "unprotected_alt"):
+            pp, x = cell("unpinned", "keepalive", "persistent", c, client, "proxy_pass"), cell("unpinned", "keepalive", "persistent", c, client, row)
+            if pp and x and f(pp,'p99_ms') and f(pp,'p999_ms'):
+                r99, r999 = f(x,'p99_ms') / f(pp,'p99_ms'), f(x,'p999_ms') / f(pp,'p999_ms')
+                bars.append((f"keep-alive c={c}, {client}, {row}: p99 {r99:.2f}x, p99.9 {r999:.2f}x nginx proxy_pass's", r99 <= 1.5 and r999 <= 2))
+if bars:
+    lines += ["", "## Bars (unpinned defaults)", "",
+              "A transparent proxy must add no latency a user can see: p50 within 0.5 ms and p99 within 2 ms of the",
+              "backend direct through a closing upstream; admission p50 within 1 ms of the unprotected location;",
+              "keep-alive p99 at most 1.5x and p99.9 at most 2x nginx proxy_pass's.", ""]
+    lines += [f"- {'met' if ok else '**not met**'}: {text}" for text, ok in bars]
 open(out, 'w').write("\n".join(lines) + "\n")
+print("\n".join(f"{'met' if ok else 'NOT MET'}: {text}" for text, ok in bars))
 PY
 echo "$me: wrote $OUT and $tsv"
