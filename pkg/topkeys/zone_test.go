@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 var t0 = time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
@@ -225,4 +226,13 @@ func TestServeTopRecorderJSON(t *testing.T) {
 		t.Fatalf("%d %q", rec.Code, rec.Body)
 	}
 	_ = http.StatusOK
+}
+
+// StateBytes, which the documentation quotes, is what a zone holds.
+func TestStateBytes(t *testing.T) {
+	z := newZone(NewRegistry(Plain, nil).seed)
+	got := int(unsafe.Sizeof(z.cms)) + len(z.ss)*Slots*int(unsafe.Sizeof(ssSlot{}))
+	if got != StateBytes {
+		t.Fatalf("a zone holds %d bytes, StateBytes says %d", got, StateBytes)
+	}
 }

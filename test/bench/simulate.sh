@@ -3,9 +3,12 @@
 # examples/policy.yaml with `rl-tproxy simulate` and prints the time it
 # took and the lines per second. The log (about 400 bytes a line) is
 # written to a temporary directory and removed afterwards; nothing big is
-# committed. Usage: test/bench/simulate.sh [N] [BINARY]
+# committed. The replay runs on one core: pinned to CPU $CPU (default 0)
+# with GOMAXPROCS=1. Usage: test/bench/simulate.sh [N] [BINARY]
 set -euo pipefail
 n=${1:-1000000}
+CPU=${CPU:-0}
+case "$n$CPU" in *[!0-9]*) echo "simulate.sh: N and CPU must be numbers" >&2; exit 2 ;; esac
 cd "$(dirname "$0")/../.."
 bin=${2:-}
 tmp=$(mktemp -d)
@@ -31,9 +34,9 @@ awk -v n="$n" 'BEGIN {
     printf "{\"time\":\"2026-12-01T%02d:%02d:%02d.%03dZ\",\"level\":\"INFO\",\"msg\":\"access\",\"service\":\"web\",\"location\":\"%s\",\"remote\":\"10.%d.%d.%d:%d\",\"method\":\"%s\",\"host\":\"shop.example\",\"path\":\"%s\",\"proto\":\"http/1.1\",\"status\":200,\"verdict\":\"allow\",\"outcome\":\"allow\",\"cause\":\"allow\",\"admission_ms\":0.4,\"duration_ms\":%d.%d,\"upstream\":\"127.0.0.1:8081\",\"upstream_status\":200,\"bytes_in\":0,\"bytes_out\":751,\"report\":true,\"user_agent\":\"bench/1\",\"generation\":1}\n", hh, mm, ss, ms, loc, int(c / 65536) % 256, int(c / 256) % 256, c % 256, 1024 + i % 60000, m, p, 1 + int(rand() * 400), int(rand() * 10)
   }
 }' > "$tmp/access.log"
-echo "test/bench/simulate.sh: $n lines, $(du -h "$tmp/access.log" | cut -f1), replaying on $(nproc) CPUs (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+echo "test/bench/simulate.sh: $n lines, $(du -h "$tmp/access.log" | cut -f1), replaying on CPU $CPU of $(nproc) (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
 start=$(date +%s.%N)
-"$bin" simulate --policy examples/policy.yaml --access-log "$tmp/access.log" > "$tmp/result.txt"
+GOMAXPROCS=1 taskset -c "$CPU" "$bin" simulate --policy examples/policy.yaml --access-log "$tmp/access.log" > "$tmp/result.txt"
 end=$(date +%s.%N)
 cat "$tmp/result.txt"
 awk -v s="$start" -v e="$end" -v n="$n" 'BEGIN { printf "simulate: %d lines in %.2f s wall = %.0f lines/s = %.1f million lines/min\n", n, e - s, n / (e - s), n / (e - s) * 60 / 1e6 }'
