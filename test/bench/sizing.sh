@@ -105,6 +105,10 @@ for pol, s in (("standard", 3), ("standard", 5), ("single_round", 3), ("custom",
         pol, s, R * dg / 1e6, rate * dg / 1e3, R * byts / 1e9, R * byts * 8 / 1e9, rate * byts / 1e6, rate * byts * 8 / 1e6,
         R * inb / 1e6, R * outb / 1e6, cores))
 w("")
+if ("standard", 3, "all answer") in rows:
+    R, dg, byts, inb, outb, cores = example("standard", 3)
+    w("Reading it: at 3 servers under `standard`, %d nodes at %d protected requests/s put about %.1f million datagrams and %.1f Gbit/s a second on the RateLimitly network (%.0f Mbit/s per node), and each server reads about %.1f million datagrams a second: about %.1f cores each by the model above. Locations without `report` send no report datagrams: take that column out for them. A fifth server adds fan-out traffic without taking decisions off the others (each server decides every request): more servers buy availability, not capacity. These figures are from the shared bench host; run `test/bench/sizing.sh` on your own hardware.\n" % (
+        nodes, rate, R * dg / 1e6, R * byts * 8 / 1e9, rate * byts * 8 / 1e6, R * inb / 1e6, cores))
 w("Embedded RateLimitly is for single-node use: there each node decides its own %d requests/s for about %.2f cores of admission work (%.2f µs per protected request, gate and client included)." % (rate, rate * emb / 1e6, emb))
 print("\n".join(out))
 PY
