@@ -169,8 +169,10 @@ func (g *Gate) Swap(p *admission.Policy) uint64 {
 			info := &locInfo{name: l.Name, answer: a, m: g.m.Location(s.Name, l.Name, report, a.Status)}
 			for _, z := range l.Limits {
 				info.zoneDenials = append(info.zoneDenials, g.m.Denial(s.Name, l.Name, metrics.DenialZone, z.Name))
-				info.top = append(info.top, g.top.Zone(z.Name))
-				zones = append(zones, z.Name)
+				if g.top != nil {
+					info.top = append(info.top, g.top.Zone(z.Name))
+					zones = append(zones, z.Name)
+				}
 			}
 			for _, gd := range l.Guards {
 				info.guardDenials = append(info.guardDenials, g.m.Denial(s.Name, l.Name, metrics.DenialGuard, gd.Tracker.Name))
