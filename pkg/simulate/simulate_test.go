@@ -323,3 +323,42 @@ func TestReadError(t *testing.T) {
 		t.Fatal("format xml accepted")
 	}
 }
+
+// Tiers are looked up per request from what the log carries: a plan in
+// the query gives free users 2 requests and pro users 10.
+func TestTiersFromQuery(t *testing.T) {
+	p := writePolicy(t, `ratelimitly: {embedded: true}
+tiers:
+  plan:
+    key: "{query.plan}"
+    values: {free: 2/m, pro: 10/m}
+    default: 2/m
+zones:
+  per_user: {bucket: "u:{query.user}", rate: {tier: plan}}
+services:
+  - name: web
+    listen: 127.0.0.1:8080
+    upstream: 127.0.0.1:8081
+    locations:
+      - name: api
+        match: {path_prefix: /}
+        limit: [per_user]
+`)
+	var ls []line
+	for i := range 10 {
+		ls = append(ls, line{at: time.Duration(i) * time.Millisecond, remote: "10.0.0.1:1", path: "/x", query: "user=f&plan=free", loc: "api", outcome: "allow", cause: "allow", status: 200})
+		ls = append(ls, line{at: time.Duration(i) * time.Millisecond, remote: "10.0.0.2:1", path: "/x", query: "user=p&plan=pro", loc: "api", outcome: "allow", cause: "allow", status: 200})
+	}
+	s, err := New(p, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Run(bytes.NewReader(writeLog(t, FormatJSON, ls)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := find(t, res, "api")
+	if l.WouldDeny != 8 || len(l.Zones[0].TopKeys) != 1 || l.Zones[0].TopKeys[0].Key != "u:f" {
+		t.Fatalf("%+v", l)
+	}
+}
