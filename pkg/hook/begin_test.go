@@ -121,6 +121,8 @@ func TestViaBegin(t *testing.T) {
 		{"TestSetCheckerDrainsOld", TestSetCheckerDrainsOld},
 		{"TestSwapInflightKeepsGeneration", TestSwapInflightKeepsGeneration},
 		{"TestSwapLogsPolicyWarnings", TestSwapLogsPolicyWarnings},
+		{"TestTopFromDone", TestTopFromDone},
+		{"TestTopRetainOnSwap", TestTopRetainOnSwap},
 	}
 	// Every test of the package is in the list (or in notTwice, or
 	// tests Begin itself), so a new test runs both ways.

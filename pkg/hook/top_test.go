@@ -42,7 +42,7 @@ func TestTopFromDone(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			g, r, reg := topGate(t, tc.fail, tc.fn)
 			for range 3 {
-				d := g.Admit(context.Background(), r)
+				d := admitVia(g, context.Background(), r)
 				g.Done(r, &d, &proxy.Result{Status: 200, End: r.Start})
 			}
 			a, ok := reg.Top("per_key", 10)
