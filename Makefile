@@ -54,6 +54,7 @@ demo: build
 
 bench: deps build
 	test/bench/run.sh
+	test/bench/latency.sh
 	test/bench/h2.sh
 	test/bench/bigbody.sh
 	test/bench/upload.sh

@@ -113,6 +113,8 @@ func TestRunBadFlagValues(t *testing.T) {
 	}{
 		{[]string{"--loop-kernel-wait", "sometimes"}, `--loop-kernel-wait: loop kernel wait "sometimes": want off, light or always`},
 		{[]string{"--loop-kernel-wait="}, "--loop-kernel-wait: "},
+		{[]string{"--loop-backend", "kqueue"}, `--loop-backend: loop backend "kqueue": want auto, io_uring or epoll`},
+		{[]string{"--loop-backend="}, "--loop-backend: "},
 		{[]string{"--event-loops", "-1"}, "--event-loops -1: want 0 or more"},
 		{[]string{"--log-buffer", "100"}, "--log-buffer 100: want at least 4096"},
 		{[]string{"--log-buffer", "-1"}, "--log-buffer -1: want at least 4096"},

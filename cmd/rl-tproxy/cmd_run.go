@@ -10,6 +10,7 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/internal/asynclog"
 	"github.com/rl-tproxy/rl-tproxy/internal/node"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/topkeys"
 )
@@ -26,7 +27,7 @@ const minDNSRefresh = 100 * time.Millisecond
 // both to node.Run, which serves until SIGTERM/SIGINT and reloads on
 // SIGHUP and on file change.
 func runRun(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("run", "run --policy FILE [--admin ADDR] [--log-format text|json|combined] [--log-level debug|info|warn|error] [--log-buffer BYTES] [--event-loops N] [--loop-kernel-wait off|light|always] [--splice-min BYTES] [--upstream-dns-refresh DURATION] [--top-keys on|hashed|off] [--upgrade-redirect]",
+	fs := newFlagSet("run", "run --policy FILE [--admin ADDR] [--log-format text|json|combined] [--log-level debug|info|warn|error] [--log-buffer BYTES] [--event-loops N] [--loop-backend auto|io_uring|epoll] [--loop-kernel-wait off|light|always] [--splice-min BYTES] [--upstream-dns-refresh DURATION] [--top-keys on|hashed|off] [--upgrade-redirect]",
 		"Runs the proxy with the given policy file. SIGHUP (or a change of the policy or credentials file) reloads it;\n"+
 			"SIGTERM/SIGINT drain in-flight requests (bounded by --drain-timeout) and exit.\n"+
 			"Per-request timeouts are policy settings, per service or in defaults, applied by a reload:\n"+
@@ -42,6 +43,7 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	watch := fs.Bool("watch", true, "reload when the policy or credentials file changes (inotify on their directories)")
 	upgrade := fs.Bool("upgrade-redirect", false, "replace a pinned sk_lookup program of another build in place (keeping the sockmap, ports and counters) instead of refusing to start")
 	loops := fs.Int("event-loops", 0, "serve HTTP/1.x on N event loops, one thread each (0: one per CPU); with N below GOMAXPROCS an idle loop waits in io_uring_enter for up to 1 ms before parking")
+	backend := fs.String("loop-backend", "auto", "the event loops' kernel interface: auto (io_uring, or epoll when the kernel or a seccomp profile refuses io_uring, logged), io_uring (fail to start without it) or epoll")
 	kwait := fs.String("loop-kernel-wait", "light", "when an idle event loop may wait in io_uring_enter holding its thread's P (up to 1 ms after each park) instead of parking in Go's netpoller, while no HTTP/2, TLS or tunnel connection is open: light (while the loop has at most "+fmt.Sprint(node.LightInFlight)+" requests in progress: a third of the system calls and less CPU per request at low load), off (always park: the P is free for other goroutines at once) or always (also under load, where it measured dearer with admission); other goroutines may wait up to 1 ms for a P (docs/operations.md)")
 	spliceMin := fs.Int64("splice-min", proxy.DefaultSpliceMin, "Content-Length request and response bodies with at least this many bytes left after the head (and close-delimited responses once this many went) go from one socket to the other by splice(2), without a copy through the proxy; 0: never")
 	dnsRefresh := fs.Duration("upstream-dns-refresh", proxy.DefaultResolveTTL, "how long the addresses of an upstream named by host name are used before the name is looked up again (Go's resolver gives no record TTLs; like Envoy's dns_refresh_rate); a failed lookup keeps the last addresses and retries after 1s (at least 100ms)")
@@ -60,6 +62,11 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	kw, kerr := node.ParseKernelWait(*kwait)
 	if kerr != nil {
 		fmt.Fprintf(stderr, "rl-tproxy run: --loop-kernel-wait: %v\n", kerr)
+		return exitInvalid
+	}
+	be, berr := evloop.ParseBackend(*backend)
+	if berr != nil {
+		fmt.Fprintf(stderr, "rl-tproxy run: --loop-backend: %v\n", berr)
 		return exitInvalid
 	}
 	if *loops < 0 {
@@ -105,7 +112,7 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		return exitInvalid
 	}
 	opts := node.Options{Policy: *policy, Admin: *admin, Log: log, Watch: *watch, UpgradeRedirect: *upgrade,
-		EventLoops: *loops, LoopKernelWait: kw, SpliceMin: *spliceMin, UpstreamDNSRefresh: *dnsRefresh, Version: version, Commit: commit, LogDropped: alog.Dropped, TopKeys: top}
+		EventLoops: *loops, LoopBackend: be, LoopKernelWait: kw, SpliceMin: *spliceMin, UpstreamDNSRefresh: *dnsRefresh, Version: version, Commit: commit, LogDropped: alog.Dropped, TopKeys: top}
 	if err := node.Run(context.Background(), pol, opts, *drain); err != nil {
 		return exitRuntime
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 	"github.com/rl-tproxy/rl-tproxy/pkg/embedded"
+	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
 	"github.com/rl-tproxy/rl-tproxy/pkg/h2proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/hook"
 	"github.com/rl-tproxy/rl-tproxy/pkg/metrics"
@@ -57,6 +58,8 @@ type Options struct {
 	// loops and no connection is served by a goroutine
 	// (proxy.Config.HoldP). The zero value is KernelWaitLight.
 	LoopKernelWait KernelWait
+	// LoopBackend is proxy.Config.LoopBackend (`run --loop-backend`).
+	LoopBackend evloop.Backend
 	// SpliceMin is proxy.Config.SpliceMin: request and response bodies with
 	// at least this many bytes left go by splice(2) (0: the default,
 	// negative: never).
@@ -218,7 +221,7 @@ func (n *Node) startProxy(ctx context.Context, pol *admission.Policy) error {
 	}
 	pcfg := proxy.Config{Services: hook.ProxyServices(pol), Hook: n.gate, Logger: n.log,
 		Handoff: &proxy.HandoffMux{HTTP2: n.h2, TLS: relay, Other: relay}, EventLoops: n.opts.EventLoops,
-		SpliceMin: n.opts.SpliceMin, ResolveTTL: n.opts.UpstreamDNSRefresh}
+		SpliceMin: n.opts.SpliceMin, ResolveTTL: n.opts.UpstreamDNSRefresh, LoopBackend: n.opts.LoopBackend}
 	if n.opts.LoopKernelWait != KernelWaitOff {
 		pcfg.HoldP = func() bool { return !n.checksOffLoop.Load() }
 	}

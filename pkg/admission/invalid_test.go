@@ -11,7 +11,7 @@ import (
 
 // `invalid: deny` makes a value the client controls unable to switch a
 // limit off under fail: open, while an unreachable RateLimitly still
-// follows `fail` (issue 13 item 3).
+// follows `fail`.
 func TestInvalidDeny(t *testing.T) {
 	long := strings.Repeat("k", 1100)
 	allow := validResp(wire.StatusOK, true, okGuard, okRes)

@@ -115,6 +115,7 @@ type serviceSettings struct {
 	maxRequestLine, maxHeaderBytes, maxHeaders  *int64
 	maxBodyBytes, maxRequestsPerConn            *int64
 	rateLimitHeaders, steerLoopback             *bool
+	clientAddr                                  *ClientAddress
 	denyStatus                                  *int64
 	denyFormat                                  *DenyFormat
 	denyGRPCStatus                              *int64
@@ -151,7 +152,7 @@ var (
 	topKeys         = []string{"ratelimitly", "defaults", "tiers", "zones", "trackers", "services", "request_id"}
 	rlKeys          = []string{"srv", "embedded", "resolver", "resolver_timeout", "credentials", "request_policy", "fail", "invalid", "bind", "debug"}
 	rpKeys          = []string{"name", "unit", "replay_gaps", "replays", "final_receive", "completion"}
-	serviceSetKeys  = []string{"forwarded_headers", "timeouts", "limits", "ratelimit_headers", "steer_loopback", "upstream_protocol"}
+	serviceSetKeys  = []string{"forwarded_headers", "timeouts", "limits", "ratelimit_headers", "steer_loopback", "upstream_protocol", "client_address"}
 	locationSetKeys = []string{"limit", "guard", "label", "report", "mode", "deny"}
 	serviceOwnKeys  = []string{"name", "port", "prefixes", "listen", "upstream", "locations"}
 	locationOwnKeys = []string{"name", "match"}
@@ -281,6 +282,21 @@ func (l *loader) load(data []byte) {
 	}
 	l.crossChecks()
 	l.invalidWarnings()
+	l.forwardingWarnings()
+}
+
+// forwardingWarnings warns about zones keyed on a forwarding header read
+// as the client wrote it: any client sets X-Forwarded-For to whatever
+// spreads its requests over fresh buckets. client_address reads it only
+// from trusted balancers.
+func (l *loader) forwardingWarnings() {
+	for _, z := range l.p.Zones {
+		if v := z.Bucket.ForwardingHeader(); v != "" {
+			l.p.Warnings = append(l.p.Warnings, Error{File: l.file, Line: z.Line, Msg: fmt.Sprintf(
+				"zones.%s.bucket renders %s, which any client can write: behind a balancer set client_address "+
+					"(from, trusted) and key on {remote_addr} instead", z.Name, v)})
+		}
+	}
 }
 
 // invalidWarnings warns about zones and trackers rendered from a value the

@@ -154,6 +154,10 @@ func inheritServiceSettings(svc *Service, own, defSvc *serviceSettings, ownLoc, 
 	}
 	svc.RateLimitHeaders = pick(DefaultRateLimitHeaders, own.rateLimitHeaders, defSvc.rateLimitHeaders)
 	svc.SteerLoopback = pick(DefaultSteerLoopback, own.steerLoopback, defSvc.steerLoopback)
+	svc.ClientAddress = own.clientAddr
+	if svc.ClientAddress == nil {
+		svc.ClientAddress = defSvc.clientAddr
+	}
 	svc.Deny = Deny{
 		Status:     int(pick(int64(DefaultDenyStatus), ownLoc.settings.denyStatus, defLoc.settings.denyStatus)),
 		Format:     pick(DenyJSON, ownLoc.settings.denyFormat, defLoc.settings.denyFormat),

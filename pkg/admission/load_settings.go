@@ -101,6 +101,8 @@ func (l *loader) serviceSetting(e kv, ctx string, s *serviceSettings) bool {
 		}
 	case "upstream_protocol":
 		l.upstreamProtocol(e.v, c, s)
+	case "client_address":
+		l.clientAddress(e.v, c, s)
 	default:
 		return false
 	}

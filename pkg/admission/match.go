@@ -15,11 +15,14 @@ type HeaderGetter interface {
 // slices alias the proxy's buffers and are only read.
 type Request struct {
 	Remote, Local netip.AddrPort // client, and original destination
-	Method        []byte
-	Host          []byte // Host header (or absolute-form authority), port allowed
-	Path          []byte // request target up to '?', raw (not decoded)
-	Query         []byte // after '?', raw
-	Headers       HeaderGetter
+	// Peer is the TCP peer when Remote is a client named by a trusted
+	// forwarding header (Service.ClientAddress); zero when they are one.
+	Peer    netip.AddrPort
+	Method  []byte
+	Host    []byte // Host header (or absolute-form authority), port allowed
+	Path    []byte // request target up to '?', raw (not decoded)
+	Query   []byte // after '?', raw
+	Headers HeaderGetter
 	// SNI and ALPN are set for a TLS passthrough connection (admitted
 	// once, with no HTTP fields): the ClientHello's server name and the
 	// client's most preferred ALPN protocol.

@@ -240,6 +240,10 @@ type Service struct {
 	Limits           Limits
 	RateLimitHeaders bool
 	SteerLoopback    bool // steered mode: connections from the node itself are steered too
+	// ClientAddress, when set, names the request's client from a
+	// forwarding header of a trusted peer ({remote_addr}, the access
+	// line's remote); nil: the TCP peer is the client.
+	ClientAddress    *ClientAddress
 	Deny             Deny
 	UpstreamProtocol string // how HTTP/2 clients' streams reach the upstream: auto, http1, h2c
 	H2               H2Limits

@@ -13,9 +13,12 @@ import (
 //
 // Syntax: `{name}` inserts a variable; `{{` is a literal `{` and `}}` a
 // literal `}`. A lone `}`, an unterminated `{`, an empty `{}` and an unknown
-// variable are compile errors. Variables: remote_addr, remote_port, host,
-// method, path, server_addr, server_port, query.NAME, header.NAME,
-// cookie.NAME, sni, alpn. A missing query parameter, header or cookie
+// variable are compile errors. Variables: remote_addr, remote_port,
+// peer_addr, host, method, path, server_addr, server_port, query.NAME,
+// header.NAME, cookie.NAME, sni, alpn. remote_addr is the client (the
+// service's client_address, else the TCP peer), peer_addr the TCP peer
+// always; remote_port is 0 for a client named by a forwarding header.
+// A missing query parameter, header or cookie
 // renders as empty; sni (lower-cased) and alpn (the client's first
 // protocol) are set only for TLS passthrough connections.
 type Template struct {
@@ -33,6 +36,7 @@ const (
 	varLiteral varKind = iota
 	varRemoteAddr
 	varRemotePort
+	varPeerAddr
 	varHost
 	varMethod
 	varPath
@@ -53,6 +57,7 @@ type tmplPart struct {
 var simpleVars = map[string]varKind{
 	"remote_addr": varRemoteAddr,
 	"remote_port": varRemotePort,
+	"peer_addr":   varPeerAddr,
 	"host":        varHost,
 	"method":      varMethod,
 	"path":        varPath,
@@ -73,7 +78,7 @@ var prefixVars = []struct {
 
 // TemplateVariables lists the variable names a template may use (for docs
 // and error messages).
-const TemplateVariables = "remote_addr, remote_port, host, method, path, server_addr, server_port, query.NAME, header.NAME, cookie.NAME, sni, alpn"
+const TemplateVariables = "remote_addr, remote_port, peer_addr, host, method, path, server_addr, server_port, query.NAME, header.NAME, cookie.NAME, sni, alpn"
 
 // Errors returned by Render. They are preallocated: rendering never allocates.
 var (
@@ -225,6 +230,26 @@ func (t *Template) ClientValue() string {
 	return ""
 }
 
+// ForwardingHeader returns the first forwarding header the template
+// renders ({header.x-forwarded-for}, {header.forwarded} or
+// {header.x-real-ip}), or "": any client can write one, so a key on it is
+// the client's choice unless a trusted balancer rewrites it.
+func (t *Template) ForwardingHeader() string {
+	if t == nil {
+		return ""
+	}
+	for _, p := range t.parts {
+		if p.kind != varHeader {
+			continue
+		}
+		switch strings.ToLower(p.text) {
+		case "x-forwarded-for", "forwarded", "x-real-ip":
+			return "{header." + p.text + "}"
+		}
+	}
+	return ""
+}
+
 // StaticLen is the number of literal bytes: a lower bound on every rendering.
 // A nil template has length 0.
 func (t *Template) StaticLen() int {
@@ -255,6 +280,14 @@ func (t *Template) Render(dst []byte, r *Request) ([]byte, error) {
 		case varRemotePort:
 			if r.Remote.IsValid() {
 				dst = strconv.AppendUint(dst, uint64(r.Remote.Port()), 10)
+			}
+		case varPeerAddr:
+			peer := r.Peer
+			if !peer.IsValid() {
+				peer = r.Remote // no client_address: the peer is the client
+			}
+			if peer.IsValid() {
+				dst = peer.Addr().Unmap().AppendTo(dst)
 			}
 		case varServerAddr:
 			if r.Local.IsValid() {

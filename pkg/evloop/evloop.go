@@ -34,6 +34,20 @@ func (b Backend) String() string {
 	return fmt.Sprintf("Backend(%d)", uint8(b))
 }
 
+// ParseBackend reads a backend's name as String writes it ("auto",
+// "io_uring", "epoll"; "uring" is taken for "io_uring").
+func ParseBackend(s string) (Backend, error) {
+	switch s {
+	case "auto":
+		return Auto, nil
+	case "io_uring", "uring":
+		return IOUring, nil
+	case "epoll":
+		return Epoll, nil
+	}
+	return Auto, fmt.Errorf("loop backend %q: want auto, io_uring or epoll", s)
+}
+
 // Config configures Start.
 type Config struct {
 	Loops   int          // default runtime.GOMAXPROCS(0)

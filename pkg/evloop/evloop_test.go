@@ -29,6 +29,24 @@ func TestBackendString(t *testing.T) {
 	}
 }
 
+func TestParseBackend(t *testing.T) {
+	for in, want := range map[string]Backend{"auto": Auto, "io_uring": IOUring, "uring": IOUring, "epoll": Epoll} {
+		if got, err := ParseBackend(in); err != nil || got != want {
+			t.Errorf("ParseBackend(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "EPOLL", "kqueue", "io_uring "} {
+		if _, err := ParseBackend(in); err == nil {
+			t.Errorf("ParseBackend(%q) accepted it", in)
+		}
+	}
+	for _, b := range []Backend{Auto, IOUring, Epoll} { // String and ParseBackend agree
+		if got, err := ParseBackend(b.String()); err != nil || got != b {
+			t.Errorf("ParseBackend(%q) = %v, %v", b.String(), got, err)
+		}
+	}
+}
+
 // TestEcho: many clients at once, each a round trip larger than the
 // buffers, through real loopback TCP and two loops sharing one listener.
 func TestEcho(t *testing.T) {

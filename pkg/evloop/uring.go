@@ -140,9 +140,11 @@ func (u *uring) armWake() {
 	q.addr, q.len = uint64(uintptr(unsafe.Pointer(&u.page[0]))), 8
 }
 
-// parkFD is an eventfd registered with the ring: with DEFER_TASKRUN the
-// kernel signals it when completion work arrives for the loop (completions
-// are posted only by the loop's next io_uring_enter). It is signalled
+// parkFD is an eventfd registered with the ring, for the parker. The
+// ring's completion work is task work of the loop thread, which the
+// kernel wakes even while it sleeps parked in the Go runtime (ringFlags):
+// the thread posts the completions and signals this eventfd at once,
+// and the netpoller hands the loop goroutine its P back. It is signalled
 // only while the loop parks (IORING_CQ_EVENTFD_DISABLED otherwise), so a
 // busy loop does not wake the netpoller.
 func (u *uring) parkFD() (int, func(), func(), error) {

@@ -28,11 +28,11 @@ const (
 	setupCQSize       = 1 << 3
 	setupSubmitAll    = 1 << 7
 	setupSingleIssuer = 1 << 12
-	setupDeferTask    = 1 << 13
+	setupCoopTaskrun  = 1 << 8
 	setupTaskrunFlag  = 1 << 9
 
 	sqCQOverflow = 1 << 1 // IORING_SQ_CQ_OVERFLOW
-	sqTaskrun    = 1 << 2 // IORING_SQ_TASKRUN: completion work waits for an enter
+	sqTaskrun    = 1 << 2 // IORING_SQ_TASKRUN: completion work waits for the loop thread
 
 	enterGetEvents = 1 << 0
 	enterExtArg    = 1 << 3
@@ -125,7 +125,21 @@ type ring struct {
 	arg            getEventsArg
 }
 
-const ringFlags = setupSingleIssuer | setupDeferTask | setupTaskrunFlag | setupSubmitAll | setupCQSize
+// ringFlags: the loop thread is the ring's only submitter (SINGLE_ISSUER);
+// completion work (a socket's data arriving for a multishot recv, a
+// poll firing) is task work for that thread, queued without an
+// interrupt while it runs (COOP_TASKRUN: it runs at the thread's next
+// entry into the kernel, the turn's enter) and waking it wherever it
+// sleeps: in io_uring_enter, or parked in the Go runtime, where it posts
+// the completions at once and signals the registered eventfd from its
+// own context, which wakes the netpoller (see uring.parkFD).
+//
+// Not DEFER_TASKRUN: there completion work waits for the thread's next
+// GETEVENTS enter, and the only wake-up of a thread that waits
+// elsewhere is the registered eventfd, which the kernel (6.18 traced)
+// signals from an RCU callback 4-20 ms after the data arrived: a parked
+// loop would serve late (TestParkedLoopWakesAtOnce).
+const ringFlags = setupSingleIssuer | setupCoopTaskrun | setupTaskrunFlag | setupSubmitAll | setupCQSize
 
 // newRing sets a ring up for the calling thread (SINGLE_ISSUER: the loop
 // thread is its only submitter).
@@ -245,8 +259,7 @@ func (r *ring) enter(timeout int64, raw bool) error {
 	return fmt.Errorf("io_uring_enter: %w", e)
 }
 
-// registerEventfd has the kernel signal fd when completions (or, with
-// DEFER_TASKRUN, completion work) arrive.
+// registerEventfd has the kernel signal fd when completions are posted.
 func (r *ring) registerEventfd(fd int) error {
 	v := int32(fd)
 	if _, _, e := unix.Syscall6(sysIOUringRegister, uintptr(r.fd), regEventfd, uintptr(unsafe.Pointer(&v)), 1, 0, 0); e != 0 {
@@ -268,8 +281,8 @@ func (r *ring) eventfdEnabled(on bool) {
 }
 
 // pending reports whether the kernel holds completion work or overflowed
-// completions that the next enter delivers (an enter runs a bounded
-// number of deferred task works and leaves the rest, signalling nothing).
+// completions that the next enter delivers (task work queued while the
+// loop ran, which only its next entry into the kernel runs).
 func (r *ring) pending() bool {
 	return atomic.LoadUint32(r.sqFlags)&(sqTaskrun|sqCQOverflow) != 0
 }

@@ -31,11 +31,16 @@ func (g *Gate) logAccess(r *proxy.Request, d *proxy.Decision, res *proxy.Result,
 	if proto == "" {
 		proto = "-" // a path that did not say (proxy.Request.Proto)
 	}
-	attrs := make([]slog.Attr, 0, 32)
+	client := r.Remote
+	if st.areq.Peer.IsValid() { // named by the service's client_address
+		client = st.areq.Remote
+	}
+	attrs := make([]slog.Attr, 0, 33)
 	attrs = append(attrs,
 		slog.String("service", st.svc),
 		slog.String("location", loc),
-		slog.String(accesslog.Remote, r.Remote.String()),
+		slog.String(accesslog.Remote, client.String()),
+		slog.String("peer", r.Remote.String()),
 		slog.String(accesslog.Method, string(method)),
 		slog.String("host", string(host)),
 		slog.String(accesslog.Path, string(r.Path)),

@@ -209,7 +209,8 @@ type state struct {
 	rid    []byte              // the request id ("" when none)
 	buf    []byte
 	report []byte
-	path   []byte // the normalized path matched and rendered ({path})
+	path   []byte   // the normalized path matched and rendered ({path})
+	hv     [][]byte // the client_address header's lines (realip reads them)
 
 	// The asynchronous path (Begin): the request, the proxy's Decision
 	// and Resumer while the check runs, and the check itself.
@@ -273,6 +274,9 @@ func (g *Gate) prepare(r *proxy.Request) (*state, *admission.Service) {
 			svc = st.gen.byName[r.Service.Name]
 		}
 	}
+	if svc != nil && svc.ClientAddress != nil && r.Head != nil {
+		st.clientFrom(svc.ClientAddress, r)
+	}
 	switch {
 	case svc != nil:
 		st.svc = svc.Name
@@ -283,6 +287,26 @@ func (g *Gate) prepare(r *proxy.Request) (*state, *admission.Service) {
 	}
 	st.requestID(r.Head)
 	return st, svc
+}
+
+// clientFrom names the request's client from the service's forwarding
+// header when the peer is trusted: st.areq.Remote becomes the client and
+// st.areq.Peer the TCP peer ({remote_addr}, {peer_addr}, the access
+// line). It does not allocate once st.hv has grown to the header's
+// line count.
+func (st *state) clientFrom(ca *admission.ClientAddress, r *proxy.Request) {
+	name := ca.Header()
+	hv := st.hv[:0]
+	for i := range r.Head.Headers {
+		if h := &r.Head.Headers[i]; httpparse.EqualFold(h.Name, name) {
+			hv = append(hv, h.Value)
+		}
+	}
+	if client := ca.Resolve(r.Remote, hv); client != r.Remote {
+		st.areq.Remote, st.areq.Peer = client, r.Remote
+	}
+	clear(hv) // the values alias the request's buffer
+	st.hv = hv[:0]
 }
 
 // unmatched is the Decision without a policy: admit, count nothing.

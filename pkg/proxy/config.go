@@ -311,6 +311,10 @@ type Config struct {
 	// then wait up to that millisecond for a P. Called before every wait,
 	// so it must be cheap.
 	HoldP func() bool
+	// LoopBackend is the event loops' kernel interface (evloop.Auto,
+	// the zero value: io_uring, or epoll when the kernel or a seccomp
+	// profile refuses io_uring; `rl-tproxy run --loop-backend`).
+	LoopBackend evloop.Backend
 	// HoldPInFlight, when above 0, keeps HoldP's kernel wait to loops with
 	// at most that many requests in progress (a head begun until its
 	// response is done): one request at a time every wait is a round trip

@@ -9,7 +9,7 @@ import (
 
 // TestIdleConnSize guards the memory an idle keep-alive connection holds
 // on a loop: its lconn and its evloop.Sock (no buffer, no request state;
-// issue 12 budgets 1 KiB of RSS per idle connection, and the Go heap
+// the budget is 1 KiB of RSS per idle connection, and the Go heap
 // roughly doubles what is live). A field added to either must fit the
 // size class or pay for itself elsewhere.
 func TestIdleConnSize(t *testing.T) {

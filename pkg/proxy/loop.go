@@ -33,7 +33,8 @@ import (
 // while it reads, or it pauses reading.
 const loopReadSize = 16 << 10
 
-// loopBackend is the loops' evloop backend: Auto, tests force one.
+// loopBackend, when not Auto, overrides Config.LoopBackend (tests force
+// one).
 var loopBackend evloop.Backend
 
 // loopMaxPending bounds the bytes queued on one socket before the side
@@ -86,7 +87,11 @@ func (lg *loopGroup) start() error {
 	if lg.g != nil {
 		return nil
 	}
-	g, err := evloop.Start(evloop.Config{Loops: lg.n, Backend: loopBackend, BufSize: loopReadSize, Logger: lg.p.cfg.Load().Logger,
+	be := lg.p.cfg.Load().LoopBackend
+	if loopBackend != evloop.Auto {
+		be = loopBackend
+	}
+	g, err := evloop.Start(evloop.Config{Loops: lg.n, Backend: be, BufSize: loopReadSize, Logger: lg.p.cfg.Load().Logger,
 		HoldP: lg.holdP})
 	if err != nil {
 		return fmt.Errorf("proxy: start event loops: %w", err)
@@ -103,6 +108,7 @@ func (lg *loopGroup) start() error {
 	lg.loops = loops
 	lg.g = g
 	lg.started.Store(g)
+	lg.p.cfg.Load().logger().Info("event loops started", "loops", len(ls), "backend", g.Backend().String())
 	return nil
 }
 

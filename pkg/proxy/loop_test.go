@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
 	"github.com/rl-tproxy/rl-tproxy/pkg/sniff"
 )
 
@@ -213,4 +215,28 @@ func TestLoopUpgradeBurstBothWays(t *testing.T) {
 		t.Fatalf("upstream got %d bytes of the client's burst, not all %d in order", len(b), n)
 	}
 	c.c.Close()
+}
+
+// Config.LoopBackend picks the loops' kernel interface: a proxy asked
+// for epoll serves on epoll even where io_uring would be chosen.
+func TestConfigLoopBackend(t *testing.T) {
+	for _, be := range []evloop.Backend{evloop.Epoll, evloop.IOUring} {
+		t.Run(be.String(), func(t *testing.T) {
+			if be == evloop.IOUring {
+				if err := evloop.ProbeIOUring(); err != nil {
+					testkit.Missing(t, "io_uring refused on this machine: %v", err)
+				}
+			}
+			up := httpUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+			p, addr := startProxy(t, nil, &Service{Upstream: up}, func(c *Config) { c.LoopBackend = be })
+			resp, err := http.Get("http://" + addr + "/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if got := p.lg.started.Load().Backend(); got != be {
+				t.Fatalf("loops run %s, want %s", got, be)
+			}
+		})
+	}
 }

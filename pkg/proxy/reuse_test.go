@@ -14,7 +14,7 @@ import (
 
 // Upstreams that misbehave must never make one client's response reach
 // another client: a pooled connection is reused only when nothing is left
-// to read on it (issue 13 item 1).
+// to read on it.
 
 // idOf returns the request id carried in the target "/id/ID".
 func idOf(head string) (method, id string) {

@@ -26,3 +26,21 @@ func TestAppendNoAlloc(t *testing.T) {
 		t.Fatalf("zoned: %v allocations", n)
 	}
 }
+
+func TestParseNoAlloc(t *testing.T) {
+	ins := [][]byte{
+		[]byte("PROXY TCP4 192.0.2.44 10.0.0.1 12345 80\r\n"),
+		[]byte("PROXY TCP6 2001:db8::1 2001:db8::2 8080 443\r\n"),
+		Append(nil, V2, netip.MustParseAddrPort("192.0.2.44:1"), netip.MustParseAddrPort("10.0.0.1:2")),
+		Append(nil, V2, netip.MustParseAddrPort("[2001:db8::1]:1"), netip.MustParseAddrPort("[2001:db8::2]:2")),
+		[]byte("PROXY TCP4 1.2.3.4 5.6.7.8 01 2\r\n"), // an error is a sentinel
+	}
+	n := testing.AllocsPerRun(100, func() {
+		for _, b := range ins {
+			Parse(b)
+		}
+	})
+	if n != 0 {
+		t.Fatalf("%v allocations", n)
+	}
+}

@@ -1,13 +1,14 @@
-// Package proxyproto writes PROXY protocol headers (version 1 text,
-// version 2 binary; haproxy.org/download/2.9/doc/proxy-protocol.txt) that
-// tell a service the client's address and the original destination of a
-// connection the proxy opened on the client's behalf.
+// Package proxyproto writes and reads PROXY protocol headers (version 1
+// text, version 2 binary; haproxy.org/download/2.9/doc/proxy-protocol.txt),
+// which tell a service the client's address and the original destination
+// of a connection a balancer or proxy opened on the client's behalf.
 //
-// It appends to a caller's buffer and does not allocate: the proxy writes
-// one header per upstream connection on its data path. (A general library
-// such as github.com/pires/go-proxyproto builds each header in a fresh
-// bytes.Buffer and also parses, which the proxy never does; the header is
-// a few fixed bytes.)
+// Append writes one into a caller's buffer, Parse reads one at the start
+// of a caller's bytes; neither allocates, since both sit on the data path
+// (one header per connection). (A general library such as
+// github.com/pires/go-proxyproto builds each header in a fresh
+// bytes.Buffer and parses through a bufio.Reader it owns; a header is a
+// few fixed bytes that the proxy's own read buffer already holds.)
 package proxyproto
 
 import (

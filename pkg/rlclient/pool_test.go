@@ -3,7 +3,7 @@ package rlclient
 import "testing"
 
 // After a burst the request pool shrinks back to poolKeep, dropping only
-// entries that no request needed for a whole interval (issue 13: idle
+// entries that no request needed for a whole interval (idle
 // pools shrink); the timer stops with the client.
 func TestReqPoolShrinksAfterBurst(t *testing.T) {
 	var p reqPool

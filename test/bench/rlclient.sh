@@ -10,7 +10,8 @@
 # order (even rounds reversed). The benchmark reports the client's own CPU
 # per decision (getrusage, server excluded) beside the time per decision;
 # the table gives medians over the rounds and, per round, naive ÷ batched
-# for both (issue 12 asks for >= 3x).
+# for both (the bar: the batched client at most a third of the naive
+# one per decision, and at least its decisions per second).
 #
 # Env: ROUNDS=3 N=200000 (decisions per run) SERVER_CPU=1 CLIENT_CPU=0
 #      OUT=docs/bench/rlclient-run.md (Markdown, also printed; OUT=- prints
@@ -88,8 +89,9 @@ for name in ("RingsLoop256", "RingsAsync256"):
              if rows.get((r, name), {}).get(k) and rows.get((r, "Naive256"), {}).get(k)]
         cells.append(f"**{st.median(v):.2f}×** median ({', '.join(f'{x:.2f}' for x in v)})" if v else "–")
     print(f"| Naive256 ÷ {name} | {cells[0]} | {cells[1]} |")
-print("\nThe data path issues its checks as RingsLoop256 does; issue 12 asks for")
-print("the batched client to cost at most a third of the naive one per decision.")
+print("\nThe data path issues its checks as RingsLoop256 does; the bar: the batched")
+print("client costs at most a third of the naive one per decision and decides at")
+print("least as many checks per second (time per decision ratio >= 1).")
 EOF
 
 if [ "$OUT" = - ]; then cat "$work/out.md"; else cp "$work/out.md" "$OUT"; cat "$OUT"; fi

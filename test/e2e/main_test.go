@@ -356,6 +356,7 @@ type policyOpts struct {
 	burst       int
 	extra       string   // appended to the locations list
 	tiers       string   // a top-level tiers block
+	defaults    string   // a top-level defaults block
 	zones       string   // appended to the zones block
 	srv         string   // SRV name; "" = the cluster's
 	listen      string   // "" = a free loopback port
@@ -384,7 +385,7 @@ func writePolicy(t *testing.T, dir string, c *cluster, o policyOpts) string {
   credentials: %s
   request_policy: {name: standard, unit: 250ms}  # generous: CI machines are shared
   fail: %s
-%szones:
+%s%szones:
   strict: {bucket: "k:{header.x-key}", rate: %s, burst: %d}
   dyn: {bucket: "{header.x-key}", rate: 100/s, burst: 2}
 %strackers:
@@ -414,7 +415,7 @@ services:
         match: {path_prefix: /}
         limit: [strict]
         report: slow
-`, o.srv, c.DNS.Addr(), o.credentials, o.fail, o.tiers, o.rate, o.burst, o.zones, o.listen, o.upstream, o.extra)
+`, o.srv, c.DNS.Addr(), o.credentials, o.fail, o.defaults, o.tiers, o.rate, o.burst, o.zones, o.listen, o.upstream, o.extra)
 	return bintest.WriteFile(t, filepath.Join(dir, "policy.yaml"), body, 0o644)
 }
 

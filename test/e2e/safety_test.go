@@ -15,7 +15,7 @@ import (
 )
 
 // The released binary in front of an upstream that misbehaves and of
-// clients that try to confuse it (issue 13), in listener mode.
+// clients that try to confuse it, in listener mode.
 func TestSafeInFrontOfAnyUpstream(t *testing.T) {
 	up := strayUpstream(t)
 	listen := freeAddr(t)

@@ -1,7 +1,7 @@
 // Command evproto is a measurement prototype, not a proxy: the smallest
 // HTTP/1.1 keep-alive relay on per-CPU edge-triggered epoll loops, built to
-// count what the event-loop design of issue 12 costs in system calls,
-// context switches and CPU per request before pkg/proxy is rebuilt on it
+// count what a per-CPU event-loop design costs in system calls,
+// context switches and CPU per request, a floor for pkg/proxy on its loops
 // (`make bench`, test/bench/run.sh, runs it beside pkg/proxy and nginx).
 //
 // What it does per loop (one OS thread each, GOMAXPROCS loops by default):

@@ -11,7 +11,7 @@ import (
 )
 
 // The io_uring variant (-mode uring) of the same relay, to measure the
-// other syscall layer issue 12 names: one multishot accept per loop, one
+// other syscall layer: one multishot accept per loop, one
 // multishot recv per socket drawing from a registered provided-buffer ring
 // (an idle connection holds no buffer; a pooled upstream connection stays
 // armed, so bytes or a close while it idles discard it without a peek),

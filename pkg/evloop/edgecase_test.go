@@ -1,8 +1,8 @@
 package evloop
 
-// Regression tests for three review findings: a Detach pending at
-// Group.Close, CloseWrite during a Connect, and the peer's shutdown on an
-// AF_UNIX socket under io_uring.
+// Edge cases of a socket's life: a Detach pending at Group.Close,
+// CloseWrite during a Connect, and the peer's shutdown on an AF_UNIX
+// socket under io_uring.
 
 import (
 	"io"
@@ -16,12 +16,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestReviewDetachThenGroupClose: a Detach still waiting for its queued
+// TestDetachThenGroupClose: a Detach still waiting for its queued
 // bytes when the group closes must not be told that they reached the
 // kernel. The doc says fn gets the fd "once the queued bytes reached the
 // kernel", and Group.Close that "no callbacks run"; shutdown drops the
 // queue (dropOut) and then finish hands fn the fd with a nil error.
-func TestReviewDetachThenGroupClose(t *testing.T) {
+func TestDetachThenGroupClose(t *testing.T) {
 	eachBackend(t, func(t *testing.T, be Backend) {
 		g, err := Start(Config{Loops: 1, Backend: be, Logger: quietLogger()})
 		if err != nil {
@@ -71,12 +71,12 @@ func TestReviewDetachThenGroupClose(t *testing.T) {
 	})
 }
 
-// TestReviewCloseWriteWhileConnecting: CloseWrite right after Connect,
+// TestCloseWriteWhileConnecting: CloseWrite right after Connect,
 // while the connect is still in progress (the listener's queue is full,
 // so the SYN waits for a retransmit) and with nothing written, must shut
 // the write side once connected (the peer reads EOF). shutdown(SHUT_WR)
 // on a socket in SYN_SENT disconnects it instead (inet_shutdown).
-func TestReviewCloseWriteWhileConnecting(t *testing.T) {
+func TestCloseWriteWhileConnecting(t *testing.T) {
 	eachBackend(t, func(t *testing.T, be Backend) {
 		g := startGroup(t, be, 1)
 		lfd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
@@ -171,13 +171,13 @@ func TestReviewCloseWriteWhileConnecting(t *testing.T) {
 	})
 }
 
-// TestReviewChaosUnix is TestReviewChaos over AF_UNIX socketpairs.
-func TestReviewChaosUnix(t *testing.T) { testChaos(t, "unix") }
+// TestChaosUnix is TestChaosTCP over AF_UNIX socketpairs.
+func TestChaosUnix(t *testing.T) { testChaos(t, "unix") }
 
-// TestReviewUnixEOFAfterStream: an AF_UNIX stream peer that sends a
+// TestUnixEOFAfterStream: an AF_UNIX stream peer that sends a
 // stream of writes and then shuts its write side must reach OnEOF (the
 // proxy Connects to Unix-socket upstreams).
-func TestReviewUnixEOFAfterStream(t *testing.T) {
+func TestUnixEOFAfterStream(t *testing.T) {
 	eachBackend(t, func(t *testing.T, be Backend) {
 		g := startGroup(t, be, 1)
 		l := g.Loops()[0]

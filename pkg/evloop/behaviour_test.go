@@ -1,8 +1,8 @@
 package evloop
 
-// Review tests (issue 12 review): each pins one behaviour the package
-// doc promises, on both backends where both apply. The chaos test runs
-// over TCP; over AF_UNIX see /work/helpers/REVIEW-evloop.md (finding 3).
+// Behaviour tests: each pins one behaviour the package doc promises, on
+// both backends where both apply. The chaos test runs over TCP here and
+// over AF_UNIX socketpairs in edgecase_test.go.
 
 import (
 	"bytes"
@@ -41,10 +41,10 @@ func pairFDs(t *testing.T) (int, net.Conn) {
 	return fds[0], c
 }
 
-// TestReviewTimerChurn: timers stopped and reset from inside other
+// TestTimerChurnFromHandlers: timers stopped and reset from inside other
 // timers' callbacks (and their own) keep the heap valid, never fire
 // while stopped, and never fire before their deadline.
-func TestReviewTimerChurn(t *testing.T) {
+func TestTimerChurnFromHandlers(t *testing.T) {
 	eachBackend(t, func(t *testing.T, be Backend) {
 		g := startGroup(t, be, 1)
 		l := g.Loops()[0]
@@ -134,10 +134,10 @@ func TestReviewTimerChurn(t *testing.T) {
 	})
 }
 
-// TestReviewManyBuffersPartial: one Write of many buffers (more than one
+// TestWriteManyBuffersPartial: one Write of many buffers (more than one
 // writev's worth), of which the kernel takes only part, followed by more
 // Writes, arrives complete and in order.
-func TestReviewManyBuffersPartial(t *testing.T) {
+func TestWriteManyBuffersPartial(t *testing.T) {
 	eachBackend(t, func(t *testing.T, be Backend) {
 		g := startGroup(t, be, 1)
 		fd, c := pairFDs(t)
@@ -174,9 +174,9 @@ func TestReviewManyBuffersPartial(t *testing.T) {
 	})
 }
 
-// TestReviewEOFWhilePaused: the peer sends and shuts its write side while
+// TestEOFWhilePaused: the peer sends and shuts its write side while
 // reading is paused; after ResumeRead every byte comes, then one OnEOF.
-func TestReviewEOFWhilePaused(t *testing.T) {
+func TestEOFWhilePaused(t *testing.T) {
 	eachBackend(t, func(t *testing.T, be Backend) {
 		g := startGroup(t, be, 1)
 		fd, c := pairFDs(t)
@@ -230,10 +230,10 @@ func TestReviewEOFWhilePaused(t *testing.T) {
 	})
 }
 
-// TestReviewStarvedWhilePaused: with a tiny provided-buffer ring, sockets
+// TestStarvedWhilePaused: with a tiny provided-buffer ring, sockets
 // that pause and resume at random while the ring runs dry all get every
 // byte (no socket is left without a recv armed).
-func TestReviewStarvedWhilePaused(t *testing.T) {
+func TestStarvedWhilePaused(t *testing.T) {
 	if err := probeUring(); err != nil {
 		testkit.Missing(t, "io_uring refused on this machine: %v", err)
 	}
@@ -291,7 +291,7 @@ func tcpPairFDs(t *testing.T) (int, net.Conn) {
 	return fd, c
 }
 
-func osFile(fd int) *os.File { return os.NewFile(uintptr(fd), "review") }
+func osFile(fd int) *os.File { return os.NewFile(uintptr(fd), "evloop-test") }
 
 // chaos is a handler that echoes and, at random, pauses (resumed by a
 // timer), half-closes, closes or detaches; it records any callback that
@@ -361,11 +361,11 @@ func (h *chaos) OnError(*Sock, error) {
 
 func (h *chaos) OnDrained(*Sock) { h.check() }
 
-// TestReviewChaos: sockets that echo while their handlers pause, resume,
+// TestChaosTCP: sockets that echo while their handlers pause, resume,
 // half-close, close and detach at random get no callback after Close or
 // Detach, every Detach callback runs exactly once, and the loop's table
 // and buffers empty out.
-func TestReviewChaos(t *testing.T) { testChaos(t, "tcp") }
+func TestChaosTCP(t *testing.T) { testChaos(t, "tcp") }
 
 func testChaos(t *testing.T, kind string) {
 	eachBackend(t, func(t *testing.T, be Backend) {

@@ -8,15 +8,13 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
 
-// TestKernelWaitsCountOnlyWaits (a reviewer's repro): Stats.KernelWaits
-// is documented as
-// "waits in the system call with the loop's P held", but an iteration
-// that chose the kernel wait (inKernel set) and then found a posted
-// function (timeout forced to 0) still takes the inKernel branch and
-// counts one, without waiting. A chain of functions that each post the
-// next (a flood's read continuation does this every turn) counts one
-// "kernel wait" per turn while the loop never waits. io_uring only: epoll
-// loops never wait in the kernel (TestKernelWaitNeedsSpareP).
+// TestKernelWaitsCountOnlyWaits: Stats.KernelWaits counts "waits in the
+// system call with the loop's P held", so an iteration that chose the
+// kernel wait (inKernel set) and then found a posted function (timeout
+// forced to 0) must not count one: a chain of functions that each post
+// the next (a flood's read continuation does this every turn) would count
+// a "kernel wait" per turn while the loop never waits. io_uring only:
+// epoll loops never wait in the kernel (TestKernelWaitNeedsSpareP).
 func TestKernelWaitsCountOnlyWaits(t *testing.T) {
 	withKernelSpan(t, time.Hour)
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // a P to spare
