@@ -59,6 +59,8 @@ bench: deps build
 	test/bench/bigbody.sh
 	test/bench/upload.sh
 	test/bench/rlclient.sh
+	test/bench/sizing.sh
+	test/bench/simulate.sh 1000000 $(BIN)
 
 # The long fault run of docs/reliability.md: 1M requests with random client
 # aborts; goroutines and fds must return to baseline.

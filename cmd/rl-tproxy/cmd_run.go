@@ -12,6 +12,7 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/topkeys"
 )
 
 func init() {
@@ -26,7 +27,7 @@ const minDNSRefresh = 100 * time.Millisecond
 // both to node.Run, which serves until SIGTERM/SIGINT and reloads on
 // SIGHUP and on file change.
 func runRun(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("run", "run --policy FILE [--admin ADDR] [--log-format text|json|combined] [--log-level debug|info|warn|error] [--log-buffer BYTES] [--event-loops N] [--loop-backend auto|io_uring|epoll] [--loop-kernel-wait off|light|always] [--splice-min BYTES] [--upstream-dns-refresh DURATION] [--upgrade-redirect]",
+	fs := newFlagSet("run", "run --policy FILE [--admin ADDR] [--log-format text|json|combined] [--log-level debug|info|warn|error] [--log-buffer BYTES] [--event-loops N] [--loop-backend auto|io_uring|epoll] [--loop-kernel-wait off|light|always] [--splice-min BYTES] [--upstream-dns-refresh DURATION] [--top-keys on|hashed|off] [--upgrade-redirect]",
 		"Runs the proxy with the given policy file. SIGHUP (or a change of the policy or credentials file) reloads it;\n"+
 			"SIGTERM/SIGINT drain in-flight requests (bounded by --drain-timeout) and exit.\n"+
 			"Per-request timeouts are policy settings, per service or in defaults, applied by a reload:\n"+
@@ -46,6 +47,7 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	kwait := fs.String("loop-kernel-wait", "light", "when an idle event loop may wait in io_uring_enter holding its thread's P (up to 1 ms after each park) instead of parking in Go's netpoller, while no HTTP/2, TLS or tunnel connection is open: light (while the loop has at most "+fmt.Sprint(node.LightInFlight)+" requests in progress: a third of the system calls and less CPU per request at low load), off (always park: the P is free for other goroutines at once) or always (also under load, where it measured dearer with admission); other goroutines may wait up to 1 ms for a P (docs/operations.md)")
 	spliceMin := fs.Int64("splice-min", proxy.DefaultSpliceMin, "Content-Length request and response bodies with at least this many bytes left after the head (and close-delimited responses once this many went) go from one socket to the other by splice(2), without a copy through the proxy; 0: never")
 	dnsRefresh := fs.Duration("upstream-dns-refresh", proxy.DefaultResolveTTL, "how long the addresses of an upstream named by host name are used before the name is looked up again (Go's resolver gives no record TTLs; like Envoy's dns_refresh_rate); a failed lookup keeps the last addresses and retries after 1s (at least 100ms)")
+	topKeys := fs.String("top-keys", "on", "GET /top on the admin listener: each zone's most denied keys (rendered buckets) over the last minute: on, hashed (keys shown as salted SHA-256 prefixes; keys can be personal data) or off")
 	if done, code := parseFlags(fs, args, stdout); done {
 		return code
 	}
@@ -82,6 +84,15 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "rl-tproxy run: --upstream-dns-refresh %v: want at least %v\n", *dnsRefresh, minDNSRefresh)
 		return exitInvalid
 	}
+	var top *topkeys.Registry
+	if *topKeys != "off" {
+		mode, err := topkeys.ParseMode(*topKeys)
+		if err != nil {
+			fmt.Fprintf(stderr, "rl-tproxy run: --top-keys %v\n", err)
+			return exitInvalid
+		}
+		top = topkeys.NewRegistry(mode, nil)
+	}
 	if *logBuffer < 4096 {
 		fmt.Fprintf(stderr, "rl-tproxy run: --log-buffer %d: want at least 4096\n", *logBuffer)
 		return exitInvalid
@@ -101,7 +112,7 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 		return exitInvalid
 	}
 	opts := node.Options{Policy: *policy, Admin: *admin, Log: log, Watch: *watch, UpgradeRedirect: *upgrade,
-		EventLoops: *loops, LoopBackend: be, LoopKernelWait: kw, SpliceMin: *spliceMin, UpstreamDNSRefresh: *dnsRefresh, Version: version, Commit: commit, LogDropped: alog.Dropped}
+		EventLoops: *loops, LoopBackend: be, LoopKernelWait: kw, SpliceMin: *spliceMin, UpstreamDNSRefresh: *dnsRefresh, Version: version, Commit: commit, LogDropped: alog.Dropped, TopKeys: top}
 	if err := node.Run(context.Background(), pol, opts, *drain); err != nil {
 		return exitRuntime
 	}

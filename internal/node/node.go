@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"slices"
 	"sync"
@@ -29,6 +30,7 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 	"github.com/rl-tproxy/rl-tproxy/pkg/redirect"
 	"github.com/rl-tproxy/rl-tproxy/pkg/rlserver"
+	"github.com/rl-tproxy/rl-tproxy/pkg/topkeys"
 )
 
 var _ proxy.LoopAttacher = (*embedded.LoopAttacher)(nil)
@@ -69,6 +71,9 @@ type Options struct {
 	// LogDropped, if set, counts the log lines dropped because the log's
 	// reader fell behind (exported as rl_tproxy_log_lines_dropped_total).
 	LogDropped func() uint64
+	// TopKeys, if set, counts allows and denies by key per zone and serves
+	// GET /top on the admin listener.
+	TopKeys *topkeys.Registry
 	// ServerHooks are test hooks for an embedded server (demo only).
 	ServerHooks *rlserver.TestHooks
 	// load replaces admission.Load for reloads (tests).
@@ -155,7 +160,7 @@ func Start(parent context.Context, pol *admission.Policy, opts Options) (_ *Node
 			Help: "Log lines (access lines included) dropped because the log's reader fell behind (run --log-buffer).",
 		}, func() float64 { return float64(opts.LogDropped()) }))
 	}
-	n.gate = hook.New(hook.Config{Metrics: n.m, AccessLog: opts.Log, Logger: opts.Log})
+	n.gate = hook.New(hook.Config{Metrics: n.m, AccessLog: opts.Log, Logger: opts.Log, TopKeys: opts.TopKeys})
 	n.ready.Set("policy", func() error {
 		if p, _ := n.gate.Policy(); p == nil {
 			return errors.New("no policy loaded")
@@ -174,11 +179,18 @@ func Start(parent context.Context, pol *admission.Policy, opts Options) (_ *Node
 	}
 	n.ready.Set("listeners", n.listenersUp)
 	if opts.Admin != "" && opts.Admin != "off" {
-		n.admin, err = metrics.StartAdmin(opts.Admin, n.m.Handler(n.ready))
+		h, paths := n.m.Handler(n.ready), "/metrics /healthz /readyz"
+		if opts.TopKeys != nil {
+			mux := http.NewServeMux()
+			mux.Handle("/top", opts.TopKeys)
+			mux.Handle("/", h)
+			h, paths = mux, paths+" /top"
+		}
+		n.admin, err = metrics.StartAdmin(opts.Admin, h)
 		if err != nil {
 			return nil, err
 		}
-		n.log.Info("admin listener", "addr", n.admin.Addr().String(), "paths", "/metrics /healthz /readyz",
+		n.log.Info("admin listener", "addr", n.admin.Addr().String(), "paths", paths,
 			"max_conns", metrics.AdminMaxConns)
 	}
 	n.reloader = &admission.Reloader{Path: opts.Policy, Load: opts.load, Apply: n.apply, Logger: opts.Log, Observe: n.m.Reload}

@@ -122,6 +122,8 @@ func TestViaBegin(t *testing.T) {
 		{"TestSwapInflightKeepsGeneration", TestSwapInflightKeepsGeneration},
 		{"TestSwapLogsPolicyWarnings", TestSwapLogsPolicyWarnings},
 		{"TestSwapPrunesRemovedSeries", TestSwapPrunesRemovedSeries},
+		{"TestTopFromDone", TestTopFromDone},
+		{"TestTopRetainOnSwap", TestTopRetainOnSwap},
 	}
 	// Every test of the package is in the list (or in notTwice, or
 	// tests Begin itself), so a new test runs both ways.

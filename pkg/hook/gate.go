@@ -23,6 +23,7 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
+	"github.com/rl-tproxy/rl-tproxy/pkg/topkeys"
 )
 
 // Config configures a Gate.
@@ -33,6 +34,9 @@ type Config struct {
 	// Logger receives operational messages (client swaps); nil discards.
 	Logger *slog.Logger
 	Now    func() time.Time // nil = time.Now
+	// TopKeys, if set, counts each zone's allows and denies by key
+	// (GET /top on the admin listener).
+	TopKeys *topkeys.Registry
 }
 
 // Gate is the admission hook of the proxy. Policies and checkers are
@@ -43,6 +47,7 @@ type Gate struct {
 	checker  atomic.Pointer[checkerRef]
 	local    *admission.LocalLimiter
 	m        *metrics.Metrics
+	top      *topkeys.Registry
 	access   *slog.Logger
 	log      *slog.Logger
 	now      func() time.Time
@@ -90,6 +95,9 @@ type locInfo struct {
 	// zoneDenials and guardDenials are indexed like the location's
 	// Limits and Guards.
 	zoneDenials, guardDenials []counter
+	// top is each zone's top-keys summary, indexed like Limits (nil
+	// without Config.TopKeys).
+	top []*topkeys.Zone
 }
 
 // internalBody is the answer to an internal failure.
@@ -99,7 +107,7 @@ var internalBody = []byte("500 Internal Server Error\n")
 // until Swap) and no checker (protected requests fail as no_endpoints
 // until SetChecker).
 func New(cfg Config) *Gate {
-	g := &Gate{m: cfg.Metrics, access: cfg.AccessLog, log: cfg.Logger, now: cfg.Now, engNow: cfg.Now}
+	g := &Gate{m: cfg.Metrics, top: cfg.TopKeys, access: cfg.AccessLog, log: cfg.Logger, now: cfg.Now, engNow: cfg.Now}
 	if g.m == nil {
 		g.m = metrics.New("dev", "unknown")
 	}
@@ -148,6 +156,7 @@ func (g *Gate) Swap(p *admission.Policy) uint64 {
 			m: g.m.Location(svc, "-", "", admission.DefaultDenyStatus)}
 	}
 	gen.unmatched["-"] = noLoc("-")
+	var zones []string
 	for _, s := range p.Services {
 		gen.byName[s.Name] = s
 		gen.unmatched[s.Name] = noLoc(s.Name)
@@ -160,6 +169,10 @@ func (g *Gate) Swap(p *admission.Policy) uint64 {
 			info := &locInfo{name: l.Name, answer: a, m: g.m.Location(s.Name, l.Name, report, a.Status)}
 			for _, z := range l.Limits {
 				info.zoneDenials = append(info.zoneDenials, g.m.Denial(s.Name, l.Name, metrics.DenialZone, z.Name))
+				if g.top != nil {
+					info.top = append(info.top, g.top.Zone(z.Name))
+					zones = append(zones, z.Name)
+				}
 			}
 			for _, gd := range l.Guards {
 				info.guardDenials = append(info.guardDenials, g.m.Denial(s.Name, l.Name, metrics.DenialGuard, gd.Tracker.Name))
@@ -169,6 +182,7 @@ func (g *Gate) Swap(p *admission.Policy) uint64 {
 	}
 	g.cur.Store(gen)
 	g.m.Prune() // the series of what this policy no longer names
+	g.top.Retain(zones)
 	g.m.PolicyLoaded(gen.gen, float64(g.now().UnixNano())/1e9)
 	return gen.gen
 }
@@ -392,6 +406,13 @@ func (g *Gate) Done(r *proxy.Request, d *proxy.Decision, res *proxy.Result) {
 			g.causes[dec.Cause].Inc()
 		}
 		countDenials(info, dec)
+		if len(info.top) > 0 {
+			at := r.Start
+			if at.IsZero() {
+				at = g.now()
+			}
+			recordTop(info, dec, at.UnixNano())
+		}
 		if dec.Local {
 			g.m.LocalFallback(dec.LocalAllowed)
 			g.warnLocal(dec.Cause)

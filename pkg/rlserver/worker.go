@@ -414,18 +414,22 @@ func (w *worker) report(ke *keyEntry, nowNs int64) {
 	}
 	d.insert(ds, dk, tag, w.until(), nowMs)
 	ds.mu.Unlock()
-	t := w.s.trackers
 	for i := range w.rep.Entries {
-		e := &w.rep.Entries[i]
-		w.key = append(append(w.key[:0], ke.prefix...), e.Service...)
-		sh := &t.shards[t.shardIndex(w.key)]
-		sh.mu.Lock()
-		tr, _ := t.getOrCreate(sh, w.key)
-		tr.add(nowNs, e.DurationMs)
-		sh.mu.Unlock()
+		w.track(ke, w.rep.Entries[i].Service, w.rep.Entries[i].DurationMs, nowNs)
 	}
 	w.inc(cReports)
 	w.c[cReportEntries].Add(uint64(len(w.rep.Entries)))
+}
+
+// track adds one latency sample to the tracker of service.
+func (w *worker) track(ke *keyEntry, service []byte, ms uint32, nowNs int64) {
+	t := w.s.trackers
+	w.key = append(append(w.key[:0], ke.prefix...), service...)
+	sh := &t.shards[t.shardIndex(w.key)]
+	sh.mu.Lock()
+	tr, _ := t.getOrCreate(sh, w.key)
+	tr.add(nowNs, ms)
+	sh.mu.Unlock()
 }
 
 func (w *worker) completion(ke *keyEntry, nowNs int64) {
