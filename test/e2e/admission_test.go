@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"os/exec"
 	"strings"
@@ -306,4 +308,61 @@ func TestTiersFreeDeniedProPasses(t *testing.T) {
 	if r := e.get(t, "/tiered", "X-Key: carol"); r.status != 200 {
 		t.Fatalf("no plan (default 10/m): %d", r.status)
 	}
+}
+
+// A client that shuts down its write side (FIN) while the upstream works
+// on its admitted request aborts it, as nginx does by default: no answer,
+// outcome client_abort, verdict -, no report, and the upstream exchange
+// cancelled (the upstream sees its request's context end).
+func TestClientFINAbortsInFlight(t *testing.T) {
+	e := newEnv(t, nil, policyOpts{})
+	before := e.c.Reports()
+	c, err := net.Dial("tcp", strings.TrimPrefix(e.p.base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(testkit.WaitBound))
+	if _, err := io.WriteString(c, "GET /hold/fin HTTP/1.1\r\nHost: e2e\r\nX-Key: fin\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	waitChan(t, e.up.held, "the upstream to get the request")
+	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := io.ReadAll(c); err != nil || len(got) != 0 {
+		t.Fatalf("after the FIN the client read %q (%v), want the connection closed with no answer", got, err)
+	}
+	if p := waitChan(t, e.up.cancelled, "the upstream exchange to be cancelled"); p != "/hold/fin" {
+		t.Fatalf("cancelled %q", p)
+	}
+	l := e.p.waitAccess(1)
+	if l["outcome"] != "client_abort" || l["verdict"] != "-" || l["report"] != false || l["status"] != float64(0) || l["location"] != "api" {
+		t.Fatalf("access line %v", l)
+	}
+	if v := e.p.metric(`rl_tproxy_requests_total{location="api",outcome="client_abort",service="web"}`); v != 1 {
+		t.Fatalf("client_abort metric %v", v)
+	}
+	// A completed request afterwards reports once (to 3 servers): the
+	// aborted one added nothing.
+	if r := e.get(t, "/api/fast", "X-Key: fin2"); r.status != 200 {
+		t.Fatalf("status %d", r.status)
+	}
+	testkit.WaitFor(t, "the completed request's report", func() bool { return e.c.Reports() >= before+3 })
+	if got := e.c.Reports() - before; got != 3 {
+		t.Fatalf("servers applied %d reports, want 3 (one request, fanned out)", got)
+	}
+}
+
+// waitChan receives from ch; the bound is a hang guard.
+func waitChan[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(testkit.WaitBound):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+	var zero T
+	return zero
 }
