@@ -89,6 +89,15 @@ func (d *Decision) Reset() {
 	d.invalidBy = InvalidInherit
 }
 
+// ShadowBucketPrefix starts the name of every bucket a shadow-mode
+// location checks: "<prefix><rendered bucket>", with the zone's rate,
+// burst and cost. A dry run thus spends tokens of its own buckets, never
+// those that enforced locations sharing the zone spend, and its "would
+// deny" still says what enforcing the location alone would do. The
+// 1024-byte bucket limit applies to the whole name. A zone's bucket
+// template may not start with it (a load error).
+const ShadowBucketPrefix = "~shadow/"
+
 // renderBufSize holds every rendered value of a request that can fit a
 // datagram, so rendering does not grow the buffer in practice.
 const renderBufSize = 2048
@@ -135,8 +144,12 @@ func Build(loc *Location, r *Request, d *Decision) ratelimitly.Cause {
 		}
 		d.Req.Guards = append(d.Req.Guards, wire.Guard{Service: d.buf[start:len(d.buf):len(d.buf)], ThresholdMs: threshold})
 	}
+	shadow := loc.Mode == ModeShadow
 	for _, z := range loc.Limits {
 		start := len(d.buf)
+		if shadow {
+			d.buf = append(d.buf, ShadowBucketPrefix...)
+		}
 		d.buf, err = z.Bucket.Render(d.buf, r)
 		n := len(d.buf) - start
 		if err != nil || n == 0 || n > MaxBucketLen {

@@ -36,17 +36,6 @@ func loopConn(p *Proxy, fn func(c *lconn)) {
 	})
 }
 
-// clientFINSeen reports whether p's only client connection saw its
-// client's FIN, or is gone (a FIN taken for an abort).
-func clientFINSeen(p *Proxy) bool {
-	seen, n := false, 0
-	loopConn(p, func(c *lconn) {
-		n++
-		seen = seen || c.eof
-	})
-	return seen || n == 0
-}
-
 // waitConnState waits until p's only client connection is in state.
 func waitConnState(t *testing.T, p *Proxy, state uint8) {
 	t.Helper()
