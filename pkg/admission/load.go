@@ -118,6 +118,8 @@ type serviceSettings struct {
 	denyStatus                                  *int64
 	denyFormat                                  *DenyFormat
 	denyGRPCStatus                              *int64
+	guardRetryAfter                             *time.Duration
+	guardProbe                                  *probeRate
 	upstreamProtocol                            *string
 	h2                                          h2Settings
 }

@@ -78,8 +78,8 @@ func TestGuardTripsAndRecovers(t *testing.T) {
 		switch r.status {
 		case 429:
 			tripped = true
-			if r.header.Get("Retry-After") != "1" {
-				t.Errorf("guard deny Retry-After %q", r.header.Get("Retry-After"))
+			if r.header.Get("Retry-After") != "5" || !strings.Contains(r.body, "latency guard tripped") {
+				t.Errorf("guard deny Retry-After %q (want deny.guard_retry_after's default 5), body %q", r.header.Get("Retry-After"), r.body)
 			}
 		case 200:
 			slow++
@@ -365,4 +365,69 @@ func waitChan[T any](t *testing.T, ch <-chan T, what string) T {
 	}
 	var zero T
 	return zero
+}
+
+// A guard deny's answer through the real binary, at a location with a
+// zone that still has quota: its own body, Retry-After from
+// deny.guard_retry_after, RateLimit-Policy but no RateLimit field (quota
+// left would contradict the deny). With deny.guard_probe, one request
+// the guard denies is admitted as a probe (outcome guard_probe, verdict
+// deny) and reported, so the tracker hears whether the service recovered.
+func TestGuardDenyAnswerAndProbe(t *testing.T) {
+	e := newEnv(t, nil, policyOpts{extra: `      - name: probed
+        match: {path_prefix: /probed}
+        limit: [dyn]
+        guard: [{tracker: slow, threshold: 100ms}]
+        report: slow
+        deny: {guard_retry_after: 3s, guard_probe: 1/m}
+`})
+	e.up.delay.Store(int64(150 * time.Millisecond))
+	var deny curlResult
+	for i := 0; i < 20 && deny.status == 0; i++ {
+		// dyn: 100/s, burst 2; each key has quota left when the guard trips.
+		r := e.get(t, "/probed/x", fmt.Sprintf("X-Key: p%d", i))
+		switch r.status {
+		case 200:
+		case 429:
+			deny = r
+		default:
+			t.Fatalf("status %d", r.status)
+		}
+	}
+	if deny.status != 429 {
+		t.Fatal("the guard never denied after 20 slow (150ms > 100ms) reported responses")
+	}
+	if got := deny.header.Get("Retry-After"); got != "3" {
+		t.Errorf("Retry-After %q, want 3 (deny.guard_retry_after)", got)
+	}
+	if got := deny.header.Get("RateLimit"); got != "" {
+		t.Errorf("RateLimit %q on a guard deny with quota left", got)
+	}
+	if got := deny.header.Get("RateLimit-Policy"); got != `"dyn";q=100;w=1` {
+		t.Errorf("RateLimit-Policy %q", got)
+	}
+	if !strings.Contains(deny.body, `"error":"service overloaded: latency guard tripped"`) {
+		t.Errorf("guard deny body %q", deny.body)
+	}
+	var probe, denied map[string]any
+	testkit.WaitFor(t, "the probe's and the deny's access lines", func() bool {
+		for _, l := range e.p.access() {
+			switch l["outcome"] {
+			case "guard_probe":
+				probe = l
+			case "deny":
+				denied = l
+			}
+		}
+		return probe != nil && denied != nil
+	})
+	if probe["verdict"] != "deny" || probe["cause"] != "deny_guard" || probe["status"] != float64(200) || probe["report"] != true {
+		t.Fatalf("probe access line %v", probe)
+	}
+	if denied["deny_guards"] != "slow" || denied["retry_after"] != float64(3) || denied["report"] != false {
+		t.Fatalf("guard deny access line %v", denied)
+	}
+	if v := e.p.metric(`rl_tproxy_requests_total{location="probed",outcome="guard_probe",service="web"}`); v != 1 {
+		t.Fatalf("guard_probe metric %v, want 1 (1/m: one probe)", v)
+	}
 }
