@@ -217,7 +217,7 @@ func (s *Server) bind(ap netip.AddrPort) error {
 		bc, err := s.bindOne(ap)
 		if err != nil {
 			s.closeConns()
-			return fmt.Errorf("rlserver: listen %s (worker %d): %w", ap, i, err)
+			return fmt.Errorf("rlserver: socket of worker %d: %w", i, err) // err names ap
 		}
 		if i == 0 {
 			if s.addr, err = localAddrPort(bc.fd); err != nil {
