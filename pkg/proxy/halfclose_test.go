@@ -190,3 +190,33 @@ func TestHalfCloseMidHead(t *testing.T) {
 		}
 	})
 }
+
+// Abuse: many clients that each send a request and half-close while the
+// upstream works on it leave nothing behind: every request is a client
+// abort, every upstream exchange is cancelled, no upstream connection is
+// pooled and the proxy holds no connection.
+func TestHalfCloseAbortFlood(t *testing.T) {
+	const n = 32
+	up, gotHead, gotBody, release, cancelled := holdUpstream(t)
+	defer close(release)
+	hook := newTestHook(nil)
+	p, addr := startProxy(t, hook, &Service{Upstream: up}, nil)
+	for i := 0; i < n; i++ {
+		c := dialClient(t, addr)
+		c.send("GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+		recvWithin(t, gotHead, "the upstream to get the head")
+		recvWithin(t, gotBody, "the upstream to read the (empty) body")
+		if err := c.c.(*net.TCPConn).CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		c.expectClosed()
+		if d := hook.waitDone(t); !d.clientAborted || d.status != 0 {
+			t.Fatalf("request %d: done %+v, want a client abort", i, d)
+		}
+		recvWithin(t, cancelled, "the upstream exchange to be cancelled")
+	}
+	testkit.WaitFor(t, "the proxy to hold no connection", func() bool {
+		s := p.Stats()
+		return s.Conns == 0 && s.UpstreamIdle == 0
+	})
+}
