@@ -431,3 +431,46 @@ func TestGuardDenyAnswerAndProbe(t *testing.T) {
 		t.Fatalf("guard_probe metric %v, want 1 (1/m: one probe)", v)
 	}
 }
+
+// deny.guard_probe is how a tripped guard sees recovery without any
+// other traffic: slow reports (from the report-only /probe location) trip
+// the guard of /probed; then, with the service fast again and only
+// /probed requests arriving, its probes' fast reports bring the estimate
+// under the threshold and plain allows return. Without probes no report
+// would reach the tracker until the slow samples aged out (60 s).
+func TestGuardProbesShowRecovery(t *testing.T) {
+	e := newEnv(t, nil, policyOpts{extra: `      - name: probed
+        match: {path_prefix: /probed}
+        guard: [{tracker: slow, threshold: 100ms}]
+        report: slow
+        deny: {guard_probe: 5/s}
+`})
+	e.up.delay.Store(int64(150 * time.Millisecond))
+	for i := 0; i < 3; i++ {
+		if r := e.get(t, "/probe"); r.status != 200 {
+			t.Fatalf("slow report-only request: %d", r.status)
+		}
+	}
+	testkit.WaitFor(t, "the slow reports", func() bool { return e.c.Reports() >= 9 })
+	e.up.delay.Store(0)
+	series := func(outcome string) string {
+		return `rl_tproxy_requests_total{location="probed",outcome="` + outcome + `",service="web"}`
+	}
+	recovered := false
+	for i := 0; i < 600 && !recovered; i++ {
+		if r := e.get(t, "/probed/x"); r.status != 200 && r.status != 429 {
+			t.Fatalf("status %d", r.status)
+		}
+		if i%10 == 9 {
+			recovered = e.p.metric(series("allow")) > 0
+		}
+	}
+	probes, denies := e.p.metric(series("guard_probe")), e.p.metric(series("deny"))
+	if !recovered {
+		t.Fatalf("the guard never recovered: %v probes, %v denies", probes, denies)
+	}
+	if probes == 0 {
+		t.Fatal("recovered without a probe: the guard had not tripped")
+	}
+	t.Logf("recovered after %v probes and %v guard denies", probes, denies)
+}
