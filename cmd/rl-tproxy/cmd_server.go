@@ -98,7 +98,7 @@ func runServerCtx(ctx context.Context, args []string, stdout, stderr io.Writer, 
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	httpErr := make(chan error, 1)
 	go func() { httpErr <- hs.Serve(ln) }()
-	log.Info("serving", "udp", srv.Addr().String(), "admin", ln.Addr().String(), "workers", srv.Stats().Workers, "epoch", srv.Epoch())
+	log.Info("serving", "udp", srv.Addr().String(), "admin", ln.Addr().String(), "workers", srv.Stats().Workers, "epoch_ms", srv.Epoch())
 	if ready != nil {
 		ready(srv.Addr(), ln.Addr())
 	}

@@ -206,7 +206,7 @@ func Start(cfg Config) (*Server, error) {
 	s.janitor.Add(1)
 	go s.sweeper()
 	s.log.Info("ratelimitly server started", "addr", s.addr.String(), "workers", cfg.Workers, "driven", cfg.Driven,
-		"batch", cfg.Batch, "epoch", s.epoch)
+		"batch", cfg.Batch, "epoch_ms", s.epoch)
 	return s, nil
 }
 
