@@ -92,13 +92,13 @@ func runServerCtx(ctx context.Context, args []string, stdout, stderr io.Writer, 
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ready\n") })
 	ln, err := net.Listen("tcp", *admin)
 	if err != nil {
-		log.Error("admin listen failed", "addr", *admin, "err", err)
+		log.Error("start failed", "err", "admin listener: "+err.Error()) // err names the address
 		return exitRuntime
 	}
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	httpErr := make(chan error, 1)
 	go func() { httpErr <- hs.Serve(ln) }()
-	log.Info("serving", "udp", srv.Addr().String(), "admin", ln.Addr().String(), "workers", srv.Stats().Workers, "epoch", srv.Epoch())
+	log.Info("serving", "udp", srv.Addr().String(), "admin", ln.Addr().String(), "workers", srv.Stats().Workers, "epoch_ms", srv.Epoch())
 	if ready != nil {
 		ready(srv.Addr(), ln.Addr())
 	}

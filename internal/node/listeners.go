@@ -269,7 +269,7 @@ func (n *Node) openListeners(ctx context.Context, p *admission.Policy) (map[stri
 		lns, err := proxy.ListenGroup(ctx, addr, n.proxy.ListenGroupSize())
 		if err != nil {
 			closeAll(opened)
-			return nil, fmt.Errorf("service %s: listen %s: %w", want[addr], addr, err)
+			return nil, fmt.Errorf("service %s: %w", want[addr], err) // err names the address
 		}
 		opened[addr] = &listener{lns: lns, svc: want[addr]}
 	}

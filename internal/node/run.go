@@ -32,11 +32,23 @@ func NewLogger(format, level string, w io.Writer) (*slog.Logger, error) {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		jopts := *opts
+		jopts.ReplaceAttr = durationString
+		return slog.New(slog.NewJSONHandler(w, &jopts)), nil
 	case "combined":
 		return slog.New(accesslog.NewCombined(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want text, json or combined", format)
+}
+
+// durationString writes a time.Duration attribute of a JSON log line as
+// a Go duration string ("30s", "1.5ms") instead of slog's default, a raw
+// count of nanoseconds that reads as a bare number with no unit.
+func durationString(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
 }
 
 // Run starts a node for pol, serves until ctx ends, SIGTERM/SIGINT, a

@@ -143,11 +143,14 @@ func (g *gen) drop(comment string, at uint64, pkt []byte, reason string) Step {
 func Generate() map[string]Vector {
 	g := newGen()
 	return map[string]Vector{
-		"server-token-bucket.json": g.tokenBucket(),
-		"server-dedup.json":        g.dedup(),
-		"server-drops.json":        g.drops(),
-		"server-edge-values.json":  g.edgeValues(),
-		"client-answers.json":      g.clientAnswers(),
+		"server-token-bucket.json":    g.tokenBucket(),
+		"server-dedup.json":           g.dedup(),
+		"server-drops.json":           g.drops(),
+		"server-edge-values.json":     g.edgeValues(),
+		"client-answers.json":         g.clientAnswers(),
+		"server-completion.json":      g.completion(),
+		"server-retention.json":       g.retention(),
+		"server-repeated-bucket.json": g.repeatedBucket(),
 	}
 }
 

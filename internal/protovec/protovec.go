@@ -96,13 +96,20 @@ type Policy struct {
 // it stays missing, gets the replay, and Cause is the failure when every
 // answer is like this), or "drop" (ignored; DropReason names the reference
 // client's rl_tproxy_ratelimitly_datagrams_dropped_total reason).
+//
+// For "not_valid", the replay is answered with ReplayAnswerHex, or with
+// AnswerHex again (an attempt-0 answer) when it is empty: either way the
+// endpoint has then answered the replay and, with no valid answer, the
+// check fails at once with Cause. For "drop", Cause is the failure when
+// nothing else arrives until the horizon (3U).
 type ClientCase struct {
-	Name       string `json:"name"`
-	Comment    string `json:"comment,omitempty"`
-	AnswerHex  string `json:"answer_hex"`
-	Expect     string `json:"expect"`
-	Cause      string `json:"cause,omitempty"`
-	DropReason string `json:"drop_reason,omitempty"`
+	Name            string `json:"name"`
+	Comment         string `json:"comment,omitempty"`
+	AnswerHex       string `json:"answer_hex"`
+	ReplayAnswerHex string `json:"replay_answer_hex,omitempty"`
+	Expect          string `json:"expect"`
+	Cause           string `json:"cause,omitempty"`
+	DropReason      string `json:"drop_reason,omitempty"`
 }
 
 // Secret decodes the credential's secret.

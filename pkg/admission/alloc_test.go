@@ -120,3 +120,25 @@ func TestMatchIndexAlloc(t *testing.T) {
 		t.Fatalf("%v allocations", n)
 	}
 }
+
+// A guard deny (with its probe bucket consulted) and its answer allocate
+// nothing once warm.
+func TestGuardDenyNoAlloc(t *testing.T) {
+	p, svc := testPolicy(t, FailClose, ModeEnforce)
+	svc.Locations[0].GuardProbe = newGuardProbe(probeRate{Rate: 1, PeriodMs: 3600000})
+	e := &Engine{Checker: &scriptChecker{res: validResp(wire.StatusOK, false, badGuard, okRes)}}
+	r := testRequest(hdrs{"x-key": "alice"})
+	var d Decision
+	ctx := context.Background()
+	e.Decide(ctx, p, svc, r, &d)
+	a := LocationAnswer(svc.Locations[0])
+	hs := make([]httpparse.Header, 0, 3)
+	buf := make([]byte, 0, AnswerBufSize)
+	n := testing.AllocsPerRun(200, func() {
+		e.Decide(ctx, p, svc, r, &d)
+		hs, buf, _ = a.RenderDecision(hs[:0], buf[:0], &d)
+	})
+	if n != 0 || d.DenyKind() != DenyGuard {
+		t.Fatalf("guard deny allocates %v per request (kind %d)", n, d.DenyKind())
+	}
+}

@@ -31,7 +31,16 @@ type AnswerSpec struct {
 	JSON             bool   // JSON body instead of text
 	Message          string // "" = "rate limit exceeded"
 	Zones            []AnswerZone
+	// GuardRetryAfter is the Retry-After of a deny latency guards caused
+	// (rounded up to whole seconds; 0 = DefaultGuardRetryAfter).
+	GuardRetryAfter time.Duration
 }
+
+// The messages of the deny bodies other than a rate-limit deny's.
+const (
+	GuardMessage     = "service overloaded: latency guard tripped"
+	FailCloseMessage = "rate limit check failed (fail: close)"
+)
 
 // DenyAnswer is a location's deny response, precomputed at policy load so
 // that answering a request only formats the numbers that vary (Retry-After,
@@ -39,7 +48,10 @@ type AnswerSpec struct {
 type DenyAnswer struct {
 	Status      int
 	ContentType string
-	Body        []byte
+	Body        []byte // a rate-limit deny's
+	GuardBody   []byte // a guard deny's (DenyGuard)
+	FailBody    []byte // a fail: close deny's (DenyFailClose)
+	guardRetry  uint32 // seconds
 	headers     bool
 	policy      []byte   // RateLimit-Policy value
 	names       [][]byte // per zone, the sf-string `"name"`
@@ -58,18 +70,18 @@ func NewDenyAnswer(spec AnswerSpec) *DenyAnswer {
 	if msg == "" {
 		msg = "rate limit exceeded"
 	}
+	a.ContentType = "text/plain; charset=utf-8"
 	if spec.JSON {
 		a.ContentType = "application/json"
-		b := []byte(`{"status":`)
-		b = strconv.AppendInt(b, int64(a.Status), 10)
-		b = append(b, `,"error":`...)
-		b = strconv.AppendQuote(b, msg)
-		b = append(b, "}\n"...)
-		a.Body = b
-	} else {
-		a.ContentType = "text/plain; charset=utf-8"
-		a.Body = []byte(strconv.Itoa(a.Status) + " " + statusText(a.Status) + ": " + msg + "\n")
 	}
+	a.Body = denyBody(a.Status, spec.JSON, msg)
+	a.GuardBody = denyBody(a.Status, spec.JSON, GuardMessage)
+	a.FailBody = denyBody(a.Status, spec.JSON, FailCloseMessage)
+	gr := spec.GuardRetryAfter
+	if gr <= 0 {
+		gr = DefaultGuardRetryAfter
+	}
+	a.guardRetry = uint32(max(1, (gr+time.Second-1)/time.Second))
 	for i, z := range spec.Zones {
 		name := appendSFString(nil, z.Name)
 		a.names = append(a.names, name)
@@ -87,6 +99,19 @@ func NewDenyAnswer(spec AnswerSpec) *DenyAnswer {
 		a.policy = strconv.AppendInt(a.policy, w, 10)
 	}
 	return a
+}
+
+// denyBody is a deny answer's body: JSON {"status":N,"error":msg} or the
+// text line "N Reason: msg".
+func denyBody(status int, json bool, msg string) []byte {
+	if json {
+		b := []byte(`{"status":`)
+		b = strconv.AppendInt(b, int64(status), 10)
+		b = append(b, `,"error":`...)
+		b = strconv.AppendQuote(b, msg)
+		return append(b, "}\n"...)
+	}
+	return []byte(strconv.Itoa(status) + " " + statusText(status) + ": " + msg + "\n")
 }
 
 func statusText(code int) string {
@@ -151,18 +176,58 @@ func RetryAfterSeconds(zones []ZoneState) uint32 {
 // for up to 32 zones without growing.
 const AnswerBufSize = 16 + 32*48
 
-// Render appends the deny headers (Retry-After, and the RateLimit fields
-// when enabled) to hdrs, formatting values into buf; zones is indexed like
-// the spec's zones (shorter when unknown). It allocates nothing when hdrs
-// and buf have the capacity (3 headers, AnswerBufSize bytes).
+// Render appends the headers of a rate-limit deny (Retry-After, and the
+// RateLimit fields when enabled) to hdrs, formatting values into buf;
+// zones is indexed like the spec's zones (shorter when unknown). It
+// allocates nothing when hdrs and buf have the capacity (3 headers,
+// AnswerBufSize bytes).
 func (a *DenyAnswer) Render(hdrs []httpparse.Header, buf []byte, zones []ZoneState) ([]httpparse.Header, []byte) {
+	return a.render(hdrs, buf, zones, RetryAfterSeconds(zones))
+}
+
+// RenderDecision is Render for the deny d: its Retry-After is
+// a.RetryAfter(d). It returns the body that tells the client what
+// happened (Body, GuardBody or FailBody).
+func (a *DenyAnswer) RenderDecision(hdrs []httpparse.Header, buf []byte, d *Decision) ([]httpparse.Header, []byte, []byte) {
+	hdrs, buf = a.render(hdrs, buf, d.Zones, a.RetryAfter(d))
+	switch d.DenyKind() {
+	case DenyGuard:
+		return hdrs, buf, a.GuardBody
+	case DenyFailClose:
+		return hdrs, buf, a.FailBody
+	}
+	return hdrs, buf, a.Body
+}
+
+// RetryAfter is the Retry-After (whole seconds, at least 1) of the deny
+// d: the largest retry_after_ms of its zones rounded up (1 when none is
+// known: fail: close, invalid: deny); when a latency guard failed, at
+// least the location's deny.guard_retry_after.
+func (a *DenyAnswer) RetryAfter(d *Decision) uint32 {
+	s := RetryAfterSeconds(d.Zones)
+	if d.GuardFailed() {
+		s = max(s, a.guardRetry)
+	}
+	return s
+}
+
+func (a *DenyAnswer) render(hdrs []httpparse.Header, buf []byte, zones []ZoneState, retry uint32) ([]httpparse.Header, []byte) {
 	start := len(buf)
-	buf = strconv.AppendUint(buf, uint64(RetryAfterSeconds(zones)), 10)
+	buf = strconv.AppendUint(buf, uint64(retry), 10)
 	hdrs = append(hdrs, httpparse.Header{Name: hdrRetryAfter, Value: buf[start:len(buf):len(buf)]})
 	if !a.headers || len(a.names) == 0 {
 		return hdrs, buf
 	}
 	hdrs = append(hdrs, httpparse.Header{Name: hdrRateLimitPolicy, Value: a.policy})
+	short := false
+	for i, z := range zones {
+		short = short || i < len(a.names) && z.Known && z.RetryAfterMs > 0
+	}
+	if !short {
+		// No zone ran out (a guard deny, fail: close): remaining quota
+		// would contradict the deny, so the RateLimit field is left out.
+		return hdrs, buf
+	}
 	start = len(buf)
 	n := 0
 	for i, z := range zones {
@@ -201,7 +266,7 @@ func (a *DenyAnswer) PolicyField() string {
 // its deny status and body format, its service's RateLimit-headers switch,
 // and its zones as the RateLimit-Policy items.
 func LocationAnswer(loc *Location) *DenyAnswer {
-	spec := AnswerSpec{Status: loc.Deny.Status, JSON: loc.Deny.Format == DenyJSON}
+	spec := AnswerSpec{Status: loc.Deny.Status, JSON: loc.Deny.Format == DenyJSON, GuardRetryAfter: loc.Deny.GuardRetryAfter}
 	if loc.Service != nil {
 		spec.RateLimitHeaders = loc.Service.RateLimitHeaders
 	}

@@ -43,11 +43,12 @@ const (
 	OutcomeShadowDeny                   // shadow mode, would have denied: admitted
 	OutcomeInternalError                // internal failure: 500
 	OutcomeClientAbort                  // the client went away
+	OutcomeGuardProbe                   // only latency guards denied; admitted as a probe (deny.guard_probe)
 	numOutcomes
 )
 
 var outcomeNames = [numOutcomes]string{
-	"allow", "deny", "fail_open", "fail_close", "fail_local", "bypass", "shadow_deny", "internal_error", "client_abort",
+	"allow", "deny", "fail_open", "fail_close", "fail_local", "bypass", "shadow_deny", "internal_error", "client_abort", "guard_probe",
 }
 
 func (o Outcome) String() string {
@@ -122,8 +123,8 @@ func LocalOutcome(allowed, shadow bool) (Outcome, Action) {
 }
 
 // ShouldReport is the report rule: a location with `report` reports after a
-// valid allow, after fail-open (or a local-fallback admit, or a shadow
-// admit: the work was performed), and for unprotected work; never after a
+// valid allow, after fail-open (or a local-fallback admit, a shadow admit
+// or a guard probe: the work was performed), and for unprotected work; never after a
 // deny, fail-close, internal error or a client that went away. admitted is
 // whether the request was forwarded; aborted whether the client went away
 // before its response ended.
@@ -132,7 +133,7 @@ func ShouldReport(hasReport bool, o Outcome, admitted, aborted bool) bool {
 		return false
 	}
 	switch o {
-	case OutcomeAllow, OutcomeFailOpen, OutcomeBypass, OutcomeShadowDeny, OutcomeFailLocal:
+	case OutcomeAllow, OutcomeFailOpen, OutcomeBypass, OutcomeShadowDeny, OutcomeFailLocal, OutcomeGuardProbe:
 		return true
 	}
 	return false

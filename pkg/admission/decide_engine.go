@@ -89,6 +89,15 @@ func (d *Decision) Reset() {
 	d.invalidBy = InvalidInherit
 }
 
+// ShadowBucketPrefix starts the name of every bucket a shadow-mode
+// location checks: "<prefix><rendered bucket>", with the zone's rate,
+// burst and cost. A dry run thus spends tokens of its own buckets, never
+// those that enforced locations sharing the zone spend, and its "would
+// deny" still says what enforcing the location alone would do. The
+// 1024-byte bucket limit applies to the whole name. A zone's bucket
+// template may not start with it (a load error).
+const ShadowBucketPrefix = "~shadow/"
+
 // renderBufSize holds every rendered value of a request that can fit a
 // datagram, so rendering does not grow the buffer in practice.
 const renderBufSize = 2048
@@ -135,8 +144,12 @@ func Build(loc *Location, r *Request, d *Decision) ratelimitly.Cause {
 		}
 		d.Req.Guards = append(d.Req.Guards, wire.Guard{Service: d.buf[start:len(d.buf):len(d.buf)], ThresholdMs: threshold})
 	}
+	shadow := loc.Mode == ModeShadow
 	for _, z := range loc.Limits {
 		start := len(d.buf)
+		if shadow {
+			d.buf = append(d.buf, ShadowBucketPrefix...)
+		}
 		d.buf, err = z.Bucket.Render(d.buf, r)
 		n := len(d.buf) - start
 		if err != nil || n == 0 || n > MaxBucketLen {
@@ -278,10 +291,65 @@ func (e *Engine) resolve(p *Policy, d *Decision) {
 		for i, rr := range d.Result.Resp.Resources {
 			d.Zones[i] = ZoneState{Remaining: rr.Remaining, RetryAfterMs: rr.RetryAfterMs, Known: true}
 		}
+		if d.Action == ActionDeny && loc.GuardProbe != nil && d.DenyKind() == DenyGuard && loc.GuardProbe.Take(e.now()) {
+			d.Outcome, d.Action = OutcomeGuardProbe, ActionAdmit
+		}
 	default:
 		d.Zones = grow(d.Zones, len(loc.Limits))
 	}
 	d.Admission = e.since(d.start)
+}
+
+// DenyKind says what a deny is, for the answer that tells the client.
+type DenyKind uint8
+
+const (
+	// DenyRateLimit: a zone was short (RateLimitly's answer, or the local
+	// buckets under fail: local), or a rendered value was invalid under
+	// invalid: deny.
+	DenyRateLimit DenyKind = iota
+	// DenyGuard: RateLimitly denied because latency guards failed, and
+	// no zone was short: a load shed.
+	DenyGuard
+	// DenyFailClose: there was no valid decision and fail: close denied.
+	DenyFailClose
+)
+
+// DenyKind classifies d's deny (meaningful when d.Action is ActionDeny).
+func (d *Decision) DenyKind() DenyKind {
+	if d.Outcome == OutcomeFailClose {
+		return DenyFailClose
+	}
+	if !d.Result.Valid || d.Verdict != VerdictDeny {
+		return DenyRateLimit
+	}
+	guard := false
+	for _, g := range d.Result.Resp.Guards {
+		guard = guard || !g.Passed
+	}
+	if !guard {
+		return DenyRateLimit
+	}
+	for _, rr := range d.Result.Resp.Resources {
+		if rr.TokensDeficit > 0 {
+			return DenyRateLimit
+		}
+	}
+	return DenyGuard
+}
+
+// GuardFailed reports whether a valid deny had a latency guard fail
+// (alone or with short zones).
+func (d *Decision) GuardFailed() bool {
+	if !d.Result.Valid || d.Verdict != VerdictDeny {
+		return false
+	}
+	for _, g := range d.Result.Resp.Guards {
+		if !g.Passed {
+			return true
+		}
+	}
+	return false
 }
 
 func grow(z []ZoneState, n int) []ZoneState {

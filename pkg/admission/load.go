@@ -119,6 +119,8 @@ type serviceSettings struct {
 	denyStatus                                  *int64
 	denyFormat                                  *DenyFormat
 	denyGRPCStatus                              *int64
+	guardRetryAfter                             *time.Duration
+	guardProbe                                  *probeRate
 	upstreamProtocol                            *string
 	escapedSlashes                              *string
 	h2                                          h2Settings

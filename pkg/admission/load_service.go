@@ -160,9 +160,10 @@ func inheritServiceSettings(svc *Service, own, defSvc *serviceSettings, ownLoc, 
 		svc.ClientAddress = defSvc.clientAddr
 	}
 	svc.Deny = Deny{
-		Status:     int(pick(int64(DefaultDenyStatus), ownLoc.settings.denyStatus, defLoc.settings.denyStatus)),
-		Format:     pick(DenyJSON, ownLoc.settings.denyFormat, defLoc.settings.denyFormat),
-		GRPCStatus: int(pick(int64(DefaultDenyGRPCStatus), ownLoc.settings.denyGRPCStatus, defLoc.settings.denyGRPCStatus)),
+		Status:          int(pick(int64(DefaultDenyStatus), ownLoc.settings.denyStatus, defLoc.settings.denyStatus)),
+		Format:          pick(DenyJSON, ownLoc.settings.denyFormat, defLoc.settings.denyFormat),
+		GRPCStatus:      int(pick(int64(DefaultDenyGRPCStatus), ownLoc.settings.denyGRPCStatus, defLoc.settings.denyGRPCStatus)),
+		GuardRetryAfter: pick(DefaultGuardRetryAfter, ownLoc.settings.guardRetryAfter, defLoc.settings.guardRetryAfter),
 	}
 	svc.UpstreamProtocol = pick(UpstreamAuto, own.upstreamProtocol, defSvc.upstreamProtocol)
 	svc.EscapedSlashes = pick(EscapedSlashesReject, own.escapedSlashes, defSvc.escapedSlashes)
@@ -265,9 +266,13 @@ func (l *loader) resolveLocation(loc *Location, ctx string, n *yaml.Node, own, s
 	}
 	loc.Mode = pick(ModeEnforce, own.mode, svc.mode, def.mode)
 	loc.Deny = Deny{
-		Status:     int(pick(int64(DefaultDenyStatus), own.settings.denyStatus, svc.settings.denyStatus, def.settings.denyStatus)),
-		Format:     pick(DenyJSON, own.settings.denyFormat, svc.settings.denyFormat, def.settings.denyFormat),
-		GRPCStatus: int(pick(int64(DefaultDenyGRPCStatus), own.settings.denyGRPCStatus, svc.settings.denyGRPCStatus, def.settings.denyGRPCStatus)),
+		Status:          int(pick(int64(DefaultDenyStatus), own.settings.denyStatus, svc.settings.denyStatus, def.settings.denyStatus)),
+		Format:          pick(DenyJSON, own.settings.denyFormat, svc.settings.denyFormat, def.settings.denyFormat),
+		GRPCStatus:      int(pick(int64(DefaultDenyGRPCStatus), own.settings.denyGRPCStatus, svc.settings.denyGRPCStatus, def.settings.denyGRPCStatus)),
+		GuardRetryAfter: pick(DefaultGuardRetryAfter, own.settings.guardRetryAfter, svc.settings.guardRetryAfter, def.settings.guardRetryAfter),
+	}
+	if pr := pick(probeRate{}, own.settings.guardProbe, svc.settings.guardProbe, def.settings.guardProbe); pr.Rate > 0 {
+		loc.GuardProbe = newGuardProbe(pr)
 	}
 	if len(loc.Limits) > MaxPerRequest {
 		l.errorf(n, "%s: %d zones, more than the %d resources a request can carry", ctx, len(loc.Limits), MaxPerRequest)

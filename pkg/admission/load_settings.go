@@ -183,7 +183,7 @@ func (l *loader) locationSetting(e kv, ctx string, s *locationSettings) bool {
 			}
 		}
 	case "deny":
-		pairs, ok := l.mapping(e.v, c, "status", "format", "grpc_status")
+		pairs, ok := l.mapping(e.v, c, "status", "format", "grpc_status", "guard_retry_after", "guard_probe")
 		if !ok {
 			return true
 		}
@@ -196,6 +196,18 @@ func (l *loader) locationSetting(e kv, ctx string, s *locationSettings) bool {
 			case "grpc_status":
 				if n, ok := l.integer(f.v, c+".grpc_status", 1, 16); ok {
 					s.settings.denyGRPCStatus = &n
+				}
+			case "guard_retry_after":
+				if d, ok := l.duration(f.v, c+".guard_retry_after", time.Second, time.Hour); ok {
+					if d%time.Second != 0 {
+						l.errorf(f.v, "%s.guard_retry_after: %s is not whole seconds (Retry-After is)", c, d)
+						continue
+					}
+					s.settings.guardRetryAfter = &d
+				}
+			case "guard_probe":
+				if r, p, ok := l.rate(f.v, c+".guard_probe"); ok {
+					s.settings.guardProbe = &probeRate{Rate: r, PeriodMs: p}
 				}
 			case "format":
 				if m, ok := l.str(f.v, c+".format"); ok {

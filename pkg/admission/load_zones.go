@@ -2,6 +2,7 @@ package admission
 
 import (
 	"math"
+	"strings"
 
 	"gopkg.in/yaml.v3"
 )
@@ -38,6 +39,10 @@ func (l *loader) zones(n *yaml.Node) {
 			case "bucket":
 				z.Bucket = l.template(e.v, c, MaxBucketLen, true)
 				good = good && z.Bucket != nil
+				if z.Bucket != nil && strings.HasPrefix(z.Bucket.literalPrefix(), ShadowBucketPrefix) {
+					l.errorf(e.v, "%s: must not start with %q (the namespace of shadow-mode checks)", c, ShadowBucketPrefix)
+					good = false
+				}
 			case "rate":
 				if tv, isTier, ok := l.tierRef(e.v, c, numRate); isTier {
 					z.RateTier, good = tv, good && ok

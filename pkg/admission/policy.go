@@ -224,6 +224,9 @@ type Deny struct {
 	// GRPCStatus is the grpc-status of a gRPC request's deny (8,
 	// RESOURCE_EXHAUSTED, by default).
 	GRPCStatus int
+	// GuardRetryAfter is the Retry-After of a deny that latency guards
+	// caused (whole seconds, DefaultGuardRetryAfter by default).
+	GuardRetryAfter time.Duration
 }
 
 // Values of Service.EscapedSlashes.
@@ -231,6 +234,11 @@ const (
 	EscapedSlashesReject = "reject" // 400 for a path holding %2F or %5C
 	EscapedSlashesDecode = "decode" // match the path with them decoded
 )
+
+// DefaultGuardRetryAfter is a guard deny's Retry-After when deny sets
+// none: long enough for a few reports to reach the tracker, short
+// against its 60 s window.
+const DefaultGuardRetryAfter = 5 * time.Second
 
 // Service is one proxied service: where its traffic arrives (a steered
 // port or listen addresses), where it goes, and its locations.
@@ -284,7 +292,11 @@ type Location struct {
 	Report  *Tracker  // nil = no report
 	Mode    Mode
 	Deny    Deny
-	Line    int
+	// GuardProbe, when set (deny.guard_probe), admits a few requests that
+	// only latency guards denied, so that their reports show the tracker
+	// whether the service recovered.
+	GuardProbe *GuardProbe
+	Line       int
 }
 
 // Protected reports whether requests at this location need an admission

@@ -262,6 +262,18 @@ func (t *Template) StaticLen() int {
 // Max is the largest rendered length Render accepts (0 = unlimited).
 func (t *Template) Max() int { return t.max }
 
+// literalPrefix is the literal text every rendering of t starts with.
+func (t *Template) literalPrefix() string {
+	var b strings.Builder
+	for _, p := range t.parts {
+		if p.kind != varLiteral {
+			break
+		}
+		b.WriteString(p.text)
+	}
+	return b.String()
+}
+
 // Render appends the template rendered for r to dst. It does not allocate
 // when dst has room. When the result is longer than the template's limit,
 // or empty where a value is required, it returns dst unchanged and

@@ -67,7 +67,11 @@ func (g *Gate) logAccess(r *proxy.Request, d *proxy.Decision, res *proxy.Result,
 		}
 	}
 	if !d.Allow && st.dec.Action == admission.ActionDeny {
-		attrs = append(attrs, slog.Uint64("retry_after", uint64(admission.RetryAfterSeconds(st.dec.Zones))))
+		ra := admission.RetryAfterSeconds(st.dec.Zones)
+		if st.info != nil {
+			ra = st.info.answer.RetryAfter(&st.dec)
+		}
+		attrs = append(attrs, slog.Uint64("retry_after", uint64(ra)))
 	}
 	attrs = append(attrs,
 		slog.Float64("admission_ms", float64(st.dec.Admission.Microseconds())/1000),

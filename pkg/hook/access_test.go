@@ -18,6 +18,7 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
@@ -132,11 +133,17 @@ func TestAccessLineDenied(t *testing.T) {
 		out.Resp.Success = false
 		out.Resp.Guards[0] = wire.GuardResult{Passed: false, ObservedMs: 900}
 	})
-	resp, _ = g.do(t, "/api/x", map[string]string{"X-Request-ID": "client-7"})
+	resp, body := g.do(t, "/api/x", map[string]string{"X-Request-ID": "client-7"})
 	if resp.StatusCode != 429 || resp.Header.Get("X-Request-ID") != "client-7" {
 		t.Fatalf("guard deny %d, X-Request-ID %q", resp.StatusCode, resp.Header.Get("X-Request-ID"))
 	}
-	if l := g.accessLines(t, 1)[0]; l["deny_guards"] != "api" || l["deny_zones"] != nil || l["retry_after"] != float64(1) {
+	// The answer says a guard shed the request: its body, Retry-After
+	// deny.guard_retry_after (default 5s), and no RateLimit field (its
+	// zone had quota left, which would contradict the deny).
+	if resp.Header.Get("Retry-After") != "5" || resp.Header.Get("RateLimit") != "" || !strings.Contains(body, admission.GuardMessage) {
+		t.Fatalf("guard deny answer: Retry-After %q RateLimit %q body %q", resp.Header.Get("Retry-After"), resp.Header.Get("RateLimit"), body)
+	}
+	if l := g.accessLines(t, 1)[0]; l["deny_guards"] != "api" || l["deny_zones"] != nil || l["retry_after"] != float64(5) {
 		t.Fatalf("guard deny line %v", l)
 	}
 	if d := denials(t, g.g); d["zone/per_key"] != 0 || d["guard/api"] != 1 {
@@ -279,4 +286,30 @@ func denials(t *testing.T, g *Gate) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// The deny answer tells a fail: close deny apart from a rate-limit deny
+// (and from a guard's, TestAccessLineDenied): its own body, no RateLimit
+// field, Retry-After 1.
+func TestFailCloseAnswerSaysSo(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		fn        func(context.Context, *wire.RateRequest, *admission.CheckResult)
+		body      string
+		rateLimit bool
+	}{
+		{"rate-limit", denyResource, "rate limit exceeded", true},
+		{"fail-close", failWith(ratelimitly.CauseTimeout), admission.FailCloseMessage, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRig(t, "close", c.fn)
+			resp, body := r.do(t, "/api/x", nil)
+			if resp.StatusCode != 429 || !strings.Contains(body, c.body) || (resp.Header.Get("RateLimit") != "") != c.rateLimit {
+				t.Fatalf("answer %d %q RateLimit %q, want body %q", resp.StatusCode, body, resp.Header.Get("RateLimit"), c.body)
+			}
+			if c.name == "fail-close" && (resp.Header.Get("Retry-After") != "1" || strings.Contains(body, "rate limit exceeded")) {
+				t.Fatalf("fail-close answer Retry-After %q body %q", resp.Header.Get("Retry-After"), body)
+			}
+		})
+	}
 }

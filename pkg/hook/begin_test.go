@@ -109,6 +109,7 @@ func TestViaBegin(t *testing.T) {
 		{"TestDebugDecisionLog", TestDebugDecisionLog},
 		{"TestDenyAnswer", TestDenyAnswer},
 		{"TestDoneDoesNotWaitForCheckerClose", TestDoneDoesNotWaitForCheckerClose},
+		{"TestFailCloseAnswerSaysSo", TestFailCloseAnswerSaysSo},
 		{"TestGateTLSConnection", TestGateTLSConnection},
 		{"TestInvalidDenyThroughProxy", TestInvalidDenyThroughProxy},
 		{"TestLocalFallbackLogsAndCounts", TestLocalFallbackLogsAndCounts},

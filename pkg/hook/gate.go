@@ -331,12 +331,12 @@ func (g *Gate) decision(st *state) proxy.Decision {
 		return proxy.Decision{Allow: true, Forward: st.fwd, State: st}
 	case admission.ActionDeny:
 		a := st.info.answer
-		hs, buf := a.Render(st.hdrs[:0], st.buf[:0], st.dec.Zones)
+		hs, buf, body := a.RenderDecision(st.hdrs[:0], st.buf[:0], &st.dec)
 		st.buf = buf
 		if len(st.rid) > 0 {
 			hs = append(hs, httpparse.Header{Name: st.gen.ridName, Value: st.rid})
 		}
-		return proxy.Decision{Status: a.Status, Header: hs, Body: a.Body, ContentType: a.ContentType, State: st}
+		return proxy.Decision{Status: a.Status, Header: hs, Body: body, ContentType: a.ContentType, State: st}
 	case admission.ActionDrop:
 		// The client is gone; whatever is written is never read.
 		return proxy.Decision{Status: statusClientClosed, State: st}

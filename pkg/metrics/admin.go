@@ -162,7 +162,7 @@ func StartAdmin(addr string, h http.Handler) (*Admin, error) {
 	}
 	ln, err := lc.Listen(context.Background(), "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("admin listener %s: %w", addr, err)
+		return nil, fmt.Errorf("admin listener: %w", err) // a *net.OpError naming addr
 	}
 	ln = &limitListener{Listener: ln, sem: make(chan struct{}, AdminMaxConns), done: make(chan struct{})}
 	a := &Admin{ln: ln, srv: &http.Server{Handler: h, ReadHeaderTimeout: adminReadHeaderTimeout, ReadTimeout: adminReadTimeout,

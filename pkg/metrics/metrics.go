@@ -23,7 +23,7 @@ const Namespace = "rl_tproxy"
 // import admission; admission's tests check the two lists agree.
 var Outcomes = []string{
 	"allow", "deny", "fail_open", "fail_close", "fail_local", "bypass",
-	"shadow_deny", "internal_error", "client_abort",
+	"shadow_deny", "internal_error", "client_abort", "guard_probe",
 }
 
 // AdmissionBuckets are the admission latency histogram buckets in seconds:

@@ -20,7 +20,7 @@ func Listen(ctx context.Context, addr string) (net.Listener, error) {
 	lc.SetMultipathTCP(false)
 	ln, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w", addr, err)
+		return nil, err // a *net.OpError: "listen tcp ADDR: ..." already
 	}
 	return announceClose(ln), nil
 }
@@ -93,7 +93,7 @@ func ListenGroup(ctx context.Context, addr string, n int) ([]net.Listener, error
 	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w", addr, err)
+		return nil, fmt.Errorf("listen: %w", err) // a *net.AddrError naming addr
 	}
 	if port != "0" {
 		// Probe without SO_REUSEPORT: it fails on an address in use.
@@ -111,7 +111,7 @@ func ListenGroup(ctx context.Context, addr string, n int) ([]net.Listener, error
 		ln, err := lc.Listen(ctx, "tcp", bind)
 		if err != nil {
 			closeListeners(lns)
-			return nil, fmt.Errorf("listen %s (socket %d of a reuseport group of %d): %w", addr, i+1, n, err)
+			return nil, fmt.Errorf("socket %d of a reuseport group of %d: %w", i+1, n, err)
 		}
 		if i == 0 {
 			// The same host string (not ln.Addr(): "0.0.0.0" and ":" must

@@ -63,46 +63,6 @@ func (r *lreq) reset() {
 	r.head.Reset()
 }
 
-// bodyBuffered reports whether the rest of the request body is already in
-// c's buffer (no more client reads are needed).
-func (r *lreq) bodyBuffered(c *lconn) bool {
-	h := &r.head
-	switch h.BodyMode() {
-	case httpparse.BodyNone:
-		return true
-	case httpparse.BodyLength:
-		if c.state == lcExchange { // the head went out: bodyLeft counts
-			return r.bodyLeft <= int64(c.buf.w-c.buf.r)
-		}
-		return h.ContentLength <= int64(c.buf.w-c.buf.r)
-	case httpparse.BodyChunked:
-		if c.state == lcExchange {
-			return false // pumpChunked took every buffered byte: the body is incomplete
-		}
-		return r.chunkedBuffered(c.buf.unread())
-	}
-	return false
-}
-
-// chunkedBuffered reports whether b holds the whole chunked body (or
-// framing the exchange fails on without more bytes). The request's
-// decoder is free until upReady resets it.
-func (r *lreq) chunkedBuffered(b []byte) bool {
-	d := &r.chunk
-	d.Reset(r.svc.Limits)
-	for !d.Done() {
-		n, _, err := d.Decode(b)
-		b = b[n:]
-		if err != nil {
-			return err != httpparse.ErrNeedMore
-		}
-		if n == 0 {
-			return false
-		}
-	}
-	return true
-}
-
 // admit asks the Hook: an AsyncHook through Begin (its Resume comes back
 // to the loop through Post), a blocking Hook on a worker goroutine whose
 // Decision comes back the same way.

@@ -250,23 +250,35 @@ func (c *lconn) headTooBig() {
 	c.close()
 }
 
-// OnEOF: the client shut down its write side. During admission that is
-// an abort (the check is cancelled, as the goroutine path did); once
-// admitted, a FIN after a complete request is not: the response goes
-// out, then the connection closes. A FIN before the body is complete is
-// an abort.
+// OnEOF: the client shut down its write side. While a request is in
+// flight (its head being read, its admission, its upstream connection or
+// exchange) that is an abort, as nginx treats it by default
+// (proxy_ignore_client_abort off): the check is cancelled, the upstream
+// exchange dropped, nothing is reported. Once the whole answer is queued
+// (lcFlush) the request is complete: the answer goes out, then the
+// connection closes.
 func (c *lconn) OnEOF(*evloop.Sock) {
 	c.eof = true
 	switch c.state {
-	case lcIdle, lcHead, lcClosing:
+	case lcIdle, lcClosing:
 		c.close()
-	case lcAdmit:
-		c.abort() // a FIN during admission is an abort
-	case lcUpstream, lcExchange:
-		if !c.r.bodyDone && !c.r.bodyBuffered(c) {
-			c.abort() // the body will not arrive
-		}
+	case lcHead:
+		c.headAbort()
+	case lcAdmit, lcUpstream, lcExchange:
+		c.abort()
 	}
+}
+
+// headAbort ends a connection whose client shut down its write side
+// with part of a request head buffered: no request exists yet (nothing
+// to log or report), so it is counted as the rejection "client-abort"
+// with status 0 (nothing answered) and the connection closed.
+func (c *lconn) headAbort() {
+	cfg := c.ls.p.cfg.Load()
+	if svc := c.pick(cfg, c.local); svc != nil {
+		reportReject(cfg, svc, c.remote, "client-abort", 0)
+	}
+	c.abort()
 }
 
 // OnError: the client connection failed (reset); the loop closes it.

@@ -56,8 +56,13 @@ func (c *Client) receive(rx *udpshard.Socket, pkt []byte, from netip.AddrPort, l
 	if err != nil {
 		c.c.auth.Add(1)
 		if r != nil {
+			// From an endpoint the check was sent to, a datagram that does
+			// not open says the server and the client disagree on the key:
+			// the check's failure cause becomes protocol instead of
+			// timeout (docs/protocol.md §7). From any other address it is
+			// noise that must not change what the check reports.
 			r.mu.Lock()
-			if r.id == id && r.state == statePending {
+			if i := r.mem.indexOf(from); r.id == id && r.state == statePending && i >= 0 && r.full&(1<<uint(i)) != 0 {
 				r.sawProto = true
 			}
 			r.mu.Unlock()

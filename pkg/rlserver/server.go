@@ -206,7 +206,7 @@ func Start(cfg Config) (*Server, error) {
 	s.janitor.Add(1)
 	go s.sweeper()
 	s.log.Info("ratelimitly server started", "addr", s.addr.String(), "workers", cfg.Workers, "driven", cfg.Driven,
-		"batch", cfg.Batch, "epoch", s.epoch)
+		"batch", cfg.Batch, "epoch_ms", s.epoch)
 	return s, nil
 }
 
@@ -217,7 +217,7 @@ func (s *Server) bind(ap netip.AddrPort) error {
 		bc, err := s.bindOne(ap)
 		if err != nil {
 			s.closeConns()
-			return fmt.Errorf("rlserver: listen %s (worker %d): %w", ap, i, err)
+			return fmt.Errorf("rlserver: socket of worker %d: %w", i, err) // err names ap
 		}
 		if i == 0 {
 			if s.addr, err = localAddrPort(bc.fd); err != nil {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
@@ -163,7 +165,7 @@ var combinedLine = regexp.MustCompile(`^(\S+) \S+ \S+ \[(\d{2}/[A-Z][a-z]{2}/\d{
 // itself), the proxy's fields follow, other lines stay text.
 func TestCombinedLogFormat(t *testing.T) {
 	c := startCluster(t)
-	up := startIDUpstream(t)
+	up := startUpstream(t)
 	dir := t.TempDir()
 	o := policyOpts{fail: "close", credentials: writeCredentials(t, dir, c.cred), upstream: up.addr, listen: freeAddr(t), burst: 1}
 	cmd := exec.Command(binPath, "run", "--policy", writePolicy(t, dir, c, o), "--admin", "127.0.0.1:0", "--log-format", "combined", "--drain-timeout", "5s")
@@ -219,15 +221,31 @@ func TestCombinedLogFormat(t *testing.T) {
 	if r.status != 429 {
 		t.Fatalf("second request: %d", r.status)
 	}
+	// A client that half-closes (FIN) while the upstream works aborts:
+	// nothing was answered, so $status is nginx's 499.
+	fin, err := net.Dial("tcp", o.listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fin.Close()
+	fin.SetDeadline(time.Now().Add(testkit.WaitBound))
+	if _, err := io.WriteString(fin, "GET /hold/combined HTTP/1.1\r\nHost: e2e\r\nX-Key: frank\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	waitChan(t, up.held, "the upstream to get the held request")
+	if err := fin.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	waitChan(t, up.cancelled, "the upstream exchange to be cancelled")
 	var access []string
-	testkit.WaitFor(t, "two combined access lines", func() bool {
+	testkit.WaitFor(t, "three combined access lines", func() bool {
 		access = access[:0]
 		for _, l := range snapshot() {
 			if combinedLine.MatchString(l) {
 				access = append(access, l)
 			}
 		}
-		return len(access) == 2
+		return len(access) == 3
 	})
 	a := combinedLine.FindStringSubmatch(access[0])
 	if a[1] != "127.0.0.1" || a[4] != "GET /api/c?x=1 HTTP/1.1" || a[5] != "200" || a[7] != "http://ref.example/" ||
@@ -238,6 +256,10 @@ func TestCombinedLogFormat(t *testing.T) {
 	if d[5] != "429" || !strings.Contains(d[9], " deny_zones=strict ") || !strings.Contains(d[9], " retry_after="+r.header.Get("Retry-After")+" ") ||
 		!strings.Contains(d[9], " request_id=e2e-erin-2") {
 		t.Errorf("denied request's combined line %q (Retry-After %s)", access[1], r.header.Get("Retry-After"))
+	}
+	if f := combinedLine.FindStringSubmatch(access[2]); f[4] != "GET /hold/combined HTTP/1.1" || f[5] != "499" ||
+		!strings.Contains(f[9], " outcome=client_abort ") || !strings.Contains(f[9], " verdict=- ") || !strings.Contains(f[9], " report=false") {
+		t.Errorf("FIN-aborted request's combined line %q", access[2])
 	}
 	for _, l := range snapshot() {
 		if !combinedLine.MatchString(l) && !strings.HasPrefix(l, "time=") {

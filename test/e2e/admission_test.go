@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"os/exec"
 	"strings"
@@ -76,8 +78,8 @@ func TestGuardTripsAndRecovers(t *testing.T) {
 		switch r.status {
 		case 429:
 			tripped = true
-			if r.header.Get("Retry-After") != "1" {
-				t.Errorf("guard deny Retry-After %q", r.header.Get("Retry-After"))
+			if r.header.Get("Retry-After") != "5" || !strings.Contains(r.body, "latency guard tripped") {
+				t.Errorf("guard deny Retry-After %q (want deny.guard_retry_after's default 5), body %q", r.header.Get("Retry-After"), r.body)
 			}
 		case 200:
 			slow++
@@ -306,4 +308,169 @@ func TestTiersFreeDeniedProPasses(t *testing.T) {
 	if r := e.get(t, "/tiered", "X-Key: carol"); r.status != 200 {
 		t.Fatalf("no plan (default 10/m): %d", r.status)
 	}
+}
+
+// A client that shuts down its write side (FIN) while the upstream works
+// on its admitted request aborts it, as nginx does by default: no answer,
+// outcome client_abort, verdict -, no report, and the upstream exchange
+// cancelled (the upstream sees its request's context end).
+func TestClientFINAbortsInFlight(t *testing.T) {
+	e := newEnv(t, nil, policyOpts{})
+	before := e.c.Reports()
+	c, err := net.Dial("tcp", strings.TrimPrefix(e.p.base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(testkit.WaitBound))
+	if _, err := io.WriteString(c, "GET /hold/fin HTTP/1.1\r\nHost: e2e\r\nX-Key: fin\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	waitChan(t, e.up.held, "the upstream to get the request")
+	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := io.ReadAll(c); err != nil || len(got) != 0 {
+		t.Fatalf("after the FIN the client read %q (%v), want the connection closed with no answer", got, err)
+	}
+	if p := waitChan(t, e.up.cancelled, "the upstream exchange to be cancelled"); p != "/hold/fin" {
+		t.Fatalf("cancelled %q", p)
+	}
+	l := e.p.waitAccess(1)
+	if l["outcome"] != "client_abort" || l["verdict"] != "-" || l["report"] != false || l["status"] != float64(0) || l["location"] != "api" {
+		t.Fatalf("access line %v", l)
+	}
+	if v := e.p.metric(`rl_tproxy_requests_total{location="api",outcome="client_abort",service="web"}`); v != 1 {
+		t.Fatalf("client_abort metric %v", v)
+	}
+	// A completed request afterwards reports once (to 3 servers): the
+	// aborted one added nothing.
+	if r := e.get(t, "/api/fast", "X-Key: fin2"); r.status != 200 {
+		t.Fatalf("status %d", r.status)
+	}
+	testkit.WaitFor(t, "the completed request's report", func() bool { return e.c.Reports() >= before+3 })
+	if got := e.c.Reports() - before; got != 3 {
+		t.Fatalf("servers applied %d reports, want 3 (one request, fanned out)", got)
+	}
+}
+
+// waitChan receives from ch; the bound is a hang guard.
+func waitChan[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(testkit.WaitBound):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+	var zero T
+	return zero
+}
+
+// A guard deny's answer through the real binary, at a location with a
+// zone that still has quota: its own body, Retry-After from
+// deny.guard_retry_after, RateLimit-Policy but no RateLimit field (quota
+// left would contradict the deny). With deny.guard_probe, one request
+// the guard denies is admitted as a probe (outcome guard_probe, verdict
+// deny) and reported, so the tracker hears whether the service recovered.
+func TestGuardDenyAnswerAndProbe(t *testing.T) {
+	e := newEnv(t, nil, policyOpts{extra: `      - name: probed
+        match: {path_prefix: /probed}
+        limit: [dyn]
+        guard: [{tracker: slow, threshold: 100ms}]
+        report: slow
+        deny: {guard_retry_after: 3s, guard_probe: 1/m}
+`})
+	e.up.delay.Store(int64(150 * time.Millisecond))
+	var deny curlResult
+	for i := 0; i < 20 && deny.status == 0; i++ {
+		// dyn: 100/s, burst 2; each key has quota left when the guard trips.
+		r := e.get(t, "/probed/x", fmt.Sprintf("X-Key: p%d", i))
+		switch r.status {
+		case 200:
+		case 429:
+			deny = r
+		default:
+			t.Fatalf("status %d", r.status)
+		}
+	}
+	if deny.status != 429 {
+		t.Fatal("the guard never denied after 20 slow (150ms > 100ms) reported responses")
+	}
+	if got := deny.header.Get("Retry-After"); got != "3" {
+		t.Errorf("Retry-After %q, want 3 (deny.guard_retry_after)", got)
+	}
+	if got := deny.header.Get("RateLimit"); got != "" {
+		t.Errorf("RateLimit %q on a guard deny with quota left", got)
+	}
+	if got := deny.header.Get("RateLimit-Policy"); got != `"dyn";q=100;w=1` {
+		t.Errorf("RateLimit-Policy %q", got)
+	}
+	if !strings.Contains(deny.body, `"error":"service overloaded: latency guard tripped"`) {
+		t.Errorf("guard deny body %q", deny.body)
+	}
+	var probe, denied map[string]any
+	testkit.WaitFor(t, "the probe's and the deny's access lines", func() bool {
+		for _, l := range e.p.access() {
+			switch l["outcome"] {
+			case "guard_probe":
+				probe = l
+			case "deny":
+				denied = l
+			}
+		}
+		return probe != nil && denied != nil
+	})
+	if probe["verdict"] != "deny" || probe["cause"] != "deny_guard" || probe["status"] != float64(200) || probe["report"] != true {
+		t.Fatalf("probe access line %v", probe)
+	}
+	if denied["deny_guards"] != "slow" || denied["retry_after"] != float64(3) || denied["report"] != false {
+		t.Fatalf("guard deny access line %v", denied)
+	}
+	if v := e.p.metric(`rl_tproxy_requests_total{location="probed",outcome="guard_probe",service="web"}`); v != 1 {
+		t.Fatalf("guard_probe metric %v, want 1 (1/m: one probe)", v)
+	}
+}
+
+// deny.guard_probe is how a tripped guard sees recovery without any
+// other traffic: slow reports (from the report-only /probe location) trip
+// the guard of /probed; then, with the service fast again and only
+// /probed requests arriving, its probes' fast reports bring the estimate
+// under the threshold and plain allows return. Without probes no report
+// would reach the tracker until the slow samples aged out (60 s).
+func TestGuardProbesShowRecovery(t *testing.T) {
+	e := newEnv(t, nil, policyOpts{extra: `      - name: probed
+        match: {path_prefix: /probed}
+        guard: [{tracker: slow, threshold: 100ms}]
+        report: slow
+        deny: {guard_probe: 5/s}
+`})
+	e.up.delay.Store(int64(150 * time.Millisecond))
+	for i := 0; i < 3; i++ {
+		if r := e.get(t, "/probe"); r.status != 200 {
+			t.Fatalf("slow report-only request: %d", r.status)
+		}
+	}
+	testkit.WaitFor(t, "the slow reports", func() bool { return e.c.Reports() >= 9 })
+	e.up.delay.Store(0)
+	series := func(outcome string) string {
+		return `rl_tproxy_requests_total{location="probed",outcome="` + outcome + `",service="web"}`
+	}
+	recovered := false
+	for i := 0; i < 600 && !recovered; i++ {
+		if r := e.get(t, "/probed/x"); r.status != 200 && r.status != 429 {
+			t.Fatalf("status %d", r.status)
+		}
+		if i%10 == 9 {
+			recovered = e.p.metric(series("allow")) > 0
+		}
+	}
+	probes, denies := e.p.metric(series("guard_probe")), e.p.metric(series("deny"))
+	if !recovered {
+		t.Fatalf("the guard never recovered: %v probes, %v denies", probes, denies)
+	}
+	if probes == 0 {
+		t.Fatal("recovered without a probe: the guard had not tripped")
+	}
+	t.Logf("recovered after %v probes and %v guard denies", probes, denies)
 }

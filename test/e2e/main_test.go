@@ -118,6 +118,9 @@ type upstream struct {
 	addr  string
 	delay atomic.Int64 // ns
 	hits  atomic.Int64
+	// A request for /hold/... waits until the proxy cancels it (its
+	// request context ends): held reports its start, cancelled its end.
+	held, cancelled chan string
 }
 
 func startUpstream(t *testing.T) *upstream {
@@ -126,9 +129,18 @@ func startUpstream(t *testing.T) *upstream {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u := &upstream{addr: ln.Addr().String()}
+	u := &upstream{addr: ln.Addr().String(), held: make(chan string, 16), cancelled: make(chan string, 16)}
 	u.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		u.hits.Add(1)
+		if strings.HasPrefix(r.URL.Path, "/hold/") {
+			u.held <- r.URL.Path
+			select {
+			case <-r.Context().Done():
+				u.cancelled <- r.URL.Path
+			case <-time.After(testkit.WaitBound): // a hang guard: the proxy never cancelled
+			}
+			return
+		}
 		if d := time.Duration(u.delay.Load()); d > 0 {
 			time.Sleep(d) // the simulated slow service under test
 		}

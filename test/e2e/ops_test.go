@@ -49,6 +49,33 @@ func TestShadowMode(t *testing.T) {
 	}
 }
 
+// Shadow requests spend the shadow namespace of their zone's buckets,
+// never an enforced location's tokens: three shadow requests (the zone's
+// whole burst) on /shadow, then an enforced request on the same zone and
+// key is admitted; the shadow location still says "would deny" once its
+// own namespace is spent.
+func TestShadowSpendsNoEnforcedTokens(t *testing.T) {
+	e := newEnv(t, nil, policyOpts{})
+	for i := 0; i < 3; i++ {
+		if r := e.get(t, "/shadow/x", "X-Key: shared"); r.status != 200 {
+			t.Fatalf("shadow request %d: %d", i, r.status)
+		}
+	}
+	if r := e.get(t, "/api/x", "X-Key: shared"); r.status != 200 {
+		t.Fatalf("enforced request after 3 shadow requests on the same zone: %d, want 200", r.status)
+	}
+	if r := e.get(t, "/shadow/x", "X-Key: shared"); r.status != 200 {
+		t.Fatalf("4th shadow request: %d", r.status)
+	}
+	l := e.p.waitAccess(5)
+	if l["location"] != "shadow" || l["outcome"] != "shadow_deny" || l["verdict"] != "deny" || l["deny_zones"] != "strict" {
+		t.Fatalf("4th shadow request's access line %v, want a would-deny on zone strict", l)
+	}
+	if l := e.p.waitAccess(4); l["location"] != "api" || l["outcome"] != "allow" {
+		t.Fatalf("enforced request's access line %v", l)
+	}
+}
+
 // A scrape of the real process passes promtool, has the documented
 // families, and /healthz and /readyz answer.
 func TestMetricsPromtool(t *testing.T) {

@@ -250,6 +250,12 @@ func (p *parser) credential(m *yaml.Node) (Credential, bool) {
 				p.errorf(v.Line, "max_horizon: want a non-negative duration such as 60ms")
 				continue
 			}
+			if d%time.Millisecond != 0 {
+				// The wire's ttl_ms is whole milliseconds; a server
+				// comparing with a truncated 500us would see no limit.
+				p.errorf(v.Line, "max_horizon: want whole milliseconds such as 60ms")
+				continue
+			}
 			c.MaxHorizon = d
 		}
 	}

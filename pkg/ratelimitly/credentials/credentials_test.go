@@ -92,6 +92,7 @@ func TestParseErrors(t *testing.T) {
 		{"negative key_id", "tenant: a\nkey_id: -1\nsecret: " + testB64 + "\n", []string{"c.yaml:2: key_id: want an integer"}},
 		{"empty tenant", "tenant: ''\nkey_id: 1\nsecret: " + testB64 + "\n", []string{"c.yaml:1: tenant: want a non-empty string"}},
 		{"bad horizon", "tenant: a\nkey_id: 1\nsecret: " + testB64 + "\nmax_horizon: soon\n", []string{"c.yaml:4: max_horizon: want a non-negative duration"}},
+		{"sub-millisecond horizon", "tenant: a\nkey_id: 1\nsecret: " + testB64 + "\nmax_horizon: 1500us\n", []string{"c.yaml:4: max_horizon: want whole milliseconds"}},
 		{"duplicate key", "tenant: a\ntenant: b\nkey_id: 1\nsecret: " + testB64 + "\n", []string{`c.yaml:2: duplicate key "tenant"`}},
 		{"duplicate key_id", "credentials:\n- {tenant: a, key_id: 5, secret: " + testB64 + "}\n- {tenant: b, key_id: 5, secret: " + testB64 + "}\n", []string{"c.yaml:3: duplicate key_id 5 (first at line 2)"}},
 		{"both shapes", "tenant: a\ncredentials: []\n", []string{"c.yaml:1: use either one top-level credential or a credentials list"}},
