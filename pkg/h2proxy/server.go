@@ -53,8 +53,15 @@ type Server struct {
 
 	// CountError, if set, is called with the codec's error kind
 	// ("conn_ENHANCE_YOUR_CALM_too_many_early_resets", ...) of every protocol
-	// error it detects. It must not block.
+	// error it detects, and with "handler_panic" for a stream handler's
+	// panic. It must not block.
 	CountError func(kind string)
+
+	// Logger gets the codec's error log (connection errors, a handler's
+	// panic), rate-limited (codecLog); nil discards it.
+	Logger *slog.Logger
+
+	codecLog codecLog
 }
 
 // serverKey is what an HTTP/2 server depends on: services with the same
@@ -86,6 +93,12 @@ var serverSweep = time.Minute
 func New() *Server {
 	s := &Server{servers: map[serverKey]*h2server{}}
 	s.ups.init()
+	s.codecLog = codecLog{now: time.Now, count: s.countError, log: func() *slog.Logger {
+		if s.Logger != nil {
+			return s.Logger
+		}
+		return discard
+	}}
 	return s
 }
 
@@ -274,7 +287,7 @@ func (s *Server) serverFor(svc *proxy.Service) *h2server {
 		Protocols:      &protos,
 		MaxHeaderBytes: key.maxHead,
 		IdleTimeout:    key.idle,
-		ErrorLog:       log.New(io.Discard, "", 0),
+		ErrorLog:       log.New(&s.codecLog, "", 0),
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			return context.WithValue(ctx, connKey{}, c)
 		},
@@ -285,11 +298,7 @@ func (s *Server) serverFor(svc *proxy.Service) *h2server {
 			MaxEncoderHeaderTableSize:     DefaultHeaderTableSize,
 			MaxReceiveBufferPerStream:     int(window),
 			MaxReceiveBufferPerConnection: int(min(max(uint64(window)*uint64(streams), 64<<10), 4<<20-1)),
-			CountError: func(kind string) {
-				if s.CountError != nil {
-					s.CountError(kind)
-				}
-			},
+			CountError:                    s.countError,
 		},
 	}
 	h := &h2server{hs: hs, ln: &connListener{ch: make(chan net.Conn), done: make(chan struct{})}}
@@ -299,6 +308,13 @@ func (s *Server) serverFor(svc *proxy.Service) *h2server {
 		s.sweep = time.AfterFunc(serverSweep, s.sweepServers)
 	}
 	return h
+}
+
+// countError passes a protocol error kind to CountError.
+func (s *Server) countError(kind string) {
+	if s.CountError != nil {
+		s.CountError(kind)
+	}
 }
 
 // headerListSize is the bound of a request's header block (HPACK-decoded
