@@ -40,6 +40,9 @@ type coalescer struct {
 	// flushBound bounds how long Close waits for a peer to take what
 	// is pending (closeFlushTimeout).
 	flushBound time.Duration
+	// fw follows the frames written (a client connection's: the flood
+	// guard's GOAWAY goes in at a frame boundary); nil upstream.
+	fw *frameWriter
 }
 
 const (
@@ -58,6 +61,9 @@ func newCoalescer(c net.Conn) *coalescer {
 func (w *coalescer) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.fw != nil && w.fw.sealed { // after a GOAWAY of the flood guard's
+		return len(p), nil
+	}
 	for w.err == nil && !w.closing && len(w.pending) > 0 && len(w.pending)+len(p) > maxPending {
 		w.cond.Wait()
 	}
@@ -67,12 +73,44 @@ func (w *coalescer) Write(p []byte) (int, error) {
 	if w.closing {
 		return 0, net.ErrClosed
 	}
-	w.pending = append(w.pending, p...)
+	if w.fw == nil {
+		w.pending = append(w.pending, p...)
+	} else {
+		k := w.fw.cut(p)
+		w.pending = append(w.pending, p[:k]...)
+		if w.fw.goaway != nil && w.fw.atBoundary() {
+			w.pending = append(w.pending, w.fw.goaway...)
+			w.fw.goaway, w.fw.sealed = nil, true
+		}
+	}
+	w.kick()
+	return len(p), nil
+}
+
+// kick starts the writer goroutine if it is not running (w.mu held).
+func (w *coalescer) kick() {
 	if !w.running {
 		w.running = true
 		go w.flush()
 	}
-	return len(p), nil
+}
+
+// injectAtBoundary queues b (whole frames) after the frame being
+// written, and nothing after it: at once when the bytes written so far
+// end with a whole frame, else by the Write that completes the frame.
+func (w *coalescer) injectAtBoundary(b []byte) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.fw == nil || w.fw.sealed || w.closing || w.err != nil {
+		return
+	}
+	if !w.fw.atBoundary() {
+		w.fw.goaway = b
+		return
+	}
+	w.pending = append(w.pending, b...)
+	w.fw.sealed = true
+	w.kick()
 }
 
 // flush is the writer goroutine: it sends the pending buffer until it

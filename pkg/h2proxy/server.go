@@ -116,6 +116,8 @@ type h2conn struct {
 	ppUp   connUpstream // upstream connections with this client's PROXY header (proxyheader.go)
 	cv     *conn        // the streams' view of the connection (view)
 	cvOnce sync.Once
+	guard  frameGuard        // the flood budget (guard.go)
+	count  func(kind string) // Server.countError
 }
 
 // view returns the per-stream view of the connection, built by its first
@@ -127,7 +129,48 @@ func (c *h2conn) view(srv *Server) *conn {
 	return c.cv
 }
 
+// Read serves the codec the client's bytes, through the flood guard: a
+// SETTINGS payload is read whole (as the codec asks for it) and has its
+// repeated parameters rewritten (dedupSettings); once the connection is
+// over its frame budget, the codec reads errFlood.
 func (c *h2conn) Read(p []byte) (int, error) {
+	g := &c.guard
+	if g.flooded {
+		return 0, errFlood
+	}
+	var n int
+	var err error
+	if l := g.settingsLen; l > 0 && g.left == l && len(p) >= int(l) {
+		n, err = c.readFull(p[:l])
+		if n == int(l) {
+			dedupSettings(p[:n])
+		}
+	} else {
+		n, err = c.read(p)
+	}
+	if !g.scan(p[:n]) {
+		if c.count != nil {
+			c.count(floodKind(g.tripped))
+		}
+		return 0, errFlood
+	}
+	return n, err
+}
+
+// readFull reads len(p) bytes unless an error comes first.
+func (c *h2conn) readFull(p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		k, err := c.read(p[n:])
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+func (c *h2conn) read(p []byte) (int, error) {
 	if len(c.pre) > 0 {
 		n := copy(p, c.pre)
 		c.pre = c.pre[n:]
@@ -188,8 +231,10 @@ func (s *Server) Serve(c net.Conn, buffered []byte, svc *proxy.Service, cfg *pro
 		return
 	}
 	co := newCoalescer(c)
-	hc := &h2conn{Conn: co, pre: pre, svc: svc, cfg: cfg, closed: make(chan struct{})}
+	co.fw = &frameWriter{w: co}
+	hc := &h2conn{Conn: co, pre: pre, svc: svc, cfg: cfg, closed: make(chan struct{}), count: s.countError}
 	hc.rb.init(c, co)
+	hc.guard.init(co.fw)
 	select {
 	case h.ln.ch <- hc:
 		<-hc.closed
