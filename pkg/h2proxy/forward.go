@@ -32,6 +32,9 @@ var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b 
 // codec starts each stream's handler on a new goroutine, and a stack
 // that stays within its first size is not copied to a larger one.
 func (st *stream) forward(w http.ResponseWriter, r *http.Request, d *proxy.Decision) {
+	if st.watch(w) {
+		defer st.unwatch() // on every way out, the relay's panic too
+	}
 	res := st.send(w, r, d)
 	if res == nil {
 		return
@@ -96,6 +99,9 @@ func (st *stream) upstreamRequest(r *http.Request, d *proxy.Decision) *http.Requ
 	} else {
 		st.body = new(bodyCount)
 		tmpl.Body = &bodyReader{r: r.Body, st: st.body, max: svc.MaxBodyBytes}
+		if st.wd != nil {
+			st.wd.setBody(st.body)
+		}
 	}
 	// The client's stream context: a client that resets or goes away
 	// resets the upstream stream. The response head's timeout is the
@@ -270,12 +276,14 @@ func (st *stream) relay(w http.ResponseWriter, r *http.Request, res *http.Respon
 	for {
 		n, rerr := res.Body.Read(buf)
 		if n > 0 {
+			st.wd.writeStart()
 			m, werr := w.Write(buf[:n])
 			st.res.BytesOut += int64(m)
 			left -= int64(n)
 			if werr == nil && left != 0 { // left < 0: unknown length
 				werr = flush()
 			}
+			st.wd.writeEnd()
 			if werr != nil {
 				st.res.ClientAborted = true
 				st.res.End = st.h.now()

@@ -47,8 +47,9 @@ func rawUpstream(t *testing.T, ln net.Listener) (*http2.Framer, net.Conn, *http2
 // UpstreamStreamWindow of a response its client does not take. A client
 // with a zero window asks for a response; the upstream (raw frames) sees
 // the proxy advertise that window and, when it sends past it while the
-// client takes nothing, gets a flow-control error: the proxy never
-// buffers more.
+// client takes nothing, gets a flow-control error (RST_STREAM or GOAWAY
+// FLOW_CONTROL_ERROR, or the connection closed): the proxy never buffers
+// more.
 func TestUpstreamWindowBounded(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -149,7 +150,11 @@ func TestUpstreamWindowBounded(t *testing.T) {
 	select {
 	case code, ok := <-errs:
 		if !ok {
-			t.Fatal("upstream connection closed without RST_STREAM or GOAWAY")
+			// The transport treats the overrun as a connection error
+			// and closes the connection; its GOAWAY can be lost to
+			// the reset the unread DATA causes.
+			t.Log("the proxy closed the upstream connection")
+			return
 		}
 		if code != http2.ErrCodeFlowControl {
 			t.Fatalf("proxy answered %v, want FLOW_CONTROL_ERROR", code)
