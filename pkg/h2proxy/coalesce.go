@@ -61,8 +61,9 @@ func newCoalescer(c net.Conn) *coalescer {
 func (w *coalescer) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	n := len(p)
 	if w.fw != nil && w.fw.sealed { // after a GOAWAY of the flood guard's
-		return len(p), nil
+		return n, nil
 	}
 	for w.err == nil && !w.closing && len(w.pending) > 0 && len(w.pending)+len(p) > maxPending {
 		w.cond.Wait()
@@ -76,15 +77,18 @@ func (w *coalescer) Write(p []byte) (int, error) {
 	if w.fw == nil {
 		w.pending = append(w.pending, p...)
 	} else {
-		k := w.fw.cut(p)
-		w.pending = append(w.pending, p[:k]...)
-		if w.fw.goaway != nil && w.fw.atBoundary() {
-			w.pending = append(w.pending, w.fw.goaway...)
-			w.fw.goaway, w.fw.sealed = nil, true
+		for len(p) > 0 && !w.fw.sealed {
+			k := w.fw.cut(p)
+			w.pending = append(w.pending, p[:k]...)
+			p = p[k:]
+			if w.fw.due != nil && w.fw.atBoundary() {
+				w.pending = append(w.pending, w.fw.due...)
+				w.fw.due, w.fw.sealed = nil, w.fw.sealDue
+			}
 		}
 	}
 	w.kick()
-	return len(p), nil
+	return n, nil
 }
 
 // kick starts the writer goroutine if it is not running (w.mu held).
@@ -96,20 +100,22 @@ func (w *coalescer) kick() {
 }
 
 // injectAtBoundary queues b (whole frames) after the frame being
-// written, and nothing after it: at once when the bytes written so far
-// end with a whole frame, else by the Write that completes the frame.
-func (w *coalescer) injectAtBoundary(b []byte) {
+// written: at once when the bytes written so far end with a whole frame,
+// else by the Write that completes the frame. With seal (b ends with a
+// GOAWAY), nothing written after b goes out.
+func (w *coalescer) injectAtBoundary(b []byte, seal bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.fw == nil || w.fw.sealed || w.closing || w.err != nil {
 		return
 	}
 	if !w.fw.atBoundary() {
-		w.fw.goaway = b
+		w.fw.due = append(w.fw.due, b...)
+		w.fw.sealDue = w.fw.sealDue || seal
 		return
 	}
 	w.pending = append(w.pending, b...)
-	w.fw.sealed = true
+	w.fw.sealed = seal
 	w.kick()
 }
 

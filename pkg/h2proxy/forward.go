@@ -143,7 +143,7 @@ func isHeadTimeout(err error) bool {
 }
 
 // outHeader is the upstream request's header: the client's fields (the
-// codec already refused connection-specific ones) plus the forwarding
+// connection-specific ones never get here: malformed.go) plus the forwarding
 // fields of the service and the hook's (d.Forward, replacing the
 // client's). When none of that changes anything, it is the client's
 // header itself, shared read-only (the codec does not touch it once the

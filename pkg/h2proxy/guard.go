@@ -66,6 +66,8 @@ type frameGuard struct {
 	out         *frameWriter
 	tripped     byte // the frame type that exhausted the budget
 	flooded     bool
+
+	hb headerCheck // the request header blocks (malformed.go)
 }
 
 func (g *frameGuard) init(out *frameWriter) {
@@ -86,8 +88,14 @@ func (g *frameGuard) scan(p []byte) bool {
 		}
 		if g.left > 0 {
 			k := uint32(min(uint64(g.left), uint64(len(p))))
+			if g.hb.active {
+				g.hb.payload(p[:k])
+			}
 			g.left -= k
 			p = p[k:]
+			if g.left == 0 && g.hb.active {
+				g.hb.frameEnd()
+			}
 			continue
 		}
 		k := copy(g.hdr[g.nh:], p)
@@ -111,6 +119,9 @@ func (g *frameGuard) frame() {
 	g.left, g.typ = length, typ
 	g.settingsLen = 0
 	costly := false
+	if typ == frameHeaders || typ == frameContinuation {
+		g.hb.frame(typ, flags, stream, length, stream > g.maxStream)
+	}
 	switch typ {
 	case frameHeaders:
 		if stream > g.maxStream {
@@ -213,31 +224,39 @@ func settingValid(id uint16, v uint32) bool {
 
 // frameWriter follows the frame boundaries of what the codec writes to a
 // client (under the coalescer's lock): it counts the DATA frames, and
-// puts a GOAWAY the guard asked for at the next boundary, dropping
-// everything the codec writes after it.
+// puts the frames of the proxy's own (a RST_STREAM of the header checks,
+// the flood guard's GOAWAY) at the next boundary; after a GOAWAY it drops
+// everything the codec writes.
 type frameWriter struct {
-	hdr    [frameHeaderLen]byte
-	nh     int
-	left   uint32
-	data   atomic.Int64 // DATA frames written
-	goaway []byte       // to send at the next boundary (coalescer.mu)
-	sealed bool         // the GOAWAY is queued: nothing more goes out
-	w      *coalescer
+	hdr     [frameHeaderLen]byte
+	nh      int
+	left    uint32
+	data    atomic.Int64 // DATA frames written
+	due     []byte       // frames to send at the next boundary (coalescer.mu)
+	sealDue bool         // due ends with a GOAWAY
+	sealed  bool         // a GOAWAY is queued: nothing more goes out
+	w       *coalescer
 }
 
-// goAway queues a GOAWAY (last stream, code) after the frame being written.
+// goAway queues a GOAWAY (last stream, code) after the frame being
+// written, and nothing after it.
 func (f *frameWriter) goAway(last uint32, code uint32) {
 	b := make([]byte, frameHeaderLen+8)
 	b[2] = 8
 	b[3] = frameGoAway
 	binary.BigEndian.PutUint32(b[9:], last&(1<<31-1))
 	binary.BigEndian.PutUint32(b[13:], code)
-	f.w.injectAtBoundary(b)
+	f.w.injectAtBoundary(b, true)
 }
 
-// cut returns how many bytes of p belong to frames started before a
-// pending GOAWAY may go (all of p when none is pending), following the
-// boundaries across p.
+// resetStream queues a RST_STREAM after the frame being written.
+func (f *frameWriter) resetStream(stream, code uint32) {
+	f.w.injectAtBoundary(appendRSTStream(make([]byte, 0, rstStreamFrameSize), stream, code), false)
+}
+
+// cut returns how many bytes of p belong to frames started before the
+// frames due may go (all of p when none are), following the boundaries
+// across p.
 func (f *frameWriter) cut(p []byte) int {
 	i := 0
 	for i < len(p) {
@@ -247,7 +266,7 @@ func (f *frameWriter) cut(p []byte) int {
 			i += k
 			continue
 		}
-		if f.nh == 0 && f.goaway != nil {
+		if f.nh == 0 && f.due != nil {
 			return i
 		}
 		k := copy(f.hdr[f.nh:], p[i:])

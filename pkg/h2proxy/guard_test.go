@@ -7,6 +7,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"golang.org/x/net/http2/hpack"
 )
 
 func settingsPayload(kv ...uint32) []byte {
@@ -105,5 +107,60 @@ func TestFrameGuardSplitHeaders(t *testing.T) {
 	}
 	if ok || g.tripped != frameWindowUpdate {
 		t.Fatalf("after the budget: ok %v, tripped %d", ok, g.tripped)
+	}
+}
+
+// TestHeaderCheckLayouts: the header checks find a connection-specific
+// field whatever the block's framing (padding, priority, CONTINUATION
+// frames, one byte a read), and only in a request's first block.
+func TestHeaderCheckLayouts(t *testing.T) {
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	block := func(fields ...string) []byte {
+		hb.Reset()
+		for i := 0; i+1 < len(fields); i += 2 {
+			// Never indexed: each block stands alone (no dynamic table).
+			_ = enc.WriteField(hpack.HeaderField{Name: fields[i], Value: fields[i+1], Sensitive: true})
+		}
+		return bytes.Clone(hb.Bytes())
+	}
+	req := []string{":method", "GET", ":scheme", "http", ":path", "/", ":authority", "a"}
+	bad := block(append(req, "connection", "close")...)
+	good := block(append(req, "te", "trailers")...)
+	trailers := block("upgrade", "x") // a trailer block of stream 1: not a request
+	padded := func(b []byte, pad int) []byte {
+		return append(append([]byte{byte(pad)}, b...), make([]byte, pad)...)
+	}
+	prio := func(b []byte) []byte { return append([]byte{0, 0, 0, 0, 15}, b...) }
+	for _, tc := range []struct {
+		name   string
+		frames []byte
+		want   uint32
+	}{
+		{"plain", frameBytes(frameHeaders, flagEndHeaders, 1, bad), 1},
+		{"valid", frameBytes(frameHeaders, flagEndHeaders, 1, good), 0},
+		{"padded", frameBytes(frameHeaders, flagEndHeaders|flagPadded, 3, padded(bad, 7)), 3},
+		{"priority", frameBytes(frameHeaders, flagEndHeaders|flagPriority, 5, prio(bad)), 5},
+		{"padded priority", frameBytes(frameHeaders, flagEndHeaders|flagPadded|flagPriority, 7, padded(prio(bad), 3)), 7},
+		{"continuation", append(frameBytes(frameHeaders, 0, 9, bad[:5]),
+			append(frameBytes(frameContinuation, 0, 9, bad[5:9]), frameBytes(frameContinuation, flagEndHeaders, 9, bad[9:])...)...), 9},
+		{"trailers", append(frameBytes(frameHeaders, flagEndHeaders, 1, good), frameBytes(frameHeaders, flagEndHeaders|flagEndStream, 1, trailers)...), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var g frameGuard
+			g.init(nil)
+			g.skip = 0
+			g.hb.init(4096, 16<<10)
+			var got uint32
+			for i := range tc.frames {
+				g.scan(tc.frames[i : i+1])
+				if g.hb.reset != 0 {
+					got, g.hb.reset = g.hb.reset, 0
+				}
+			}
+			if got != tc.want || g.hb.broken {
+				t.Fatalf("reset %d (broken %v), want %d", got, g.hb.broken, tc.want)
+			}
+		})
 	}
 }

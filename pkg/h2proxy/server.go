@@ -116,8 +116,10 @@ type h2conn struct {
 	ppUp   connUpstream // upstream connections with this client's PROXY header (proxyheader.go)
 	cv     *conn        // the streams' view of the connection (view)
 	cvOnce sync.Once
-	guard  frameGuard        // the flood budget (guard.go)
+	guard  frameGuard        // the flood budget (guard.go), the header checks (malformed.go)
 	count  func(kind string) // Server.countError
+	inj    []byte            // frames fed to the codec before the client's next bytes
+	injBuf [rstStreamFrameSize]byte
 }
 
 // view returns the per-stream view of the connection, built by its first
@@ -138,6 +140,11 @@ func (c *h2conn) Read(p []byte) (int, error) {
 	if g.flooded {
 		return 0, errFlood
 	}
+	if len(c.inj) > 0 {
+		n := copy(p, c.inj)
+		c.inj = c.inj[n:]
+		return n, nil
+	}
 	var n int
 	var err error
 	if l := g.settingsLen; l > 0 && g.left == l && len(p) >= int(l) {
@@ -154,7 +161,26 @@ func (c *h2conn) Read(p []byte) (int, error) {
 		}
 		return 0, errFlood
 	}
+	if id := g.hb.reset; id != 0 {
+		c.malformed(id)
+	}
 	return n, err
+}
+
+// malformed resets a stream whose request the header checks refused
+// (malformed.go): RST_STREAM PROTOCOL_ERROR to the client, RST_STREAM
+// CANCEL fed to the codec once the block is read (the guard is then at a
+// frame boundary: a block ends with its frame).
+func (c *h2conn) malformed(id uint32) {
+	g := &c.guard
+	g.hb.reset = 0
+	g.out.resetStream(id, errCodeProtocol)
+	if g.left == 0 && g.nh == 0 {
+		c.inj = appendRSTStream(c.injBuf[:0], id, errCodeCancel)
+	}
+	if c.count != nil {
+		c.count("stream_PROTOCOL_ERROR_connection_specific_field")
+	}
 }
 
 // readFull reads len(p) bytes unless an error comes first.
@@ -235,6 +261,7 @@ func (s *Server) Serve(c net.Conn, buffered []byte, svc *proxy.Service, cfg *pro
 	hc := &h2conn{Conn: co, pre: pre, svc: svc, cfg: cfg, closed: make(chan struct{}), count: s.countError}
 	hc.rb.init(c, co)
 	hc.guard.init(co.fw)
+	hc.guard.hb.init(orU32(svc.H2.HeaderTableSize, DefaultHeaderTableSize), headerListSize(svc)+headerListSlack)
 	select {
 	case h.ln.ch <- hc:
 		<-hc.closed
@@ -361,6 +388,11 @@ func (s *Server) countError(kind string) {
 		s.CountError(kind)
 	}
 }
+
+// headerListSlack is what the codec adds to MaxHeaderBytes for its
+// header list bound (10 fields' 32-byte overhead, RFC 9113 6.5.2), which
+// is also its HPACK string bound.
+const headerListSlack = 10 * 32
 
 // headerListSize is the bound of a request's header block (HPACK-decoded
 // size, RFC 9113 6.5.2), from the service's max_header_bytes.
