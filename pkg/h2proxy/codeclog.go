@@ -31,7 +31,6 @@ const (
 )
 
 func (l *codecLog) Write(p []byte) (int, error) {
-	line := string(bytes.TrimRight(p, "\n"))
 	panicked := bytes.Contains(p, []byte("panic serving"))
 	if panicked && l.count != nil {
 		l.count("handler_panic")
@@ -51,7 +50,7 @@ func (l *codecLog) Write(p []byte) (int, error) {
 	l.dropped = 0
 	l.mu.Unlock()
 	lg := l.log()
-	attrs := []any{"line", line}
+	attrs := []any{"line", string(bytes.TrimRight(p, "\n"))} // only for a line that is logged
 	if dropped > 0 {
 		attrs = append(attrs, "suppressed", dropped)
 	}
