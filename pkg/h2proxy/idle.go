@@ -115,18 +115,8 @@ func (w *idleWatch) check() {
 		return
 	}
 	now := mono()
-	lastWrite := w.lastWrite.Load()
-	next := lastWrite + w.idle
-	switch {
-	case w.writing.Load() && now-lastWrite >= w.idle:
-		w.rule = "send-timeout"
-	case w.body != nil && w.body.reading.Load():
-		last := max(w.body.lastRead.Load(), lastWrite)
-		if now-last >= w.idle {
-			w.rule = "body-timeout"
-		}
-		next = last + w.idle
-	}
+	var next int64
+	w.rule, next = w.decide(now)
 	if w.rule == "" {
 		w.timer.Reset(time.Duration(max(next-now, w.idle/16, int64(time.Millisecond))))
 		return
@@ -134,4 +124,22 @@ func (w *idleWatch) check() {
 	past := time.Unix(1, 0)
 	_ = w.rw.SetReadDeadline(past)  // a body read waiting ends
 	_ = w.rw.SetWriteDeadline(past) // the stream is reset, a write waiting ends
+}
+
+// decide returns the rule the stream broke at now ("" if none) and,
+// when none, the earliest time it could.
+func (w *idleWatch) decide(now int64) (string, int64) {
+	lastWrite := w.lastWrite.Load()
+	if w.writing.Load() && now-lastWrite >= w.idle {
+		return "send-timeout", 0
+	}
+	next := lastWrite + w.idle
+	if w.body != nil && w.body.reading.Load() {
+		last := max(w.body.lastRead.Load(), lastWrite)
+		if now-last >= w.idle {
+			return "body-timeout", 0
+		}
+		next = last + w.idle
+	}
+	return "", next
 }
