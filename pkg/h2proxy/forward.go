@@ -19,8 +19,9 @@ import (
 )
 
 // hopByHop are the fields that never cross the proxy (RFC 9110 7.6.1);
-// HTTP/2 forbids them on the wire (RFC 9113 8.2.2).
-var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Te", "Trailer"}
+// HTTP/2 forbids them on the wire (RFC 9113 8.2.2). HTTP2-Settings
+// belongs only to an h2c upgrade, which the proxy never performs.
+var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Te", "Trailer", "Http2-Settings"}
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
