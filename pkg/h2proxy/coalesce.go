@@ -40,8 +40,9 @@ type coalescer struct {
 	// flushBound bounds how long Close waits for a peer to take what
 	// is pending (closeFlushTimeout).
 	flushBound time.Duration
-	// fw follows the frames written (a client connection's: the flood
-	// guard's GOAWAY goes in at a frame boundary); nil upstream.
+	// fw follows the frames written on a client connection, so that the
+	// proxy's own frames (the flood guard's GOAWAY, the header checks'
+	// RST_STREAM) go in at a frame boundary; nil upstream.
 	fw *frameWriter
 }
 
