@@ -189,8 +189,8 @@ const (
 // than once so that the codec, which refuses such a frame outright,
 // applies it as RFC 9113 6.5.3 says: in order, the last value winning.
 // Every entry but the last of a parameter gets an identifier no
-// endpoint defines (0xf000 + its index), which the codec ignores (RFC
-// 9113 6.5.2). An earlier value that is invalid on its own is kept, so
+// endpoint defines and the frame does not hold (from 0xf000 up), which
+// the codec ignores (RFC 9113 6.5.2). An earlier value that is invalid on its own is kept, so
 // that the codec still answers it with its connection error. Frames of
 // more than 100 entries are left alone (the codec refuses them).
 func dedupSettings(p []byte) {
@@ -205,7 +205,21 @@ func dedupSettings(p []byte) {
 			later = binary.BigEndian.Uint16(p[6*j:]) == id
 		}
 		if later && settingValid(id, binary.BigEndian.Uint32(p[6*i+2:])) {
-			binary.BigEndian.PutUint16(p[6*i:], 0xf000+uint16(i))
+			binary.BigEndian.PutUint16(p[6*i:], unusedSetting(p, n))
+		}
+	}
+}
+
+// unusedSetting returns an identifier from 0xf000 up that none of the n
+// entries of p holds (n <= 100: one is found within 101 tries).
+func unusedSetting(p []byte, n int) uint16 {
+	for id := uint16(0xf000); ; id++ {
+		used := false
+		for j := 0; j < n && !used; j++ {
+			used = binary.BigEndian.Uint16(p[6*j:]) == id
+		}
+		if !used {
+			return id
 		}
 	}
 }

@@ -29,7 +29,9 @@ func TestDedupSettings(t *testing.T) {
 	}{
 		{"no repeat", settingsPayload(4, 100, 5, 1<<14), settingsPayload(4, 100, 5, 1<<14)},
 		{"window twice", settingsPayload(4, 100, 4, 1), settingsPayload(0xf000, 100, 4, 1)},
-		{"three times between others", settingsPayload(4, 1, 3, 10, 4, 2, 4, 3), settingsPayload(0xf000, 1, 3, 10, 0xf002, 2, 4, 3)},
+		{"three times between others", settingsPayload(4, 1, 3, 10, 4, 2, 4, 3), settingsPayload(0xf000, 1, 3, 10, 0xf001, 2, 4, 3)},
+		{"replacement ids the frame holds skipped", settingsPayload(4, 1, 0xf000, 9, 4, 2), settingsPayload(0xf001, 1, 0xf000, 9, 4, 2)},
+		{"unknown parameter twice", settingsPayload(0xabcd, 1, 0xabcd, 2), settingsPayload(0xf000, 1, 0xabcd, 2)},
 		{"invalid earlier value kept", settingsPayload(4, 1<<31, 4, 1), settingsPayload(4, 1<<31, 4, 1)},
 		{"invalid push kept", settingsPayload(2, 2, 2, 0), settingsPayload(2, 2, 2, 0)},
 		{"one entry", settingsPayload(4, 1), settingsPayload(4, 1)},
