@@ -165,6 +165,19 @@ func (w *coalescer) flush() {
 }
 
 func (w *coalescer) closeNow() {
+	w.mu.Lock()
+	sealed := w.fw != nil && w.fw.sealed
+	w.mu.Unlock()
+	if sealed {
+		// The proxy's GOAWAY went last: a FIN and a bounded drain of
+		// what the client still sends, so that a close with unread
+		// bytes does not become a reset that overtakes the GOAWAY.
+		go func() {
+			lingerClose(w.Conn)
+			close(w.done)
+		}()
+		return
+	}
 	_ = w.Conn.Close()
 	close(w.done)
 }
