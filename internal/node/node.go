@@ -216,6 +216,7 @@ func (n *Node) startProxy(ctx context.Context, pol *admission.Policy) error {
 	// relay (per service: relayed or closed).
 	relay := &passthrough.Relay{Observe: n.gate.ObserveConn}
 	n.h2 = h2proxy.New()
+	n.h2.Logger = n.log                   // the codec's error log, rate-limited
 	n.h2.CountError = func(kind string) { // codec protocol errors: rejections_total{status="0",reason="h2-..."}
 		n.gate.Reject(nil, netip.AddrPort{}, "h2-"+kind, 0)
 	}

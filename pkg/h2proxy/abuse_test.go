@@ -281,43 +281,77 @@ func TestLimits(t *testing.T) {
 	}
 }
 
-// TestMalformedNotForwarded: a request with connection-specific fields
-// (RFC 9113 8.2.2) is answered 400 by the codec and never reaches
-// admission (h2spec 8.1.2.2, a documented exception for its form).
+// TestMalformedNotForwarded: a request with a connection-specific field
+// or a TE other than "trailers" (RFC 9113 8.2.2) gets RST_STREAM
+// PROTOCOL_ERROR before anything else on its stream (h2spec 8.1.2.2),
+// never reaches admission, is counted, and the connection goes on: the
+// same field again (now from the HPACK dynamic table) is refused the
+// same way, and a valid request after it, with TE: trailers, is answered.
 func TestMalformedNotForwarded(t *testing.T) {
 	h := &rec{deny: map[string]bool{"/ok": true}}
-	_, addr := startProxy(t, &proxy.Service{Name: "g", Upstream: "127.0.0.1:9"}, h)
-	for i, extra := range [][]string{{"connection", "keep-alive"}, {"te", "gzip"}, {"transfer-encoding", "chunked"}} {
+	srv, addr := startProxy(t, &proxy.Service{Name: "g", Upstream: "127.0.0.1:9"}, h)
+	var mu sync.Mutex
+	counted := 0
+	srv.CountError = func(k string) {
+		if k == "stream_PROTOCOL_ERROR_connection_specific_field" {
+			mu.Lock()
+			counted++
+			mu.Unlock()
+		}
+	}
+	cases := [][]string{{"connection", "keep-alive"}, {"te", "gzip"}, {"te", "trailers, deflate"}, {"te", "trailers", "te", "trailers"},
+		{"transfer-encoding", "chunked"}, {"upgrade", "h2c"}, {"keep-alive", "5"}, {"proxy-connection", "close"}}
+	for i, extra := range cases {
 		rc := dialRaw(t, addr)
-		block := rc.headerBlock("/x", extra...)
-		if err := rc.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block, EndHeaders: true, EndStream: true}); err != nil {
+		_ = rc.c.SetReadDeadline(time.Now().Add(30 * time.Second)) // hang guard
+		dec := hpack.NewDecoder(4096, func(hpack.HeaderField) {})
+		// expect reads until stream id's first frame and returns it,
+		// answering SETTINGS.
+		expect := func(id uint32) http2.Frame {
+			for {
+				f, err := rc.fr.ReadFrame()
+				if err != nil {
+					t.Fatalf("case %d (%v), stream %d: %v", i, extra, id, err)
+				}
+				if hf, ok := f.(*http2.HeadersFrame); ok {
+					_, _ = dec.Write(hf.HeaderBlockFragment()) // keep the table
+				}
+				if sf, ok := f.(*http2.SettingsFrame); ok && !sf.IsAck() {
+					_ = rc.fr.WriteSettingsAck()
+				}
+				if ga, ok := f.(*http2.GoAwayFrame); ok {
+					t.Fatalf("case %d (%v): GOAWAY %v", i, extra, ga.ErrCode)
+				}
+				if f.Header().StreamID == id {
+					return f
+				}
+			}
+		}
+		for _, id := range []uint32{1, 3} { // the second time from the dynamic table
+			if err := rc.fr.WriteHeaders(http2HeadersEnd(id, rc.headerBlock("/x", extra...))); err != nil {
+				t.Fatal(err)
+			}
+			f := expect(id)
+			rst, ok := f.(*http2.RSTStreamFrame)
+			if !ok || rst.ErrCode != http2.ErrCodeProtocol {
+				t.Fatalf("case %d (%v), stream %d: first frame %v, want RST_STREAM PROTOCOL_ERROR", i, extra, id, f.Header())
+			}
+		}
+		if err := rc.fr.WriteHeaders(http2HeadersEnd(5, rc.headerBlock("/ok", "te", "trailers"))); err != nil {
 			t.Fatal(err)
 		}
-		status := ""
-		dec := hpack.NewDecoder(4096, func(f hpack.HeaderField) {
-			if f.Name == ":status" {
-				status = f.Value
-			}
-		})
-		_ = rc.c.SetReadDeadline(time.Now().Add(30 * time.Second))
-		for status == "" {
-			f, err := rc.fr.ReadFrame()
-			if err != nil {
-				t.Fatalf("case %d: %v", i, err)
-			}
-			if f.Header().Type == http2.FrameRSTStream || f.Header().Type == http2.FrameGoAway {
-				status = "reset"
-			}
-			if hf, ok := f.(*http2.HeadersFrame); ok {
-				_, _ = dec.Write(hf.HeaderBlockFragment())
-			}
+		if f := expect(5); f.Header().Type != http2.FrameHeaders {
+			t.Fatalf("case %d (%v): the valid request after got %v", i, extra, f.Header())
 		}
-		if status != "400" && status != "reset" {
-			t.Errorf("case %d (%v): status %s", i, extra, status)
-		}
+		_ = rc.c.Close()
 	}
 	if h.admittedPath("/x") {
 		t.Error("a malformed request reached admission")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if counted != 2*len(cases) {
+		t.Errorf("counted %d, want %d", counted, 2*len(cases))
 	}
 }
 

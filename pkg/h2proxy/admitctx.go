@@ -71,8 +71,11 @@ func (c *deadlineCtx) Done() <-chan struct{} {
 	if c.done != nil {
 		return c.done
 	}
-	c.done = make(chan struct{})
+	// Ended before anyone waited (parent gone, deadline passed): the
+	// check runs while done is still nil, so cancelLocked does not close
+	// the channel made below, closed here once.
 	c.checkLocked()
+	c.done = make(chan struct{})
 	if c.err != nil {
 		close(c.done)
 		return c.done

@@ -81,3 +81,39 @@ func TestDeadlineCtx(t *testing.T) {
 		c.finish()
 	})
 }
+
+// TestDeadlineCtxEndedBeforeDone: Done asked first on an admission whose
+// parent already ended (a client that reset its stream at once) or whose
+// deadline already passed returns a closed channel, closed once: the
+// channel made by Done is not closed by the check and again by Done.
+func TestDeadlineCtxEndedBeforeDone(t *testing.T) {
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, tc := range []struct {
+		name     string
+		parent   context.Context
+		deadline time.Time
+		want     error
+	}{
+		{"parent ended", cancelled, time.Now().Add(time.Hour), context.Canceled},
+		{"deadline passed", context.Background(), time.Now().Add(-time.Millisecond), context.DeadlineExceeded},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var c deadlineCtx
+			c.start(tc.parent, tc.deadline)
+			done := c.Done() // the first call of anything on c
+			select {
+			case <-done:
+			default:
+				t.Fatal("Done not closed")
+			}
+			if c.Done() != done {
+				t.Fatal("a second Done returned another channel")
+			}
+			if !errors.Is(c.Err(), tc.want) {
+				t.Fatalf("Err %v, want %v", c.Err(), tc.want)
+			}
+			c.finish()
+		})
+	}
+}

@@ -40,6 +40,10 @@ type coalescer struct {
 	// flushBound bounds how long Close waits for a peer to take what
 	// is pending (closeFlushTimeout).
 	flushBound time.Duration
+	// fw follows the frames written on a client connection, so that the
+	// proxy's own frames (the flood guard's GOAWAY, the header checks'
+	// RST_STREAM) go in at a frame boundary; nil upstream.
+	fw *frameWriter
 }
 
 const (
@@ -58,6 +62,10 @@ func newCoalescer(c net.Conn) *coalescer {
 func (w *coalescer) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	n := len(p)
+	if w.fw != nil && w.fw.sealed { // after a GOAWAY of the flood guard's
+		return n, nil
+	}
 	for w.err == nil && !w.closing && len(w.pending) > 0 && len(w.pending)+len(p) > maxPending {
 		w.cond.Wait()
 	}
@@ -67,12 +75,49 @@ func (w *coalescer) Write(p []byte) (int, error) {
 	if w.closing {
 		return 0, net.ErrClosed
 	}
-	w.pending = append(w.pending, p...)
+	if w.fw == nil {
+		w.pending = append(w.pending, p...)
+	} else {
+		for len(p) > 0 && !w.fw.sealed {
+			k := w.fw.cut(p)
+			w.pending = append(w.pending, p[:k]...)
+			p = p[k:]
+			if w.fw.due != nil && w.fw.atBoundary() {
+				w.pending = append(w.pending, w.fw.due...)
+				w.fw.due, w.fw.sealed = nil, w.fw.sealDue
+			}
+		}
+	}
+	w.kick()
+	return n, nil
+}
+
+// kick starts the writer goroutine if it is not running (w.mu held).
+func (w *coalescer) kick() {
 	if !w.running {
 		w.running = true
 		go w.flush()
 	}
-	return len(p), nil
+}
+
+// injectAtBoundary queues b (whole frames) after the frame being
+// written: at once when the bytes written so far end with a whole frame,
+// else by the Write that completes the frame. With seal (b ends with a
+// GOAWAY), nothing written after b goes out.
+func (w *coalescer) injectAtBoundary(b []byte, seal bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.fw == nil || w.fw.sealed || w.closing || w.err != nil {
+		return
+	}
+	if !w.fw.atBoundary() {
+		w.fw.due = append(w.fw.due, b...)
+		w.fw.sealDue = w.fw.sealDue || seal
+		return
+	}
+	w.pending = append(w.pending, b...)
+	w.fw.sealed = seal
+	w.kick()
 }
 
 // flush is the writer goroutine: it sends the pending buffer until it
@@ -120,6 +165,19 @@ func (w *coalescer) flush() {
 }
 
 func (w *coalescer) closeNow() {
+	w.mu.Lock()
+	sealed := w.fw != nil && w.fw.sealed
+	w.mu.Unlock()
+	if sealed {
+		// The proxy's GOAWAY went last: a FIN and a bounded drain of
+		// what the client still sends, so that a close with unread
+		// bytes does not become a reset that overtakes the GOAWAY.
+		go func() {
+			lingerClose(w.Conn)
+			close(w.done)
+		}()
+		return
+	}
 	_ = w.Conn.Close()
 	close(w.done)
 }

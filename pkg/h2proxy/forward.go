@@ -19,8 +19,9 @@ import (
 )
 
 // hopByHop are the fields that never cross the proxy (RFC 9110 7.6.1);
-// HTTP/2 forbids them on the wire (RFC 9113 8.2.2).
-var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Te", "Trailer"}
+// HTTP/2 forbids them on the wire (RFC 9113 8.2.2). HTTP2-Settings
+// belongs only to an h2c upgrade, which the proxy never performs.
+var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Te", "Trailer", "Http2-Settings"}
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
@@ -32,6 +33,9 @@ var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b 
 // codec starts each stream's handler on a new goroutine, and a stack
 // that stays within its first size is not copied to a larger one.
 func (st *stream) forward(w http.ResponseWriter, r *http.Request, d *proxy.Decision) {
+	if st.watch(w) {
+		defer st.unwatch() // on every way out, the relay's panic too
+	}
 	res := st.send(w, r, d)
 	if res == nil {
 		return
@@ -96,6 +100,9 @@ func (st *stream) upstreamRequest(r *http.Request, d *proxy.Decision) *http.Requ
 	} else {
 		st.body = new(bodyCount)
 		tmpl.Body = &bodyReader{r: r.Body, st: st.body, max: svc.MaxBodyBytes}
+		if st.wd != nil {
+			st.wd.setBody(st.body)
+		}
 	}
 	// The client's stream context: a client that resets or goes away
 	// resets the upstream stream. The response head's timeout is the
@@ -137,7 +144,7 @@ func isHeadTimeout(err error) bool {
 }
 
 // outHeader is the upstream request's header: the client's fields (the
-// codec already refused connection-specific ones) plus the forwarding
+// connection-specific ones never get here: malformed.go) plus the forwarding
 // fields of the service and the hook's (d.Forward, replacing the
 // client's). When none of that changes anything, it is the client's
 // header itself, shared read-only (the codec does not touch it once the
@@ -270,12 +277,14 @@ func (st *stream) relay(w http.ResponseWriter, r *http.Request, res *http.Respon
 	for {
 		n, rerr := res.Body.Read(buf)
 		if n > 0 {
+			st.wd.writeStart()
 			m, werr := w.Write(buf[:n])
 			st.res.BytesOut += int64(m)
 			left -= int64(n)
 			if werr == nil && left != 0 { // left < 0: unknown length
 				werr = flush()
 			}
+			st.wd.writeEnd()
 			if werr != nil {
 				st.res.ClientAborted = true
 				st.res.End = st.h.now()

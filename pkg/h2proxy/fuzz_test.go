@@ -79,7 +79,9 @@ func isTimeoutOrEOF(err error) bool {
 }
 
 // fuzzSeeds are the committed corpus's inputs: a request, a request split
-// over CONTINUATION, a reset stream, a bad frame size, settings and pings.
+// over CONTINUATION, a reset stream, a bad frame size, settings and pings,
+// a flood of each kind the control-frame budget covers, and flow-control
+// window shapes.
 func fuzzSeeds() [][]byte {
 	var out [][]byte
 	frame := func(write func(fr *http2.Framer)) {
@@ -115,6 +117,55 @@ func fuzzSeeds() [][]byte {
 	frame(func(fr *http2.Framer) {
 		_ = fr.WriteRawFrame(http2.FrameHeaders, 0, 1, []byte{0xff, 0xff})
 		_ = fr.WriteGoAway(0, http2.ErrCodeNo, nil)
+	})
+	// Floods past the control-frame budget (guard.go), one per kind.
+	const flood = 1100
+	frame(func(fr *http2.Framer) {
+		for range flood {
+			_ = fr.WriteSettings()
+		}
+	})
+	frame(func(fr *http2.Framer) {
+		for range flood {
+			_ = fr.WritePriority(3, http2.PriorityParam{Weight: 15})
+		}
+	})
+	frame(func(fr *http2.Framer) {
+		for range flood {
+			_ = fr.WriteWindowUpdate(0, 1)
+		}
+	})
+	frame(func(fr *http2.Framer) {
+		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block, EndHeaders: true})
+		for range flood {
+			_ = fr.WriteData(1, false, nil)
+		}
+	})
+	frame(func(fr *http2.Framer) {
+		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block[:3]})
+		for range flood {
+			_ = fr.WriteContinuation(1, false, nil)
+		}
+		_ = fr.WriteContinuation(1, true, block[3:])
+	})
+	// Window shapes: a zero window, then a request; a repeated
+	// INITIAL_WINDOW_SIZE (applied in order) and an invalid one; window
+	// updates that overflow the stream's and the connection's window.
+	frame(func(fr *http2.Framer) {
+		_ = fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block, EndHeaders: true, EndStream: true})
+		_ = fr.WriteWindowUpdate(1, 1)
+		_ = fr.WriteWindowUpdate(1, 1<<31-1)
+		_ = fr.WriteWindowUpdate(0, 1<<31-1)
+	})
+	frame(func(fr *http2.Framer) {
+		_ = fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 100},
+			http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1},
+			http2.Setting{ID: http2.SettingMaxFrameSize, Val: 1 << 14},
+			http2.Setting{ID: http2.SettingInitialWindowSize, Val: 7})
+		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block, EndHeaders: true, EndStream: true})
+		_ = fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 31},
+			http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1})
 	})
 	return out
 }

@@ -31,6 +31,7 @@ func TestOutHeader(t *testing.T) {
 		{"te other", http.Header{"Te": {"gzip"}, "A": {"1"}}, proxy.Service{}, nil, false, http.Header{"A": {"1"}}},
 		{"te empty", http.Header{"Te": {}, "A": {"1"}}, proxy.Service{}, nil, false, http.Header{"A": {"1"}}},
 		{"trailer field", http.Header{"Trailer": {"X"}, "A": {"1"}}, proxy.Service{}, nil, false, http.Header{"A": {"1"}}},
+		{"http2-settings", http.Header{"Http2-Settings": {"AAMAAABk"}, "A": {"1"}}, proxy.Service{}, nil, false, http.Header{"A": {"1"}}},
 		{"xff", http.Header{"A": {"1"}}, proxy.Service{XForwardedFor: true}, nil, false, http.Header{"A": {"1"}, "X-Forwarded-For": {"192.0.2.1"}}},
 		{"real ip", http.Header{}, proxy.Service{XRealIP: true}, nil, false, http.Header{"X-Real-Ip": {"192.0.2.1"}}},
 		{"hook fields", http.Header{"X-Id": {"client"}, "A": {"1"}}, proxy.Service{}, fwd, false, http.Header{"X-Id": {"h"}, "A": {"1"}}},

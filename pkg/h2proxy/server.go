@@ -54,8 +54,15 @@ type Server struct {
 
 	// CountError, if set, is called with the codec's error kind
 	// ("conn_ENHANCE_YOUR_CALM_too_many_early_resets", ...) of every protocol
-	// error it detects. It must not block.
+	// error it detects, and with "handler_panic" for a stream handler's
+	// panic. It must not block.
 	CountError func(kind string)
+
+	// Logger gets the codec's error log (connection errors, a handler's
+	// panic), rate-limited (codecLog); nil discards it.
+	Logger *slog.Logger
+
+	codecLog codecLog
 }
 
 // serverKey is what an HTTP/2 server depends on: services with the same
@@ -87,6 +94,12 @@ var serverSweep = time.Minute
 func New() *Server {
 	s := &Server{servers: map[serverKey]*h2server{}}
 	s.ups.init()
+	s.codecLog = codecLog{now: time.Now, count: s.countError, log: func() *slog.Logger {
+		if s.Logger != nil {
+			return s.Logger
+		}
+		return discard
+	}}
 	return s
 }
 
@@ -102,11 +115,15 @@ type h2conn struct {
 	closed chan struct{}
 	once   sync.Once
 	ppUp   connUpstream // upstream connections with this client's PROXY header (proxyheader.go)
+	cv     *conn        // the streams' view of the connection (view)
+	cvOnce sync.Once
+	guard  frameGuard        // the flood budget (guard.go), the header checks (malformed.go)
+	count  func(kind string) // Server.countError
+	inj    []byte            // frames fed to the codec before the client's next bytes
+	injBuf [rstStreamFrameSize]byte
 	// remote is the client, peer the TCP peer when a PROXY header named
 	// another client (proxy.HandoffConn.Peer; zero otherwise).
 	remote, peer netip.AddrPort
-	cv           *conn // the streams' view of the connection (view)
-	cvOnce       sync.Once
 }
 
 // view returns the per-stream view of the connection, built by its first
@@ -118,7 +135,72 @@ func (c *h2conn) view(srv *Server) *conn {
 	return c.cv
 }
 
+// Read serves the codec the client's bytes, through the flood guard: a
+// SETTINGS payload is read whole (as the codec asks for it) and has its
+// repeated parameters rewritten (dedupSettings); once the connection is
+// over its frame budget, the codec reads errFlood.
 func (c *h2conn) Read(p []byte) (int, error) {
+	g := &c.guard
+	if g.flooded {
+		return 0, errFlood
+	}
+	if len(c.inj) > 0 {
+		n := copy(p, c.inj)
+		c.inj = c.inj[n:]
+		return n, nil
+	}
+	var n int
+	var err error
+	if l := g.settingsLen; l > 0 && g.left == l && len(p) >= int(l) {
+		n, err = c.readFull(p[:l])
+		if n == int(l) {
+			dedupSettings(p[:n])
+		}
+	} else {
+		n, err = c.read(p)
+	}
+	if !g.scan(p[:n]) {
+		if c.count != nil {
+			c.count(floodKind(g.tripped))
+		}
+		return 0, errFlood
+	}
+	if id := g.hb.reset; id != 0 {
+		c.malformed(id)
+	}
+	return n, err
+}
+
+// malformed resets a stream whose request the header checks refused
+// (malformed.go): RST_STREAM PROTOCOL_ERROR to the client, RST_STREAM
+// CANCEL fed to the codec once the block is read (the guard is then at a
+// frame boundary: a block ends with its frame).
+func (c *h2conn) malformed(id uint32) {
+	g := &c.guard
+	g.hb.reset = 0
+	g.out.resetStream(id, errCodeProtocol)
+	if g.left == 0 && g.nh == 0 {
+		c.inj = appendRSTStream(c.injBuf[:0], id, errCodeCancel)
+	}
+	if c.count != nil {
+		c.count("stream_PROTOCOL_ERROR_connection_specific_field")
+	}
+}
+
+// readFull reads len(p) bytes unless an error comes first.
+func (c *h2conn) readFull(p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		k, err := c.read(p[n:])
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+func (c *h2conn) read(p []byte) (int, error) {
 	if len(c.pre) > 0 {
 		n := copy(p, c.pre)
 		c.pre = c.pre[n:]
@@ -185,8 +267,11 @@ func (s *Server) serve(c net.Conn, buffered []byte, svc *proxy.Service, cfg *pro
 		return
 	}
 	co := newCoalescer(c)
-	hc := &h2conn{Conn: co, pre: pre, svc: svc, cfg: cfg, remote: remote, peer: peer, closed: make(chan struct{})}
+	co.fw = &frameWriter{w: co}
+	hc := &h2conn{Conn: co, pre: pre, svc: svc, cfg: cfg, remote: remote, peer: peer, closed: make(chan struct{}), count: s.countError}
 	hc.rb.init(c, co)
+	hc.guard.init(co.fw)
+	hc.guard.hb.init(orU32(svc.H2.HeaderTableSize, DefaultHeaderTableSize), headerListSize(svc)+headerListSlack)
 	select {
 	case h.ln.ch <- hc:
 		<-hc.closed
@@ -284,7 +369,7 @@ func (s *Server) serverFor(svc *proxy.Service) *h2server {
 		Protocols:      &protos,
 		MaxHeaderBytes: key.maxHead,
 		IdleTimeout:    key.idle,
-		ErrorLog:       log.New(io.Discard, "", 0),
+		ErrorLog:       log.New(&s.codecLog, "", 0),
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			return context.WithValue(ctx, connKey{}, c)
 		},
@@ -295,11 +380,7 @@ func (s *Server) serverFor(svc *proxy.Service) *h2server {
 			MaxEncoderHeaderTableSize:     DefaultHeaderTableSize,
 			MaxReceiveBufferPerStream:     int(window),
 			MaxReceiveBufferPerConnection: int(min(max(uint64(window)*uint64(streams), 64<<10), 4<<20-1)),
-			CountError: func(kind string) {
-				if s.CountError != nil {
-					s.CountError(kind)
-				}
-			},
+			CountError:                    s.countError,
 		},
 	}
 	h := &h2server{hs: hs, ln: &connListener{ch: make(chan net.Conn), done: make(chan struct{})}}
@@ -310,6 +391,18 @@ func (s *Server) serverFor(svc *proxy.Service) *h2server {
 	}
 	return h
 }
+
+// countError passes a protocol error kind to CountError.
+func (s *Server) countError(kind string) {
+	if s.CountError != nil {
+		s.CountError(kind)
+	}
+}
+
+// headerListSlack is what the codec adds to MaxHeaderBytes for its
+// header list bound (10 fields' 32-byte overhead, RFC 9113 6.5.2), which
+// is also its HPACK string bound.
+const headerListSlack = 10 * 32
 
 // headerListSize is the bound of a request's header block (HPACK-decoded
 // size, RFC 9113 6.5.2), from the service's max_header_bytes.

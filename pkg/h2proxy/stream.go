@@ -48,6 +48,7 @@ type stream struct {
 	arena []byte       // the bytes head's slices point into
 	adm   admission    // the Hook's Admit call (admit.go)
 	actx  *deadlineCtx // a ContextBound Hook's Admit context (admitctx.go), kept by putStream
+	wd    *idleWatch   // the stream's idle timeouts (idle.go), kept by putStream
 }
 
 // bodyCount counts a request body as the upstream reads it.
@@ -55,6 +56,10 @@ type bodyCount struct {
 	in atomic.Int64 // request body bytes (read by the upstream's writer)
 	// tooBig is set when the body went over MaxBodyBytes.
 	tooBig atomic.Bool
+	// reading: a read of the client's body is waiting; lastRead: mono()
+	// when the last read started or ended (idle.go).
+	reading  atomic.Bool
+	lastRead atomic.Int64
 }
 
 var streams = sync.Pool{New: func() any { return new(stream) }}
@@ -78,8 +83,8 @@ func putStream(st *stream) {
 		hs = nil
 	}
 	clear(st.head.Headers[:cap(st.head.Headers)])
-	ch, fn, actx := st.adm.ch, st.adm.fn, st.actx
-	*st = stream{arena: arena, actx: actx}
+	ch, fn, actx, wd := st.adm.ch, st.adm.fn, st.actx, st.wd
+	*st = stream{arena: arena, actx: actx, wd: wd}
 	st.head.Headers = hs
 	st.adm.ch, st.adm.fn = ch, fn
 	streams.Put(st)
@@ -281,11 +286,48 @@ func (st *stream) answer(w http.ResponseWriter, status int, hs []httpparse.Heade
 	if ctype != "" {
 		h.Set("Content-Type", ctype)
 	}
+	own := st.watch(w)
+	wd := st.wd
 	w.WriteHeader(status)
+	wd.writeStart()
 	n, _ := w.Write(body)
+	if fe, ok := w.(interface{ FlushError() error }); ok {
+		_ = fe.FlushError() // under the send timeout: a client that takes nothing is reset
+	}
+	wd.writeEnd()
 	st.res.Status = status
 	st.res.BytesOut += int64(n)
 	st.res.End = st.h.now()
+	if own {
+		st.unwatch()
+	}
+}
+
+// watch arms the stream's idle timeouts (idle.go) on w; false when they
+// were armed already (the caller that armed them disarms them).
+func (st *stream) watch(w http.ResponseWriter) bool {
+	if st.wd == nil {
+		st.wd = &idleWatch{}
+	}
+	return st.wd.arm(w, nil, durOr(st.h.svc.IdleTimeout, proxy.DefaultIdleTimeout))
+}
+
+// unwatch disarms the idle timeouts; when one fired, the stream was
+// reset: the exchange counts as abandoned by the client (no report) and
+// the rule is counted as a rejection.
+func (st *stream) unwatch() {
+	rule := st.wd.disarm()
+	if rule == "" {
+		return
+	}
+	h := st.h
+	st.res.ClientAborted = true
+	st.res.UpstreamErr = nil
+	if st.res.End.IsZero() {
+		st.res.End = h.now()
+	}
+	h.cfg.ReportReject(h.svc, h.remote, rule, 0)
+	logger(h.cfg).Debug("http2 stream idle", "service", h.svc.Name, "remote", h.remote, "rule", rule)
 }
 
 // bodyReader is the request body as the upstream reads it: counted and
@@ -299,7 +341,11 @@ type bodyReader struct {
 var errBodyTooLarge = errors.New("request body over max_body_bytes")
 
 func (b *bodyReader) Read(p []byte) (int, error) {
+	b.st.lastRead.Store(mono())
+	b.st.reading.Store(true)
 	n, err := b.r.Read(p)
+	b.st.reading.Store(false)
+	b.st.lastRead.Store(mono())
 	if b.max > 0 && b.st.in.Add(int64(n)) > b.max {
 		b.st.tooBig.Store(true)
 		return 0, errBodyTooLarge

@@ -34,6 +34,21 @@ type upstream struct {
 // timeouts a reload stopped naming do not pile up. A variable for tests.
 var upstreamSweep = time.Minute
 
+// The receive windows of the h2c upstream transport, which bound what
+// the proxy buffers of a response its client does not take (a client
+// that stops reading, or sets its window to 0). A stream's window is what
+// the transport holds of the response until the relay reads it; the
+// relay reads only as fast as the client's stream takes the data, so a
+// stalled client costs at most UpstreamStreamWindow (plus the relay's 32
+// KiB copy buffer) per stream, not Go's default of 4 MiB. The connection
+// window is large enough for every stream of a connection to fill its
+// own (no stalled stream can block the others sharing the upstream
+// connection) and bounded all the same.
+const (
+	UpstreamStreamWindow = 256 << 10
+	UpstreamConnWindow   = 256 * UpstreamStreamWindow // 64 MiB: 256 streams, each at its window
+)
+
 // upstreamHeaderTableSize is the HPACK dynamic table the proxy's encoder
 // uses towards an h2c upstream: no field fits (HTTP2Config's minimum,
 // zero means the 4096-byte default).
@@ -108,7 +123,9 @@ func (u *upstreams) get(svc *proxy.Service, cfg *proxy.Config) (*upstream, error
 				// request, the encoder's costliest path, and deep enough
 				// to make the request's writer goroutine copy its stack.
 				// Names still come from the static table.
-				MaxEncoderHeaderTableSize: upstreamHeaderTableSize,
+				MaxEncoderHeaderTableSize:     upstreamHeaderTableSize,
+				MaxReceiveBufferPerStream:     UpstreamStreamWindow,
+				MaxReceiveBufferPerConnection: UpstreamConnWindow,
 			},
 		}
 		pool := &h2cPool{t: t, addr: svc.Upstream}

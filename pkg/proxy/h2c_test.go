@@ -11,7 +11,8 @@ import (
 
 // TestH2CUpgradeRefused: an HTTP/1.1 request with Upgrade: h2c is forwarded
 // as a plain request (no Upgrade, no HTTP2-Settings, named in Connection or
-// not), so an upstream that
+// not, with Connection: upgrade or without it, or with no Upgrade at all),
+// so an upstream that
 // would switch to HTTP/2 answers in HTTP/1.1 and every later request is
 // admitted on its own; a WebSocket upgrade still goes through as one.
 func TestH2CUpgradeRefused(t *testing.T) {
@@ -34,10 +35,18 @@ func TestH2CUpgradeRefused(t *testing.T) {
 	hook := newTestHook(func(context.Context, *Request) Decision { return Decision{Allow: true} })
 	_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
 	c := dialClient(t, addr)
-	// The second request does not name HTTP2-Settings in Connection: the
-	// field is dropped with the refused upgrade all the same.
-	for i, conn := range []string{"Upgrade, HTTP2-Settings", "Upgrade"} {
-		c.send("GET /h2c HTTP/1.1\r\nHost: x\r\nConnection: " + conn + "\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\nX-After: 1\r\n\r\n")
+	// The second request does not name HTTP2-Settings in Connection, the
+	// third does not list "upgrade" (the parser then sees no upgrade at
+	// all), the fourth has no Upgrade field: the field is dropped all
+	// the same.
+	reqs := []string{
+		"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n",
+		"Connection: Upgrade\r\nUpgrade: h2c\r\n",
+		"Connection: keep-alive\r\nUpgrade: h2c\r\n",
+		"",
+	}
+	for i, fields := range reqs {
+		c.send("GET /h2c HTTP/1.1\r\nHost: x\r\n" + fields + "HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\nX-After: 1\r\n\r\n")
 		r, body := c.resp("GET")
 		if r.StatusCode != 200 || body != "ok" {
 			t.Fatalf("request %d: %d %q, want the upstream's plain 200", i, r.StatusCode, body)
@@ -55,7 +64,7 @@ func TestH2CUpgradeRefused(t *testing.T) {
 			t.Errorf("request %d: Connection: upgrade forwarded", i)
 		}
 	}
-	if got := hook.admitted(); len(got) != 2 {
+	if got := hook.admitted(); len(got) != len(reqs) {
 		t.Fatalf("admitted %v, want each request admitted", got)
 	}
 }

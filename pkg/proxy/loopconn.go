@@ -427,6 +427,7 @@ func (c *lconn) startRequest(cfg *Config, svc *Service) {
 	if h.Upgrade && upgradeIsH2C(h) {
 		h.Upgrade = false // forwarded as a plain request (h2c.go)
 	}
+	dropHTTP2Settings(h) // never part of an upgrade the proxy performs
 	c.buf.r += h.HeadLen
 	c.buf.floor = c.buf.r
 	if c.nreq < math.MaxInt32 {
