@@ -111,7 +111,8 @@ func TestRunBadFlagValues(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--loop-kernel-wait", "sometimes"}, `--loop-kernel-wait: loop kernel wait "sometimes": want off, light or always`},
+		{[]string{"--loop-kernel-wait", "sometimes"}, `--loop-kernel-wait: loop kernel wait "sometimes": want off or light`},
+		{[]string{"--loop-kernel-wait", "always"}, `--loop-kernel-wait: loop kernel wait "always": want off or light (always measured no better than light and was removed)`},
 		{[]string{"--loop-kernel-wait="}, "--loop-kernel-wait: "},
 		{[]string{"--loop-backend", "kqueue"}, `--loop-backend: loop backend "kqueue": want auto, io_uring or epoll`},
 		{[]string{"--loop-backend="}, "--loop-backend: "},

@@ -13,24 +13,22 @@ type KernelWait int
 const (
 	// KernelWaitLight, the default, waits in the kernel while the loop
 	// has at most LightInFlight requests in progress: with few requests
-	// every wait is a round trip a client waits for, while under load the
-	// park's slower wake-up lets a turn take more completions at once,
-	// which measured cheaper with admission. One request at a time it
-	// measured 0.59x (unprotected) and 0.76x (admission) the CPU per
-	// request of KernelWaitOff at the same latency, and the same req/s and
-	// CPU at wrk -c64 (docs/bench/evloop.md).
+	// every wait is a round trip a client waits for. One request at a
+	// time it measured 0.56-0.72x the CPU per request of KernelWaitOff
+	// at the same latency, and the same req/s, CPU and tail at 4 and 64
+	// connections (docs/operations.md). Waiting in the kernel under load
+	// too (a mode "always") measured no better than this and was
+	// removed.
 	KernelWaitLight KernelWait = iota
 	// KernelWaitOff always parks, leaving the P to goroutines at once.
 	KernelWaitOff
-	// KernelWaitAlways waits in the kernel whatever the load.
-	KernelWaitAlways
 )
 
 // LightInFlight is KernelWaitLight's bound on a loop's requests in
 // progress (docs/bench/evloop.md has the measurement behind it).
 const LightInFlight = 2
 
-var kernelWaitNames = [...]string{KernelWaitOff: "off", KernelWaitLight: "light", KernelWaitAlways: "always"}
+var kernelWaitNames = [...]string{KernelWaitOff: "off", KernelWaitLight: "light"}
 
 func (k KernelWait) String() string {
 	if k < 0 || int(k) >= len(kernelWaitNames) {
@@ -39,12 +37,15 @@ func (k KernelWait) String() string {
 	return kernelWaitNames[k]
 }
 
-// ParseKernelWait reads a --loop-kernel-wait value: off, light or always.
+// ParseKernelWait reads a --loop-kernel-wait value: off or light.
 func ParseKernelWait(s string) (KernelWait, error) {
 	for k, name := range kernelWaitNames {
 		if s == name {
 			return KernelWait(k), nil
 		}
 	}
-	return 0, fmt.Errorf("loop kernel wait %q: want off, light or always", s)
+	if s == "always" {
+		return 0, fmt.Errorf("loop kernel wait %q: want off or light (always measured no better than light and was removed)", s)
+	}
+	return 0, fmt.Errorf("loop kernel wait %q: want off or light", s)
 }
