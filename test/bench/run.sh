@@ -331,7 +331,6 @@ if [ -n "${ONLY:-}" ]; then
   STEERED=0 SERIAL=0 IDLE_CONNS=0 FLAME=0
   # A partial run does not replace the committed write-ups unless OUT says so.
   [ -z "$OUT_GIVEN" ] && OUT=$work/partial.md
-  PERF_DOC=/nonexistent
 fi
 steer_note=""
 if [ "$STEERED" != 1 ]; then
@@ -715,21 +714,3 @@ RESULTS=${RESULTS:-${OUT%.md}.tsv}
 } >"$RESULTS"
 test/bench/charts.sh "$RESULTS" "$(dirname "$OUT")"
 
-# docs/performance.md carries the same tables between two markers (not the
-# flame graph listings; links point into docs/bench).
-perf=${PERF_DOC:-docs/performance.md}
-if [ -f "$perf" ] && grep -q '<!-- sidebyside:begin -->' "$perf"; then
-  awk -v src="$OUT" '
-    /<!-- sidebyside:begin -->/ { print
-      while ((getline line < src) > 0) {
-        if (line ~ /^Flame graphs/) flame = 1
-        if (line ~ /^rl-tproxy admission outcomes/) { if (flame) print "Flame graphs: see [bench/sidebyside.md](bench/sidebyside.md).\n"; flame = 0 }
-        if (flame) continue
-        if (line ~ /^#/) line = "##" line
-        print line
-      }
-      skip = 1; next }
-    /<!-- sidebyside:end -->/ { skip = 0 }
-    !skip { print }' "$perf" >"$perf.tmp" && mv "$perf.tmp" "$perf"
-  echo "updated $perf"
-fi
