@@ -239,7 +239,7 @@ type cluster struct {
 
 var (
 	servingRE = regexp.MustCompile(`msg=serving udp=(\S+)`)
-	epochRE   = regexp.MustCompile(`msg=serving .*epoch=(\d+)`)
+	epochRE   = regexp.MustCompile(`msg=serving .*epoch_ms=(\d+)`)
 )
 
 // startServer runs `rl-tproxy ratelimitly-server` on ip:port (0 = any)
