@@ -109,10 +109,13 @@ type Group struct {
 	loops   []*Loop
 	backend Backend
 	holdP   func(*Loop) bool // Config.HoldP
-	wg      sync.WaitGroup
-	once    sync.Once
-	errMu   sync.Mutex
-	err     error
+	// kick wakes the group's netpoll kicker (kicker.go); done ends it.
+	kick, done chan struct{}
+	nKicks     atomic.Uint64 // kickNetpoll calls (tests)
+	wg         sync.WaitGroup
+	once       sync.Once
+	errMu      sync.Mutex
+	err        error
 }
 
 // driver is a backend: it owns the kernel side of one loop.
@@ -171,7 +174,9 @@ func Start(cfg Config) (*Group, error) {
 			return nil, err
 		}
 	}
-	g := &Group{backend: be, holdP: cfg.HoldP}
+	g := &Group{backend: be, holdP: cfg.HoldP, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	g.wg.Add(1)
+	go g.kicker()
 	base := time.Now()
 	for i := 0; i < cfg.Loops; i++ {
 		l := &Loop{g: g, id: i, bufSize: cfg.BufSize, base: base, log: cfg.Logger, cpu: -1, block: cfg.BlockingWait}
@@ -223,6 +228,7 @@ func (g *Group) Close() error {
 			l.stop.Store(true)
 			l.kick()
 		}
+		close(g.done)
 	})
 	g.wg.Wait()
 	g.errMu.Lock()
@@ -471,7 +477,12 @@ func (l *Loop) loop() error {
 			if timeout > 0 {
 				l.nKTimed.Add(1)
 			}
+			if loopsParked.Load() > 0 {
+				l.g.kickNetpoll() // this P leaves the scheduler's sight: see kicker.go
+			}
+			loopsInKernel.Add(1)
 			_, err = l.drv.poll(timeout)
+			loopsInKernel.Add(-1)
 		default:
 			_, err = l.drv.poll(timeout)
 		}

@@ -93,8 +93,13 @@ func (p *parker) wait() error {
 	if p.before != nil {
 		p.before()
 	}
+	if loopsInKernel.Load() > 0 {
+		p.l.g.kickNetpoll() // an M must poll the network for this park (kicker.go)
+	}
 	p.got, p.err, p.first, p.slept = false, nil, true, false
+	loopsParked.Add(1)
 	err := p.rc.Read(p.check)
+	loopsParked.Add(-1)
 	if p.after != nil {
 		p.after()
 	}

@@ -189,3 +189,46 @@ func goroutineEcho(t *testing.T, network string) net.Conn {
 	t.Cleanup(func() { c.Close() })
 	return c
 }
+
+// TestParkBesideKernelWaitKicks: a loop that parks while another loop of
+// the process waits in the kernel (holding its P in a raw system call,
+// which the runtime counts as running) kicks the group's kicker, so that
+// the runtime starts an M that polls the network for the park; a loop
+// that parks with no loop in a kernel wait does not (kicker.go). What the
+// kick buys is measured, not asserted here (the runtime schedules the
+// kicker when it can): without it the parked loop's readiness could wait
+// for sysmon's 10 ms poll, and at 4 keep-alive connections, unpinned,
+// rl-tproxy's max latency was 19-39 ms with kernel waits against 6 ms
+// with the kick (test/bench/latency.sh, docs/operations.md).
+func TestParkBesideKernelWaitKicks(t *testing.T) {
+	if err := ProbeIOUring(); err != nil {
+		testkit.Missing(t, "io_uring refused on this machine: %v", err)
+	}
+	withKernelSpan(t, time.Hour) // once in a kernel wait, loop 1 stays there
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
+	g, err := Start(Config{Loops: 2, Backend: IOUring, Logger: quietLogger(), BufSize: 4096,
+		HoldP: func(l *Loop) bool { return l.ID() == 1 }}) // only loop 1 may hold its P
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	l0, l1 := g.Loops()[0], g.Loops()[1]
+	// Both idle: both parked, nobody in a kernel wait, so no kick.
+	testkit.WaitFor(t, "both loops parked", func() bool {
+		return l0.asleep.Load() && !l0.inKernel.Load() && l1.asleep.Load() && !l1.inKernel.Load()
+	})
+	if n := g.nKicks.Load(); n != 0 {
+		t.Fatalf("%d kicks with no loop in a kernel wait", n)
+	}
+	// Loop 1 wakes once and then waits in the kernel for the hour.
+	on(l1, func() {})
+	testkit.WaitFor(t, "loop 1 in a kernel wait", func() bool { return l1.inKernel.Load() && l1.asleep.Load() })
+	// Loop 0 wakes and parks again: beside loop 1's kernel wait it kicks.
+	for i := 0; g.nKicks.Load() == 0; i++ {
+		if i == 100 {
+			t.Fatalf("100 parks of loop 0 beside loop 1's kernel wait, no kick (loops in kernel waits %d, parked %d, alive %d)", loopsInKernel.Load(), loopsParked.Load(), loopsAlive.Load())
+		}
+		on(l0, func() {})
+		testkit.WaitFor(t, "loop 0 parked", func() bool { return l0.asleep.Load() && !l0.inKernel.Load() })
+	}
+}
