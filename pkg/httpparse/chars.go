@@ -46,6 +46,9 @@ func lower(b byte) byte {
 	return b
 }
 
+// IsTchar reports an RFC 9110 token character (tchar).
+func IsTchar(c byte) bool { return class[c]&cToken != 0 }
+
 // EqualFold reports whether b equals s under ASCII case folding, without
 // allocating.
 func EqualFold(b []byte, s string) bool {

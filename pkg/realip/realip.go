@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"net/netip"
 	"unsafe"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 )
 
 // Trusted is a set of address prefixes whose hosts are believed when
@@ -190,7 +192,7 @@ func forwardedElement(v []byte) (netip.Addr, []byte, bool) {
 				return netip.Addr{}, nil, false
 			}
 		}
-		if asciiEqualFold(name, "for") {
+		if httpparse.EqualFold(name, "for") {
 			if have {
 				return netip.Addr{}, nil, false // two for= in one element
 			}
@@ -285,7 +287,7 @@ func isToken(b []byte) bool {
 		return false
 	}
 	for _, c := range b {
-		if !isTchar(c) {
+		if !httpparse.IsTchar(c) {
 			return false
 		}
 	}
@@ -300,35 +302,7 @@ func isNodeChars(b []byte) bool {
 		return false
 	}
 	for _, c := range b {
-		if !isTchar(c) && c != ':' && c != '[' && c != ']' {
-			return false
-		}
-	}
-	return true
-}
-
-func isTchar(c byte) bool {
-	switch {
-	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		return true
-	}
-	switch c {
-	case '!', '#', '$', '%', '&', '\'', '*', '+', '-', '.', '^', '_', '`', '|', '~':
-		return true
-	}
-	return false
-}
-
-func asciiEqualFold(b []byte, s string) bool {
-	if len(b) != len(s) {
-		return false
-	}
-	for i := range b {
-		c := b[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if c != s[i] {
+		if !httpparse.IsTchar(c) && c != ':' && c != '[' && c != ']' {
 			return false
 		}
 	}
