@@ -11,6 +11,7 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/internal/node"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/topkeys"
 )
@@ -46,7 +47,7 @@ func runRun(args []string, stdout, stderr io.Writer) int {
 	backend := fs.String("loop-backend", "auto", "the event loops' kernel interface: auto (io_uring, or epoll when the kernel or a seccomp profile refuses io_uring, logged), io_uring (fail to start without it) or epoll")
 	kwait := fs.String("loop-kernel-wait", "light", "when an idle event loop may wait in io_uring_enter holding its thread's P (up to 1 ms after each park) instead of parking in Go's netpoller, while no HTTP/2, TLS or tunnel connection is open: light (the default: while the loop has at most "+fmt.Sprint(node.LightInFlight)+" requests in progress; a third of the system calls and 0.56-0.72x the CPU per request at low load, the same latency) or off (always park: the P is free for other goroutines at once); other goroutines may wait up to 1 ms for a P (docs/operations.md)")
 	spliceMin := fs.Int64("splice-min", proxy.DefaultSpliceMin, "Content-Length request and response bodies with at least this many bytes left after the head (and close-delimited responses once this many went) go from one socket to the other by splice(2), without a copy through the proxy; 0: never")
-	dnsRefresh := fs.Duration("upstream-dns-refresh", proxy.DefaultResolveTTL, "how long the addresses of an upstream named by host name are used before the name is looked up again (Go's resolver gives no record TTLs; like Envoy's dns_refresh_rate); a failed lookup keeps the last addresses and retries after 1s (at least 100ms)")
+	dnsRefresh := fs.Duration("upstream-dns-refresh", exchange.DefaultResolveTTL, "how long the addresses of an upstream named by host name are used before the name is looked up again (Go's resolver gives no record TTLs; like Envoy's dns_refresh_rate); a failed lookup keeps the last addresses and retries after 1s (at least 100ms)")
 	topKeys := fs.String("top-keys", "on", "GET /top on the admin listener: each zone's most denied keys (rendered buckets) over the last minute: on, hashed (keys shown as salted SHA-256 prefixes; keys can be personal data) or off")
 	if done, code := parseFlags(fs, args, stdout); done {
 		return code

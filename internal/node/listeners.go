@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/redirect"
 )
@@ -282,7 +283,7 @@ func (n *Node) openListeners(ctx context.Context, p *admission.Policy) (map[stri
 // policy moving it to another service was rejected by movedListeners).
 func (n *Node) commitListeners(p *admission.Policy, opened map[string]*listener) {
 	want := wantListeners(p)
-	svcs := map[string]*proxy.Service{}
+	svcs := map[string]*exchange.Service{}
 	for _, s := range n.proxy.Config().Services {
 		svcs[s.Name] = s
 	}

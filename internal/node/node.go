@@ -22,6 +22,7 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 	"github.com/rl-tproxy/rl-tproxy/pkg/embedded"
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/h2proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/hook"
 	"github.com/rl-tproxy/rl-tproxy/pkg/metrics"
@@ -66,7 +67,7 @@ type Options struct {
 	SpliceMin int64
 	// UpstreamDNSRefresh is proxy.Config.ResolveTTL: how long the
 	// addresses of an upstream named by host name are used before it is
-	// looked up again (0: proxy.DefaultResolveTTL).
+	// looked up again (0: exchange.DefaultResolveTTL).
 	UpstreamDNSRefresh time.Duration
 	// LogDropped, if set, counts the log lines dropped because the log's
 	// reader fell behind (exported as rl_tproxy_log_lines_dropped_total).
@@ -220,9 +221,18 @@ func (n *Node) startProxy(ctx context.Context, pol *admission.Policy) error {
 	n.h2.CountError = func(kind string) { // codec protocol errors: rejections_total{status="0",reason="h2-..."}
 		n.gate.Reject(nil, netip.AddrPort{}, "h2-"+kind, 0)
 	}
-	pcfg := proxy.Config{Services: hook.ProxyServices(pol), Hook: n.gate, Logger: n.log,
-		Handoff: &proxy.HandoffMux{HTTP2: n.h2, TLS: relay, Other: relay}, EventLoops: n.opts.EventLoops,
-		SpliceMin: n.opts.SpliceMin, ResolveTTL: n.opts.UpstreamDNSRefresh, LoopBackend: n.opts.LoopBackend}
+	pcfg := proxy.Config{
+		Config: exchange.Config{
+			Services:   hook.ProxyServices(pol),
+			Hook:       n.gate,
+			Logger:     n.log,
+			ResolveTTL: n.opts.UpstreamDNSRefresh,
+		},
+		Handoff:     &exchange.HandoffMux{HTTP2: n.h2, TLS: relay, Other: relay},
+		EventLoops:  n.opts.EventLoops,
+		SpliceMin:   n.opts.SpliceMin,
+		LoopBackend: n.opts.LoopBackend,
+	}
 	if n.opts.LoopKernelWait != KernelWaitOff {
 		pcfg.HoldP = func() bool { return !n.checksOffLoop.Load() }
 	}

@@ -16,7 +16,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // rawClient is a client that writes frames as an attacker would.
@@ -103,7 +103,7 @@ func checkServing(t *testing.T, addr string) {
 func TestRapidReset(t *testing.T) {
 	h := &rec{deny: map[string]bool{"/ok": true}, block: false}
 	h.blockPath = "/slow"
-	srv, addr := startProxy(t, &proxy.Service{Name: "g", Upstream: "127.0.0.1:9", H2: proxy.H2Limits{MaxConcurrentStreams: 16}}, h)
+	srv, addr := startProxy(t, &exchange.Service{Name: "g", Upstream: "127.0.0.1:9", H2: exchange.H2Limits{MaxConcurrentStreams: 16}}, h)
 	var counted sync.Map
 	srv.CountError = func(kind string) { counted.Store(kind, true) }
 	before := heapInUse()
@@ -154,7 +154,7 @@ func TestRapidReset(t *testing.T) {
 // bounded and another client keeps being served.
 func TestContinuationFlood(t *testing.T) {
 	h := &rec{deny: map[string]bool{"/ok": true}}
-	_, addr := startProxy(t, &proxy.Service{Name: "g", Upstream: "127.0.0.1:9"}, h)
+	_, addr := startProxy(t, &exchange.Service{Name: "g", Upstream: "127.0.0.1:9"}, h)
 	before := heapInUse()
 	rc := dialRaw(t, addr)
 	var sent atomic.Int64
@@ -194,7 +194,7 @@ func TestContinuationFlood(t *testing.T) {
 // is refused by size, not decoded into memory.
 func TestHPACKBomb(t *testing.T) {
 	h := &rec{deny: map[string]bool{"/ok": true}}
-	_, addr := startProxy(t, &proxy.Service{Name: "g", Upstream: "127.0.0.1:9"}, h)
+	_, addr := startProxy(t, &exchange.Service{Name: "g", Upstream: "127.0.0.1:9"}, h)
 	rc := dialRaw(t, addr)
 	rc.hb.Reset()
 	for _, f := range [][2]string{{":method", "GET"}, {":scheme", "http"}, {":path", "/x"}, {":authority", "bomb.test"}} {
@@ -238,7 +238,7 @@ func TestHPACKBomb(t *testing.T) {
 // limit ends the exchange.
 func TestLimits(t *testing.T) {
 	h := &rec{}
-	_, addr := startProxy(t, &proxy.Service{Name: "g", Upstream: "127.0.0.1:9", MaxBodyBytes: 10, Limits: limits(5)}, h)
+	_, addr := startProxy(t, &exchange.Service{Name: "g", Upstream: "127.0.0.1:9", MaxBodyBytes: 10, Limits: limits(5)}, h)
 	cl := h2cClient()
 	req, _ := http.NewRequest("GET", "http://"+addr+"/", nil)
 	for i := range 6 {
@@ -257,7 +257,7 @@ func TestLimits(t *testing.T) {
 	// A streamed body (no content-length) that grows past the limit.
 	up := startHTTP(t, true)
 	h2 := &rec{}
-	_, addr2 := startProxy(t, &proxy.Service{Name: "g2", Upstream: up, MaxBodyBytes: 1000}, h2)
+	_, addr2 := startProxy(t, &exchange.Service{Name: "g2", Upstream: up, MaxBodyBytes: 1000}, h2)
 	pr, pw := io.Pipe()
 	go func() {
 		for range 100 {
@@ -289,7 +289,7 @@ func TestLimits(t *testing.T) {
 // same way, and a valid request after it, with TE: trailers, is answered.
 func TestMalformedNotForwarded(t *testing.T) {
 	h := &rec{deny: map[string]bool{"/ok": true}}
-	srv, addr := startProxy(t, &proxy.Service{Name: "g", Upstream: "127.0.0.1:9"}, h)
+	srv, addr := startProxy(t, &exchange.Service{Name: "g", Upstream: "127.0.0.1:9"}, h)
 	var mu sync.Mutex
 	counted := 0
 	srv.CountError = func(k string) {

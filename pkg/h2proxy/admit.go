@@ -7,12 +7,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
-// The admission deadline (proxy.Config.AdmissionTimeout, a Service's own
+// The admission deadline (exchange.Config.AdmissionTimeout, a Service's own
 // winning). Admit gets a context that carries the deadline. A Hook that
-// returns when its context ends (proxy.ContextBound: hook.Gate) is called
+// returns when its context ends (exchange.ContextBound: hook.Gate) is called
 // on the stream's goroutine, and a Decision that comes back after the
 // deadline is not used: the stream is answered 503 as below and gets Done
 // with Result.AdmissionErr. Any other Hook's Admit runs on a goroutine of
@@ -31,7 +31,7 @@ import (
 // stream (putStream keeps them), so an admission allocates only what
 // context.WithTimeout does.
 type admission struct {
-	hook proxy.Hook
+	hook exchange.Hook
 	ctx  context.Context // Admit's: the request's, with the deadline
 	// state says who owns the stream once Admit returns (admit*).
 	state atomic.Int32
@@ -60,10 +60,10 @@ const (
 // is set when the Decision came too late and the stream was answered 503.
 //
 //go:noinline
-func (st *stream) admit(hook proxy.Hook, w http.ResponseWriter, r *http.Request) bool {
+func (st *stream) admit(hook exchange.Hook, w http.ResponseWriter, r *http.Request) bool {
 	h := st.h
 	timeout := h.cfg.AdmissionTimeoutFor(h.svc)
-	if _, ok := hook.(proxy.ContextBound); ok {
+	if _, ok := hook.(exchange.ContextBound); ok {
 		c := st.actx
 		if c == nil {
 			c = &deadlineCtx{}
@@ -140,6 +140,6 @@ func (st *stream) admissionTimedOut(w http.ResponseWriter) {
 	d := h.cfg.AdmissionTimeoutFor(h.svc)
 	st.res.AdmissionErr = fmt.Errorf("admission: no decision from the hook within %v: %w", d, context.DeadlineExceeded)
 	h.cfg.ReportReject(h.svc, h.remote, "admission-timeout", http.StatusServiceUnavailable)
-	logger(h.cfg).Debug("http2 admission timed out", "service", h.svc.Name, "remote", h.remote, "timeout", d)
+	h.cfg.Log().Debug("http2 admission timed out", "service", h.svc.Name, "remote", h.remote, "timeout", d)
 	st.fail(w, http.StatusServiceUnavailable)
 }

@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // admitTimeout is the services' admission timeout in these tests: a
@@ -37,7 +37,7 @@ type stuckHook struct {
 	noDL      atomic.Int32 // Admit calls whose context had no deadline
 
 	mu      sync.Mutex
-	dones   []proxy.Result
+	dones   []exchange.Result
 	rejects []string
 }
 
@@ -56,12 +56,12 @@ func (h *stuckHook) releaseAll() { h.unblock.Do(func() { close(h.release) }) }
 // never answers meets it.
 const clientBound = 20 * time.Second
 
-func (h *stuckHook) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
+func (h *stuckHook) Admit(ctx context.Context, r *exchange.Request) exchange.Decision {
 	if _, ok := ctx.Deadline(); !ok {
 		h.noDL.Add(1)
 	}
 	if string(r.Path) == h.fast {
-		return proxy.Decision{Allow: true}
+		return exchange.Decision{Allow: true}
 	}
 	h.pending.Add(1)
 	defer h.pending.Add(-1)
@@ -70,26 +70,26 @@ func (h *stuckHook) Admit(ctx context.Context, r *proxy.Request) proxy.Decision 
 	} else {
 		<-ctx.Done()
 	}
-	return proxy.Decision{Allow: true}
+	return exchange.Decision{Allow: true}
 }
 
-func (h *stuckHook) Done(_ *proxy.Request, _ *proxy.Decision, res *proxy.Result) {
+func (h *stuckHook) Done(_ *exchange.Request, _ *exchange.Decision, res *exchange.Result) {
 	h.mu.Lock()
 	h.dones = append(h.dones, *res)
 	h.mu.Unlock()
 }
 
-func (h *stuckHook) Reject(_ *proxy.Service, _ netip.AddrPort, rule string, status int) {
+func (h *stuckHook) Reject(_ *exchange.Service, _ netip.AddrPort, rule string, status int) {
 	h.mu.Lock()
 	h.rejects = append(h.rejects, fmt.Sprintf("%s %d", rule, status))
 	h.mu.Unlock()
 }
 
 // results returns copies of the Done results and the rejections.
-func (h *stuckHook) results() ([]proxy.Result, []string) {
+func (h *stuckHook) results() ([]exchange.Result, []string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return append([]proxy.Result(nil), h.dones...), append([]string(nil), h.rejects...)
+	return append([]exchange.Result(nil), h.dones...), append([]string(nil), h.rejects...)
 }
 
 // TestAdmissionTimeout: a stream whose Decision does not come within the
@@ -109,7 +109,7 @@ func TestAdmissionTimeout(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newStuckHook(t, tc.ignoreCtx)
-			svc := &proxy.Service{Name: "a", Upstream: "127.0.0.1:9", AdmissionTimeout: admitTimeout}
+			svc := &exchange.Service{Name: "a", Upstream: "127.0.0.1:9", AdmissionTimeout: admitTimeout}
 			_, addr := startProxy(t, svc, h)
 			if tc.grpc {
 				ctx, cancel := context.WithTimeout(context.Background(), clientBound)
@@ -177,7 +177,7 @@ func TestAdmissionTimeoutFlood(t *testing.T) {
 	ignoring := newStuckHook(t, true)
 	hook := &pathHook{byPath: map[string]*stuckHook{"/wait": h, "/stuck": ignoring, "/ok": h}}
 	up := startHTTP(t, true)
-	svc := &proxy.Service{Name: "a", Upstream: up, AdmissionTimeout: admitTimeout}
+	svc := &exchange.Service{Name: "a", Upstream: up, AdmissionTimeout: admitTimeout}
 	_, addr := startProxy(t, svc, hook)
 	goroutines := runtime.NumGoroutine()
 	cl, cc := h2cOneConn(t, h2cTransport(), addr)
@@ -249,10 +249,10 @@ type pathHook struct {
 	stuckHook
 }
 
-func (p *pathHook) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
+func (p *pathHook) Admit(ctx context.Context, r *exchange.Request) exchange.Decision {
 	return p.byPath[string(r.Path)].Admit(ctx, r)
 }
 
-func (p *pathHook) Done(r *proxy.Request, d *proxy.Decision, res *proxy.Result) {
+func (p *pathHook) Done(r *exchange.Request, d *exchange.Decision, res *exchange.Result) {
 	p.byPath[string(r.Path)].Done(r, d, res)
 }

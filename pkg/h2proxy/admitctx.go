@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// deadlineCtx is the context a proxy.ContextBound Hook's Admit gets: the
+// deadlineCtx is the context a exchange.ContextBound Hook's Admit gets: the
 // stream's context plus the admission deadline, pooled with the stream
 // and made without allocating until someone waits on it. Done makes the
 // channel, arms the reused timer for the deadline and follows the

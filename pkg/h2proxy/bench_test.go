@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // BenchmarkH2Proxied measures one HTTP/2 request through h2proxy (admitted
@@ -15,7 +15,7 @@ import (
 // the client's and the upstream's (BenchmarkH2Direct is that baseline).
 func BenchmarkH2Proxied(b *testing.B) {
 	up := startHTTP(b, true)
-	_, addr := startProxy(b, &proxy.Service{Name: "b", Upstream: up}, allowHook{})
+	_, addr := startProxy(b, &exchange.Service{Name: "b", Upstream: up}, allowHook{})
 	benchGet(b, "http://"+addr+"/")
 }
 
@@ -48,14 +48,14 @@ func benchGet(b *testing.B, url string) {
 }
 
 // allowHook admits everything and records nothing.
-// allowHook admits at once; like hook.Gate it is a proxy.ContextBound
+// allowHook admits at once; like hook.Gate it is a exchange.ContextBound
 // Hook (it returns whatever its context does), so the benchmarks measure
 // the production path: Admit on the stream's goroutine.
 type allowHook struct{}
 
 func (allowHook) AdmitReturnsOnContextEnd() {}
 
-func (allowHook) Admit(context.Context, *proxy.Request) proxy.Decision {
-	return proxy.Decision{Allow: true}
+func (allowHook) Admit(context.Context, *exchange.Request) exchange.Decision {
+	return exchange.Decision{Allow: true}
 }
-func (allowHook) Done(*proxy.Request, *proxy.Decision, *proxy.Result) {}
+func (allowHook) Done(*exchange.Request, *exchange.Decision, *exchange.Result) {}

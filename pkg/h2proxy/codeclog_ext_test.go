@@ -8,23 +8,23 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // panicHook denies every request and panics in Done: a defect of the
 // Hook's, run on the stream's handler.
 type panicHook struct{}
 
-func (panicHook) Admit(context.Context, *proxy.Request) proxy.Decision {
-	return proxy.Decision{Status: 429, Body: []byte("denied\n"), ContentType: "text/plain"}
+func (panicHook) Admit(context.Context, *exchange.Request) exchange.Decision {
+	return exchange.Decision{Status: 429, Body: []byte("denied\n"), ContentType: "text/plain"}
 }
-func (panicHook) Done(*proxy.Request, *proxy.Decision, *proxy.Result) { panic("hook defect") }
+func (panicHook) Done(*exchange.Request, *exchange.Decision, *exchange.Result) { panic("hook defect") }
 
 // TestCodecPanicLogged: a panic on a stream's handler, which the codec
 // recovers from, is logged at error level through Server.Logger and
 // counted ("handler_panic"), not discarded.
 func TestCodecPanicLogged(t *testing.T) {
-	srv, addr := startProxy(t, &proxy.Service{Name: "p", Upstream: "127.0.0.1:9"}, panicHook{})
+	srv, addr := startProxy(t, &exchange.Service{Name: "p", Upstream: "127.0.0.1:9"}, panicHook{})
 	lines := make(chan string, 64)
 	srv.Logger = slog.New(slog.NewTextHandler(lineWriter(lines), nil))
 	var mu sync.Mutex

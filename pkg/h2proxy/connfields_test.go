@@ -5,8 +5,8 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/h2proxy"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
 // TestResponseConnectionFieldsDropped: the fields an HTTP/1.1 upstream's
@@ -24,7 +24,7 @@ func TestResponseConnectionFieldsDropped(t *testing.T) {
 			"connection: x-up2\r\nX-Up: secret\r\nX-Up2: secret\r\nKeep-Alive: timeout=5\r\nX-Keep: 1\r\n\r\nok")
 		_ = brw.Flush()
 	})})
-	_, addr := startProxy(t, &proxy.Service{Name: "s", Upstream: up, UpstreamProtocol: h2proxy.ProtoHTTP1}, &rec{})
+	_, addr := startProxy(t, &exchange.Service{Name: "s", Upstream: up, UpstreamProtocol: h2proxy.ProtoHTTP1}, &rec{})
 	cl := h2cClient()
 	defer cl.CloseIdleConnections()
 	res, err := cl.Get("http://" + addr + "/")

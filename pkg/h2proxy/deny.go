@@ -4,8 +4,8 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
 // gRPC status codes the proxy answers with (google.golang.org/grpc/codes).
@@ -21,7 +21,7 @@ const (
 // a message naming what denied (the zone). Without it a gRPC deny is
 // RESOURCE_EXHAUSTED "rate limited".
 type GRPCDenier interface {
-	GRPCDeny(d *proxy.Decision) (code int, message string)
+	GRPCDeny(d *exchange.Decision) (code int, message string)
 }
 
 // deny answers a stream the Hook did not allow: a gRPC request gets a
@@ -29,7 +29,7 @@ type GRPCDenier interface {
 // grpc-retry-pushback-ms from Retry-After, in one HEADERS frame with
 // END_STREAM); any other request gets the Hook's answer (429 with
 // Retry-After and the RateLimit fields) as HTTP/1.1 clients do.
-func (st *stream) deny(w http.ResponseWriter, d *proxy.Decision) {
+func (st *stream) deny(w http.ResponseWriter, d *exchange.Decision) {
 	if d.Status == 499 { // the client is gone; nothing would be read
 		st.res.ClientAborted = true
 		return

@@ -8,11 +8,11 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // An HTTP/2 :path with an escaped slash gets the HTTP/1.1 rule
-// (proxy.CheckPath): refused with 400 before admission by default,
+// (exchange.CheckPath): refused with 400 before admission by default,
 // admitted (to be matched decoded) when the service decodes them.
 func TestEscapedSlashPath(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -26,24 +26,24 @@ func TestEscapedSlashPath(t *testing.T) {
 		status int
 		rule   string
 	}{
-		{"refused", false, "/api%2fx", 400, proxy.RuleEscapedSlash},
-		{"refused-backslash", false, "/api%5Cx", 400, proxy.RuleEscapedSlash},
+		{"refused", false, "/api%2fx", 400, exchange.RuleEscapedSlash},
+		{"refused-backslash", false, "/api%5Cx", 400, exchange.RuleEscapedSlash},
 		{"plain", false, "/api/x", 200, ""},
 		{"decoded", true, "/api%2fx", 200, ""},
-		{"decoded-dots", true, "/api%2f..%2fx", 400, proxy.RuleEscapedSlashDotSegment},
+		{"decoded-dots", true, "/api%2f..%2fx", 400, exchange.RuleEscapedSlashDotSegment},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var mu sync.Mutex
 			var rules []string
-			svc := &proxy.Service{Name: "web", Upstream: strings.TrimPrefix(up.URL, "http://"), DecodeEscapedSlashes: tc.decode, UpstreamProtocol: "http1"}
-			cfg := &proxy.Config{Services: []*proxy.Service{svc}, Hook: &rec{},
-				OnReject: func(_ *proxy.Service, _ netip.AddrPort, rule string, _ int) {
+			svc := &exchange.Service{Name: "web", Upstream: strings.TrimPrefix(up.URL, "http://"), DecodeEscapedSlashes: tc.decode, UpstreamProtocol: "http1"}
+			cfg := &exchange.Config{Services: []*exchange.Service{svc}, Hook: &rec{},
+				OnReject: func(_ *exchange.Service, _ netip.AddrPort, rule string, _ int) {
 					mu.Lock()
 					rules = append(rules, rule)
 					mu.Unlock()
 				}}
 			h := cfg.Hook.(*rec)
-			_, addr := serveConns(t, func() (*proxy.Service, *proxy.Config) { return svc, cfg })
+			_, addr := serveConns(t, func() (*exchange.Service, *exchange.Config) { return svc, cfg })
 			cl := h2cClient()
 			defer cl.CloseIdleConnections()
 			resp, err := cl.Get("http://" + addr + tc.path)

@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/net/http2"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // TestFrameFloods: a client that sends frames which ask for nothing (SETTINGS,
@@ -43,7 +43,7 @@ func TestFrameFloods(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := &rec{deny: map[string]bool{"/ok": true}, blockPath: "/slow"}
-			srv, addr := startProxy(t, &proxy.Service{Name: "f", Upstream: "127.0.0.1:9"}, h)
+			srv, addr := startProxy(t, &exchange.Service{Name: "f", Upstream: "127.0.0.1:9"}, h)
 			var mu sync.Mutex
 			counted := map[string]int{}
 			srv.CountError = func(k string) { mu.Lock(); counted[k]++; mu.Unlock() }
@@ -86,7 +86,7 @@ func TestFrameBudgetKeepsClients(t *testing.T) {
 		_, _ = w.Write(big)
 	})})
 	h := &rec{deny: map[string]bool{"/ok": true}}
-	_, addr := startProxy(t, &proxy.Service{Name: "k", Upstream: up}, h)
+	_, addr := startProxy(t, &exchange.Service{Name: "k", Upstream: up}, h)
 	rc := dialRaw(t, addr)
 	_ = rc.c.SetDeadline(time.Now().Add(60 * time.Second)) // hang guard
 	// readStream reads until stream id ends, granting a WINDOW_UPDATE
@@ -157,7 +157,7 @@ func TestSettingsRepeatedParameter(t *testing.T) {
 	up := serveHTTP(t, true, &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("hello"))
 	})})
-	_, addr := startProxy(t, &proxy.Service{Name: "s", Upstream: up}, &rec{})
+	_, addr := startProxy(t, &exchange.Service{Name: "s", Upstream: up}, &rec{})
 	rc := dialRaw(t, addr)
 	_ = rc.c.SetDeadline(time.Now().Add(30 * time.Second)) // hang guard
 	if err := rc.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 100},

@@ -14,8 +14,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
 // hopByHop are the fields that never cross the proxy (RFC 9110 7.6.1);
@@ -32,7 +32,7 @@ var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b 
 // upstream request is built on it) is off the stack while relay runs: the
 // codec starts each stream's handler on a new goroutine, and a stack
 // that stays within its first size is not copied to a larger one.
-func (st *stream) forward(w http.ResponseWriter, r *http.Request, d *proxy.Decision) {
+func (st *stream) forward(w http.ResponseWriter, r *http.Request, d *exchange.Decision) {
 	if st.watch(w) {
 		defer st.unwatch() // on every way out, the relay's panic too
 	}
@@ -49,7 +49,7 @@ func (st *stream) forward(w http.ResponseWriter, r *http.Request, d *proxy.Decis
 // and answering a failure are functions of their own (not inlined): the
 // request template and the error formatting are then not part of send's
 // frame while the round trip runs below it on the handler's stack.
-func (st *stream) send(w http.ResponseWriter, r *http.Request, d *proxy.Decision) *http.Response {
+func (st *stream) send(w http.ResponseWriter, r *http.Request, d *exchange.Decision) *http.Response {
 	h := st.h
 	up, err := h.upstream()
 	if err != nil {
@@ -73,7 +73,7 @@ func (st *stream) send(w http.ResponseWriter, r *http.Request, d *proxy.Decision
 // upstreamRequest is the request sent upstream for r.
 //
 //go:noinline
-func (st *stream) upstreamRequest(r *http.Request, d *proxy.Decision) *http.Request {
+func (st *stream) upstreamRequest(r *http.Request, d *exchange.Decision) *http.Request {
 	svc := st.h.svc
 	u := &url.URL{Scheme: "http", Host: svc.Upstream, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery}
 	if r.URL.Path == "*" {
@@ -124,7 +124,7 @@ func (st *stream) sendFailed(w http.ResponseWriter, r *http.Request, err error) 
 		st.fail(w, http.StatusRequestEntityTooLarge)
 	case isHeadTimeout(err):
 		st.res.UpstreamErr = fmt.Errorf("upstream %s: no response head within %s", svc.Upstream,
-			durOr(svc.UpstreamTimeout, proxy.DefaultUpstreamTimeout))
+			svc.UpstreamTimeoutOrDefault())
 		st.fail(w, http.StatusGatewayTimeout)
 	default:
 		st.res.UpstreamErr = fmt.Errorf("upstream %s: %w", svc.Upstream, err)
@@ -153,7 +153,7 @@ func isHeadTimeout(err error) bool {
 // (capacity-capped, so that an append copies), the connection-specific
 // fields are left out rather than deleted from a clone, and the hook's
 // fields go in with one allocation for their values.
-func outHeader(r *http.Request, st *stream, d *proxy.Decision) http.Header {
+func outHeader(r *http.Request, st *stream, d *exchange.Decision) http.Header {
 	svc := st.h.svc
 	var fwd []httpparse.Header
 	if d != nil {
@@ -234,7 +234,7 @@ func isHopByHop(k string, vs []string) bool {
 // with its head (a gRPC trailers-only answer) is written as one HEADERS
 // frame with END_STREAM. An upstream that resets mid-body makes the proxy
 // reset the client's stream.
-func (st *stream) relay(w http.ResponseWriter, r *http.Request, res *http.Response, d *proxy.Decision) {
+func (st *stream) relay(w http.ResponseWriter, r *http.Request, res *http.Response, d *exchange.Decision) {
 	hdr := w.Header()
 	for k, vs := range res.Header {
 		hdr[k] = vs

@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/h2proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/hook"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
 var _ h2proxy.GRPCDenier = (*hook.Gate)(nil)
@@ -60,7 +60,7 @@ func TestUpstreamProtocols(t *testing.T) {
 		t.Run(tc.proto, func(t *testing.T) {
 			up := startHTTP(t, true)
 			h := &fwdHook{}
-			_, addr := startProxy(t, &proxy.Service{Name: "s", Upstream: up, UpstreamProtocol: tc.proto, XForwardedFor: true}, h)
+			_, addr := startProxy(t, &exchange.Service{Name: "s", Upstream: up, UpstreamProtocol: tc.proto, XForwardedFor: true}, h)
 			pr, pw := io.Pipe()
 			req, _ := http.NewRequest("POST", "http://"+addr+"/echo?q=1", pr)
 			req.Host = "svc.example"
@@ -93,7 +93,7 @@ func TestUpstreamProtocols(t *testing.T) {
 			testkit.WaitFor(t, "Done", func() bool { h.mu.Lock(); defer h.mu.Unlock(); return h.res.End != (time.Time{}) })
 			h.mu.Lock()
 			defer h.mu.Unlock()
-			if h.res.Upstream != up || h.res.UpstreamStatus != 200 || h.res.BytesIn != 100000 || h.res.BytesOut != 100000 || h.proto != proxy.ProtoH2 {
+			if h.res.Upstream != up || h.res.UpstreamStatus != 200 || h.res.BytesIn != 100000 || h.res.BytesOut != 100000 || h.proto != exchange.ProtoH2 {
 				t.Errorf("result %+v proto %q", h.res, h.proto)
 			}
 		})
@@ -103,17 +103,17 @@ func TestUpstreamProtocols(t *testing.T) {
 // fwdHook admits with a forward field and an extra response field.
 type fwdHook struct {
 	mu    sync.Mutex
-	res   proxy.Result
+	res   exchange.Result
 	proto string
 }
 
-func (h *fwdHook) Admit(context.Context, *proxy.Request) proxy.Decision {
-	return proxy.Decision{Allow: true,
+func (h *fwdHook) Admit(context.Context, *exchange.Request) exchange.Decision {
+	return exchange.Decision{Allow: true,
 		Forward: []httpparse.Header{{Name: []byte("X-Request-Id"), Value: []byte("hook-value")}},
 		Header:  []httpparse.Header{{Name: []byte("X-Allow-Extra"), Value: []byte("1")}}}
 }
 
-func (h *fwdHook) Done(r *proxy.Request, _ *proxy.Decision, res *proxy.Result) {
+func (h *fwdHook) Done(r *exchange.Request, _ *exchange.Decision, res *exchange.Result) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.res, h.proto = *res, r.Proto
@@ -124,7 +124,7 @@ func (h *fwdHook) Done(r *proxy.Request, _ *proxy.Decision, res *proxy.Result) {
 func TestUpstreamDown(t *testing.T) {
 	dead := testkit.RefusedAddr(t)
 	h := &rec{}
-	_, addr := startProxy(t, &proxy.Service{Name: "s", Upstream: dead}, h)
+	_, addr := startProxy(t, &exchange.Service{Name: "s", Upstream: dead}, h)
 	cl := h2cClient()
 	defer cl.CloseIdleConnections()
 	res, err := cl.Get("http://" + addr + "/")
@@ -158,7 +158,7 @@ func TestDrain(t *testing.T) {
 	})}
 	go func() { _ = us.Serve(upLn) }()
 	defer us.Close()
-	srv, addr := startProxy(t, &proxy.Service{Name: "s", Upstream: upLn.Addr().String()}, &rec{})
+	srv, addr := startProxy(t, &exchange.Service{Name: "s", Upstream: upLn.Addr().String()}, &rec{})
 	cl := h2cClient()
 	defer cl.CloseIdleConnections()
 	type out struct {
@@ -220,7 +220,7 @@ func TestUpstreamResetReachesClient(t *testing.T) {
 	go func() { _ = us.Serve(upLn) }()
 	defer us.Close()
 	h := &rec{}
-	_, addr := startProxy(t, &proxy.Service{Name: "s", Upstream: upLn.Addr().String()}, h)
+	_, addr := startProxy(t, &exchange.Service{Name: "s", Upstream: upLn.Addr().String()}, h)
 	cl := h2cClient()
 	defer cl.CloseIdleConnections()
 	res, err := cl.Get("http://" + addr + "/")
@@ -264,7 +264,7 @@ func TestUpstreamGOAWAY(t *testing.T) {
 		}}
 	go func() { _ = us.Serve(upLn) }()
 	defer us.Close()
-	_, addr := startProxy(t, &proxy.Service{Name: "s", Upstream: upLn.Addr().String()}, &rec{})
+	_, addr := startProxy(t, &exchange.Service{Name: "s", Upstream: upLn.Addr().String()}, &rec{})
 	cl := h2cClient()
 	defer cl.CloseIdleConnections()
 	get := func() {
@@ -322,7 +322,7 @@ func TestUpstreamHeadTimeout(t *testing.T) {
 			go func() { _ = us.Serve(upLn) }()
 			defer us.Close()
 			h := &rec{}
-			svc := &proxy.Service{Name: "s", Upstream: upLn.Addr().String(), UpstreamProtocol: proto, UpstreamTimeout: 100 * time.Millisecond}
+			svc := &exchange.Service{Name: "s", Upstream: upLn.Addr().String(), UpstreamProtocol: proto, UpstreamTimeout: 100 * time.Millisecond}
 			_, addr := startProxy(t, svc, h)
 			cl := h2cClient()
 			cl.Timeout = 30 * time.Second // a proxy that never gives up fails the test
@@ -365,12 +365,12 @@ func TestUpstreamHeadTimeout(t *testing.T) {
 
 // TestUpstreamHostName: an upstream named by host name (localhost, Go's
 // resolver) is reached on every upstream protocol; DialUpstream looks the
-// name up (pkg/proxy dialup.go).
+// name up (exchange.Config.DialUpstream).
 func TestUpstreamHostName(t *testing.T) {
 	for _, proto := range []string{h2proxy.ProtoHTTP1, h2proxy.ProtoH2C} {
 		t.Run(proto, func(t *testing.T) {
 			_, port, _ := net.SplitHostPort(startHTTP(t, true))
-			_, addr := startProxy(t, &proxy.Service{Name: "s", Upstream: "localhost:" + port, UpstreamProtocol: proto}, &rec{})
+			_, addr := startProxy(t, &exchange.Service{Name: "s", Upstream: "localhost:" + port, UpstreamProtocol: proto}, &rec{})
 			cl := h2cClient()
 			defer cl.CloseIdleConnections()
 			res, err := cl.Get("http://" + addr + "/")

@@ -15,11 +15,11 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/h2proxy"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
-var fuzzSvc = &proxy.Service{Name: "fuzz", Upstream: "127.0.0.1:9", Limits: limits(20)}
+var fuzzSvc = &exchange.Service{Name: "fuzz", Upstream: "127.0.0.1:9", Limits: limits(20)}
 
 // FuzzH2Conn feeds arbitrary frames (after a valid preface) to a served
 // connection whose every stream is denied: whatever the bytes, Serve
@@ -33,7 +33,7 @@ func FuzzH2Conn(f *testing.F) {
 		f.Add(s)
 	}
 	srv := h2proxy.New()
-	cfg := &proxy.Config{Services: []*proxy.Service{fuzzSvc}, Hook: &rec{deny: map[string]bool{"/": true, "/x": true}}}
+	cfg := &exchange.Config{Services: []*exchange.Service{fuzzSvc}, Hook: &rec{deny: map[string]bool{"/": true, "/x": true}}}
 	f.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -43,7 +43,7 @@ func FuzzH2Conn(f *testing.F) {
 }
 
 // runFuzzOne serves one connection carrying frames.
-func runFuzzOne(t *testing.T, srv *h2proxy.Server, cfg *proxy.Config, frames []byte) {
+func runFuzzOne(t *testing.T, srv *h2proxy.Server, cfg *exchange.Config, frames []byte) {
 	{
 		client, server := net.Pipe()
 		done := make(chan struct{})

@@ -20,8 +20,8 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 	"github.com/rl-tproxy/rl-tproxy/pkg/embedded"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/hook"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
@@ -160,6 +160,6 @@ func mustPolicy(g *hook.Gate) *admission.Policy {
 	return p
 }
 
-var _ proxy.Hook = (*hook.Gate)(nil)
+var _ exchange.Hook = (*hook.Gate)(nil)
 
-var _ proxy.ContextBound = (*hook.Gate)(nil)
+var _ exchange.ContextBound = (*hook.Gate)(nil)

@@ -24,7 +24,7 @@ import (
 // request policy whose horizon (60 s) outlasts the client's patience
 // (20 s): the stream is answered 503 at the service's admission timeout,
 // which only happens if the Gate's Admit returns when its context ends,
-// since the gate is a proxy.ContextBound Hook, called on the stream's
+// since the gate is a exchange.ContextBound Hook, called on the stream's
 // own goroutine (no Admit goroutine started).
 func TestGateAdmissionTimeoutInline(t *testing.T) {
 	silent, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})

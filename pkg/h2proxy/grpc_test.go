@@ -18,8 +18,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/h2proxy"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
 func h2cTransport() *http.Transport {
@@ -37,7 +37,7 @@ func TestGRPCCallKinds(t *testing.T) {
 		t.Run("upstream="+proto, func(t *testing.T) {
 			up, upAddr := startGRPC(t)
 			h := &rec{}
-			_, addr := startProxy(t, &proxy.Service{Name: "g", Upstream: upAddr, UpstreamProtocol: proto}, h)
+			_, addr := startProxy(t, &exchange.Service{Name: "g", Upstream: upAddr, UpstreamProtocol: proto}, h)
 			cl := dialGRPC(t, addr)
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
@@ -145,7 +145,7 @@ func TestGRPCCallKinds(t *testing.T) {
 func TestGRPCDeny(t *testing.T) {
 	up, upAddr := startGRPC(t)
 	h := &rec{deny: map[string]bool{"/grpc.testing.TestService/UnaryCall": true, "/grpc.testing.TestService/FullDuplexCall": true}}
-	_, addr := startProxy(t, &proxy.Service{Name: "g", Upstream: upAddr}, h)
+	_, addr := startProxy(t, &exchange.Service{Name: "g", Upstream: upAddr}, h)
 	cl := dialGRPC(t, addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -183,7 +183,7 @@ func TestGRPCDeny(t *testing.T) {
 func TestGRPCPushbackHonoured(t *testing.T) {
 	_, upAddr := startGRPC(t)
 	h := &rec{deny: map[string]bool{"/grpc.testing.TestService/EmptyCall": true}}
-	_, addr := startProxy(t, &proxy.Service{Name: "g", Upstream: upAddr}, h)
+	_, addr := startProxy(t, &exchange.Service{Name: "g", Upstream: upAddr}, h)
 	h.deny["/grpc.testing.TestService/EmptyCall"] = true
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultServiceConfig(`{"methodConfig":[{"name":[{"service":"grpc.testing.TestService"}],
 	 "retryPolicy":{"maxAttempts":2,"initialBackoff":"0.01s","maxBackoff":"0.01s","backoffMultiplier":1,"retryableStatusCodes":["RESOURCE_EXHAUSTED"]}}]}`))
@@ -226,7 +226,7 @@ func TestGRPCPushbackHonoured(t *testing.T) {
 func TestHTTPDeny(t *testing.T) {
 	_, upAddr := startGRPC(t)
 	h := &rec{deny: map[string]bool{"/x": true}}
-	_, addr := startProxy(t, &proxy.Service{Name: "g", Upstream: upAddr}, h)
+	_, addr := startProxy(t, &exchange.Service{Name: "g", Upstream: upAddr}, h)
 	res, err := h2cClient().Get("http://" + addr + "/x?q=1")
 	if err != nil {
 		t.Fatal(err)
@@ -246,7 +246,7 @@ func TestClientCancelResetsUpstream(t *testing.T) {
 	up, upAddr := startGRPC(t)
 	up.Block = make(chan struct{})
 	h := &rec{}
-	_, addr := startProxy(t, &proxy.Service{Name: "g", Upstream: upAddr}, h)
+	_, addr := startProxy(t, &exchange.Service{Name: "g", Upstream: upAddr}, h)
 	cl := dialGRPC(t, addr)
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
@@ -268,7 +268,7 @@ func TestClientCancelResetsUpstream(t *testing.T) {
 func TestAbortDuringAdmission(t *testing.T) {
 	up, upAddr := startGRPC(t)
 	h := &rec{block: true}
-	_, addr := startProxy(t, &proxy.Service{Name: "g", Upstream: upAddr}, h)
+	_, addr := startProxy(t, &exchange.Service{Name: "g", Upstream: upAddr}, h)
 	cl := dialGRPC(t, addr)
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)

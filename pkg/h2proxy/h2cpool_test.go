@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // TestH2CPoolStreamLimit: streams beyond the upstream's
@@ -46,7 +46,7 @@ func TestH2CPoolStreamLimit(t *testing.T) {
 	defer us.Close()
 	var u upstreams
 	u.init()
-	up, err := u.get(&proxy.Service{Name: "p", Upstream: ln.Addr().String(), UpstreamProtocol: ProtoH2C}, &proxy.Config{})
+	up, err := u.get(&exchange.Service{Name: "p", Upstream: ln.Addr().String(), UpstreamProtocol: ProtoH2C}, &exchange.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

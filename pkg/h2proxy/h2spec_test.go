@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // H2specVersion is the h2spec release the conformance test builds (Go
@@ -75,7 +75,7 @@ func TestH2spec(t *testing.T) {
 	})}
 	go func() { _ = us.Serve(upLn) }()
 	defer us.Close()
-	_, addr := startListenerProxy(t, &proxy.Service{Name: "spec", Upstream: upLn.Addr().String()}, &rec{})
+	_, addr := startListenerProxy(t, &exchange.Service{Name: "spec", Upstream: upLn.Addr().String()}, &rec{})
 	_, port, _ := net.SplitHostPort(addr)
 	report := filepath.Join(t.TempDir(), "h2spec.xml")
 	cmd := exec.Command(bin, "--strict", "-h", "127.0.0.1", "-p", port, "-o", "5", "-j", report)

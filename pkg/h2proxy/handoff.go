@@ -4,20 +4,20 @@ import (
 	"context"
 	"sync"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/sniff"
 )
 
-// Takes implements proxy.Handoff: the Server serves every connection that
+// Takes implements exchange.Handoff: the Server serves every connection that
 // starts with the HTTP/2 preface.
-func (s *Server) Takes(kind sniff.Kind, _ *proxy.Service) bool { return kind == sniff.HTTP2 }
+func (s *Server) Takes(kind sniff.Kind, _ *exchange.Service) bool { return kind == sniff.HTTP2 }
 
-// ServeConn implements proxy.Handoff: it serves a connection the proxy's
+// ServeConn implements exchange.Handoff: it serves a connection the proxy's
 // protocol dispatch classified as HTTP/2. When the proxy begins its
 // graceful drain (hc.Drain), every HTTP/2 connection gets a GOAWAY:
 // streams in flight finish, new streams are refused, and the connections
 // end; the proxy's shutdown bound closes whatever is left.
-func (s *Server) ServeConn(hc *proxy.HandoffConn) {
+func (s *Server) ServeConn(hc *exchange.HandoffConn) {
 	if drain := hc.Drain; drain != nil { // hc is not read after ServeConn returns
 		stop := make(chan struct{})
 		defer close(stop)
@@ -40,7 +40,7 @@ func (s *Server) goaway() {
 	}
 }
 
-var _ proxy.Handoff = (*Server)(nil)
+var _ exchange.Handoff = (*Server)(nil)
 
 // drainOnce is per Server; declared here to keep the handoff state
 // together.

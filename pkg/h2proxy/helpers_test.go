@@ -13,9 +13,9 @@ import (
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/grpctest"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/h2proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
 // startGRPC starts the gRPC upstream (h2c prior knowledge) on loopback.
@@ -38,14 +38,14 @@ type rec struct {
 	// blockPath: Admit waits for ctx for this path only.
 	blockPath string
 	admits    int
-	dones     []proxy.Result
+	dones     []exchange.Result
 	paths     []string
 	auth      []string
 	// admitted lists the paths that reached Admit.
 	admitted []string
 }
 
-func (h *rec) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
+func (h *rec) Admit(ctx context.Context, r *exchange.Request) exchange.Decision {
 	h.mu.Lock()
 	h.admits++
 	h.auth = append(h.auth, string(r.Head.Host))
@@ -54,23 +54,23 @@ func (h *rec) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
 	h.mu.Unlock()
 	if block {
 		<-ctx.Done()
-		return proxy.Decision{Status: 499}
+		return exchange.Decision{Status: 499}
 	}
 	if deny {
-		return proxy.Decision{Status: 429, Body: []byte("denied\n"), ContentType: "text/plain",
+		return exchange.Decision{Status: 429, Body: []byte("denied\n"), ContentType: "text/plain",
 			Header: []httpparse.Header{{Name: []byte("Retry-After"), Value: []byte("3")}, {Name: []byte("RateLimit-Policy"), Value: []byte(`"z";q=1;w=1`)}}}
 	}
-	return proxy.Decision{Allow: true}
+	return exchange.Decision{Allow: true}
 }
 
-func (h *rec) Done(r *proxy.Request, d *proxy.Decision, res *proxy.Result) {
+func (h *rec) Done(r *exchange.Request, d *exchange.Decision, res *exchange.Result) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.dones = append(h.dones, *res)
 	h.paths = append(h.paths, string(r.Path))
 }
 
-func (h *rec) GRPCDeny(*proxy.Decision) (int, string) { return 8, "rate limited by zone z" }
+func (h *rec) GRPCDeny(*exchange.Decision) (int, string) { return 8, "rate limited by zone z" }
 
 func (h *rec) doneCount() int {
 	h.mu.Lock()
@@ -80,15 +80,15 @@ func (h *rec) doneCount() int {
 
 // startProxy serves HTTP/2 connections for svc through h2proxy (the
 // standalone mode: the codec reads the preface itself).
-func startProxy(t testing.TB, svc *proxy.Service, hook proxy.Hook) (*h2proxy.Server, string) {
+func startProxy(t testing.TB, svc *exchange.Service, hook exchange.Hook) (*h2proxy.Server, string) {
 	t.Helper()
-	cfg := &proxy.Config{Services: []*proxy.Service{svc}, Hook: hook}
-	return serveConns(t, func() (*proxy.Service, *proxy.Config) { return svc, cfg })
+	cfg := &exchange.Config{Services: []*exchange.Service{svc}, Hook: hook}
+	return serveConns(t, func() (*exchange.Service, *exchange.Config) { return svc, cfg })
 }
 
 // serveConns serves each accepted connection with the service and
 // configuration next returns at its accept, until the test ends.
-func serveConns(t testing.TB, next func() (*proxy.Service, *proxy.Config)) (*h2proxy.Server, string) {
+func serveConns(t testing.TB, next func() (*exchange.Service, *exchange.Config)) (*h2proxy.Server, string) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // TestUpstreamHeadsNotIndexed: the request heads the proxy sends to an
@@ -25,7 +25,7 @@ import (
 func TestUpstreamHeadsNotIndexed(t *testing.T) {
 	up := &rawH2Upstream{}
 	addr := up.start(t)
-	_, paddr := startProxy(t, &proxy.Service{Name: "s", Upstream: addr, UpstreamProtocol: "h2c"}, nil)
+	_, paddr := startProxy(t, &exchange.Service{Name: "s", Upstream: addr, UpstreamProtocol: "h2c"}, nil)
 	cl := h2cClient()
 	defer cl.CloseIdleConnections()
 	for i := range 5 {

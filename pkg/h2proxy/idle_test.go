@@ -11,7 +11,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // rejRec is rec that also records the rules of Reject.
@@ -21,7 +21,7 @@ type rejRec struct {
 	rules map[string]int
 }
 
-func (h *rejRec) Reject(_ *proxy.Service, _ netip.AddrPort, rule string, status int) {
+func (h *rejRec) Reject(_ *exchange.Service, _ netip.AddrPort, rule string, status int) {
 	h.rmu.Lock()
 	defer h.rmu.Unlock()
 	if h.rules == nil {
@@ -63,7 +63,7 @@ func TestStreamIdleTimeouts(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := &rejRec{rec: &rec{deny: map[string]bool{"/ok": true}}}
-			_, addr := startProxy(t, &proxy.Service{Name: "i", Upstream: up, IdleTimeout: idle}, h)
+			_, addr := startProxy(t, &exchange.Service{Name: "i", Upstream: up, IdleTimeout: idle}, h)
 			rc := dialRaw(t, addr)
 			_ = rc.c.SetDeadline(time.Now().Add(40 * idle)) // hang guard
 			if err := rc.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: tc.window}); err != nil {

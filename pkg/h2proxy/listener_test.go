@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/grpctest"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/h2proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
@@ -22,10 +23,10 @@ import (
 // startListenerProxy runs the whole data path in listener mode: pkg/proxy
 // accepts, its protocol dispatch hands HTTP/2 connections to h2proxy, and
 // HTTP/1.1 stays on the proxy's own path, on one port.
-func startListenerProxy(t testing.TB, svc *proxy.Service, hook proxy.Hook) (*proxy.Proxy, string) {
+func startListenerProxy(t testing.TB, svc *exchange.Service, hook exchange.Hook) (*proxy.Proxy, string) {
 	t.Helper()
 	h2 := h2proxy.New()
-	p, err := proxy.New(proxy.Config{Services: []*proxy.Service{svc}, Hook: hook, Handoff: &proxy.HandoffMux{HTTP2: h2}})
+	p, err := proxy.New(proxy.Config{Config: exchange.Config{Services: []*exchange.Service{svc}, Hook: hook}, Handoff: &exchange.HandoffMux{HTTP2: h2}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +53,7 @@ func startListenerProxy(t testing.TB, svc *proxy.Service, hook proxy.Hook) (*pro
 func TestListenerModeSamePort(t *testing.T) {
 	_, upAddr := startGRPC(t)
 	h := &rec{deny: map[string]bool{"/grpc.testing.TestService/EmptyCall": true}}
-	_, addr := startListenerProxy(t, &proxy.Service{Name: "g", Upstream: upAddr}, h)
+	_, addr := startListenerProxy(t, &exchange.Service{Name: "g", Upstream: upAddr}, h)
 	runGRPCKinds(t, dialGRPC(t, addr))
 
 	// HTTP/1.1 on the same port reaches the proxy's own path: the gRPC
@@ -108,7 +109,7 @@ func TestListenerDrainGOAWAY(t *testing.T) {
 	})}
 	go func() { _ = us.Serve(upLn) }()
 	defer us.Close()
-	p, addr := startListenerProxy(t, &proxy.Service{Name: "s", Upstream: upLn.Addr().String()}, &rec{})
+	p, addr := startListenerProxy(t, &exchange.Service{Name: "s", Upstream: upLn.Addr().String()}, &rec{})
 	rc := dialRaw(t, addr)
 	if err := rc.fr.WriteHeaders(http2HeadersEnd(1, rc.headerBlock("/slow"))); err != nil {
 		t.Fatal(err)

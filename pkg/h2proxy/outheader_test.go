@@ -5,8 +5,8 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
 // TestOutHeader: the upstream request shares the client's header only
@@ -14,33 +14,33 @@ import (
 // connection-specific fields gone and the forwarding fields added, and
 // the client's header is left as it was.
 func TestOutHeader(t *testing.T) {
-	fwd := &proxy.Decision{Allow: true, Forward: []httpparse.Header{{Name: []byte("X-Id"), Value: []byte("h")}}}
-	fwd2 := &proxy.Decision{Allow: true, Forward: []httpparse.Header{
+	fwd := &exchange.Decision{Allow: true, Forward: []httpparse.Header{{Name: []byte("X-Id"), Value: []byte("h")}}}
+	fwd2 := &exchange.Decision{Allow: true, Forward: []httpparse.Header{
 		{Name: []byte("x-id"), Value: []byte("h1")}, {Name: []byte("X-Other"), Value: []byte("o")}, {Name: []byte("X-ID"), Value: []byte("h2")},
 	}}
 	tests := []struct {
 		name   string
 		in     http.Header
-		svc    proxy.Service
-		d      *proxy.Decision
+		svc    exchange.Service
+		d      *exchange.Decision
 		shared bool
 		want   http.Header // nil: same as in
 	}{
-		{"plain", http.Header{"Accept": {"*/*"}}, proxy.Service{}, nil, true, nil},
-		{"te trailers", http.Header{"Te": {"trailers"}}, proxy.Service{}, &proxy.Decision{Allow: true}, true, nil},
-		{"te other", http.Header{"Te": {"gzip"}, "A": {"1"}}, proxy.Service{}, nil, false, http.Header{"A": {"1"}}},
-		{"te empty", http.Header{"Te": {}, "A": {"1"}}, proxy.Service{}, nil, false, http.Header{"A": {"1"}}},
-		{"trailer field", http.Header{"Trailer": {"X"}, "A": {"1"}}, proxy.Service{}, nil, false, http.Header{"A": {"1"}}},
-		{"http2-settings", http.Header{"Http2-Settings": {"AAMAAABk"}, "A": {"1"}}, proxy.Service{}, nil, false, http.Header{"A": {"1"}}},
-		{"xff", http.Header{"A": {"1"}}, proxy.Service{XForwardedFor: true}, nil, false, http.Header{"A": {"1"}, "X-Forwarded-For": {"192.0.2.1"}}},
-		{"real ip", http.Header{}, proxy.Service{XRealIP: true}, nil, false, http.Header{"X-Real-Ip": {"192.0.2.1"}}},
-		{"hook fields", http.Header{"X-Id": {"client"}, "A": {"1"}}, proxy.Service{}, fwd, false, http.Header{"X-Id": {"h"}, "A": {"1"}}},
-		{"hook fields, repeated name", http.Header{"X-Id": {"client", "c2"}}, proxy.Service{}, fwd2, false,
+		{"plain", http.Header{"Accept": {"*/*"}}, exchange.Service{}, nil, true, nil},
+		{"te trailers", http.Header{"Te": {"trailers"}}, exchange.Service{}, &exchange.Decision{Allow: true}, true, nil},
+		{"te other", http.Header{"Te": {"gzip"}, "A": {"1"}}, exchange.Service{}, nil, false, http.Header{"A": {"1"}}},
+		{"te empty", http.Header{"Te": {}, "A": {"1"}}, exchange.Service{}, nil, false, http.Header{"A": {"1"}}},
+		{"trailer field", http.Header{"Trailer": {"X"}, "A": {"1"}}, exchange.Service{}, nil, false, http.Header{"A": {"1"}}},
+		{"http2-settings", http.Header{"Http2-Settings": {"AAMAAABk"}, "A": {"1"}}, exchange.Service{}, nil, false, http.Header{"A": {"1"}}},
+		{"xff", http.Header{"A": {"1"}}, exchange.Service{XForwardedFor: true}, nil, false, http.Header{"A": {"1"}, "X-Forwarded-For": {"192.0.2.1"}}},
+		{"real ip", http.Header{}, exchange.Service{XRealIP: true}, nil, false, http.Header{"X-Real-Ip": {"192.0.2.1"}}},
+		{"hook fields", http.Header{"X-Id": {"client"}, "A": {"1"}}, exchange.Service{}, fwd, false, http.Header{"X-Id": {"h"}, "A": {"1"}}},
+		{"hook fields, repeated name", http.Header{"X-Id": {"client", "c2"}}, exchange.Service{}, fwd2, false,
 			http.Header{"X-Id": {"h1", "h2"}, "X-Other": {"o"}}},
-		{"hook fields and xff", http.Header{"X-Forwarded-For": {"198.51.100.7"}}, proxy.Service{XForwardedFor: true}, fwd, false,
+		{"hook fields and xff", http.Header{"X-Forwarded-For": {"198.51.100.7"}}, exchange.Service{XForwardedFor: true}, fwd, false,
 			http.Header{"X-Id": {"h"}, "X-Forwarded-For": {"198.51.100.7, 192.0.2.1"}}},
-		{"nil header", nil, proxy.Service{}, nil, false, http.Header{}},
-		{"values with spare capacity", http.Header{"A": append(make([]string, 0, 4), "1"), "Te": {"gzip"}}, proxy.Service{}, nil, false,
+		{"nil header", nil, exchange.Service{}, nil, false, http.Header{}},
+		{"values with spare capacity", http.Header{"A": append(make([]string, 0, 4), "1"), "Te": {"gzip"}}, exchange.Service{}, nil, false,
 			http.Header{"A": {"1"}}},
 	}
 	for _, tt := range tests {

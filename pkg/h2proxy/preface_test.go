@@ -7,20 +7,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/h2proxy"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
 // handoffProxy is the dispatcher's view: it reads the first n bytes of a
 // connection itself and hands them over with the connection.
-func handoffProxy(t *testing.T, svc *proxy.Service, n int) string {
+func handoffProxy(t *testing.T, svc *exchange.Service, n int) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := h2proxy.New()
-	cfg := &proxy.Config{Services: []*proxy.Service{svc}, Hook: &rec{}}
+	cfg := &exchange.Config{Services: []*exchange.Service{svc}, Hook: &rec{}}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -51,7 +51,7 @@ func handoffProxy(t *testing.T, svc *proxy.Service, n int) string {
 func TestPrefaceHandoff(t *testing.T) {
 	up := startHTTP(t, true)
 	for _, n := range []int{1, 14, 24, 33} {
-		addr := handoffProxy(t, &proxy.Service{Name: "s", Upstream: up}, n)
+		addr := handoffProxy(t, &exchange.Service{Name: "s", Upstream: up}, n)
 		cl := h2cClient()
 		res, err := cl.Get("http://" + addr + "/")
 		if err != nil {
@@ -69,7 +69,7 @@ func TestPrefaceHandoff(t *testing.T) {
 // but is not one ends with a FIN the client can read up to (h2spec 3.5/2),
 // not a reset.
 func TestBadPrefaceClosesCleanly(t *testing.T) {
-	addr := handoffProxy(t, &proxy.Service{Name: "s", Upstream: "127.0.0.1:9"}, 3)
+	addr := handoffProxy(t, &exchange.Service{Name: "s", Upstream: "127.0.0.1:9"}, 3)
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)

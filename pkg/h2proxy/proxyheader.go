@@ -6,7 +6,7 @@ import (
 	"net"
 	"sync"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxyproto"
 )
 
@@ -19,7 +19,7 @@ import (
 type connUpstream struct {
 	mu     sync.Mutex
 	ups    upstreams
-	cfg    *proxy.Config
+	cfg    *exchange.Config
 	closed bool
 }
 
@@ -41,13 +41,13 @@ func (h *conn) upstream() (*upstream, error) {
 		cfg := *h.cfg
 		base := h.cfg
 		svc, remote, local := h.svc, h.remote, h.local
-		timeout := durOr(svc.UpstreamTimeout, proxy.DefaultUpstreamTimeout)
+		timeout := svc.UpstreamTimeoutOrDefault()
 		cfg.Dial = func(ctx context.Context, _, addr string) (net.Conn, error) {
 			c, err := base.DialUpstream(ctx, addr)
 			if err != nil {
 				return nil, err
 			}
-			if err := proxy.WriteProxyHeader(c, svc, remote, local, timeout); err != nil {
+			if err := exchange.WriteProxyHeader(c, svc, remote, local, timeout); err != nil {
 				c.Close()
 				return nil, err
 			}

@@ -11,8 +11,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/h2proxy"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxyproto"
 )
 
@@ -69,7 +69,7 @@ func TestProxyProtocolHTTP2(t *testing.T) {
 			})}
 			go srv.Serve(pl)
 			t.Cleanup(func() { srv.Close() })
-			_, addr := startProxy(t, &proxy.Service{Name: "pp", Upstream: ln.Addr().String(), UpstreamProtocol: upProto,
+			_, addr := startProxy(t, &exchange.Service{Name: "pp", Upstream: ln.Addr().String(), UpstreamProtocol: upProto,
 				ProxyProtocol: proxyproto.V1}, nil)
 			var want []string
 			for client := 0; client < 2; client++ {

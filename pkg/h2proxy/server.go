@@ -1,6 +1,6 @@
 // Package h2proxy is the HTTP/2 cleartext data path: it serves connections
 // that started with the HTTP/2 preface (handed off by pkg/proxy), admits
-// every request stream through the same proxy.Hook as HTTP/1.1, answers
+// every request stream through the same exchange.Hook as HTTP/1.1, answers
 // denies in the client's language (429 with the RateLimit fields, or a gRPC
 // trailers-only status), and forwards admitted streams full duplex to the
 // service's upstream over pooled h2c or HTTP/1.1 connections.
@@ -12,7 +12,7 @@
 // early resets (rapid reset, CVE-2023-44487), a header block bounded by
 // SETTINGS_MAX_HEADER_LIST_SIZE however many CONTINUATION frames carry it
 // (CVE-2024-27316), and a bounded HPACK dynamic table. The bounds come from
-// proxy.Service (the policy's limits).
+// exchange.Service (the policy's limits).
 package h2proxy
 
 import (
@@ -28,10 +28,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
-// Defaults of the HTTP/2 limits (proxy.H2Limits zero values).
+// Defaults of the HTTP/2 limits (exchange.H2Limits zero values).
 const (
 	DefaultMaxConcurrentStreams = 128
 	DefaultMaxReadFrameSize     = 16 << 10
@@ -69,7 +69,7 @@ type Server struct {
 // limits share one (the handler reads the service from the connection),
 // so reloads do not multiply servers.
 type serverKey struct {
-	lim     proxy.H2Limits
+	lim     exchange.H2Limits
 	maxHead int
 	idle    time.Duration
 }
@@ -110,8 +110,8 @@ type h2conn struct {
 	net.Conn
 	pre    []byte
 	rb     readBuf
-	svc    *proxy.Service
-	cfg    *proxy.Config
+	svc    *exchange.Service
+	cfg    *exchange.Config
 	closed chan struct{}
 	once   sync.Once
 	ppUp   connUpstream // upstream connections with this client's PROXY header (proxyheader.go)
@@ -122,7 +122,7 @@ type h2conn struct {
 	inj    []byte            // frames fed to the codec before the client's next bytes
 	injBuf [rstStreamFrameSize]byte
 	// remote is the client, peer the TCP peer when a PROXY header named
-	// another client (proxy.HandoffConn.Peer; zero otherwise).
+	// another client (exchange.HandoffConn.Peer; zero otherwise).
 	remote, peer netip.AddrPort
 }
 
@@ -243,13 +243,13 @@ func (l *connListener) Addr() net.Addr {
 // anything read from c. svc and cfg are the service and configuration in
 // force when the connection was accepted; cfg supplies the Hook, the
 // upstream dialer, the logger and the clock. Serve closes c.
-func (s *Server) Serve(c net.Conn, buffered []byte, svc *proxy.Service, cfg *proxy.Config) {
+func (s *Server) Serve(c net.Conn, buffered []byte, svc *exchange.Service, cfg *exchange.Config) {
 	s.serve(c, buffered, svc, cfg, addrPort(c.RemoteAddr()), netip.AddrPort{})
 }
 
 // serve is Serve for a client named by remote: the TCP peer, or the
 // client of a PROXY header the peer sent (then peer is the TCP peer).
-func (s *Server) serve(c net.Conn, buffered []byte, svc *proxy.Service, cfg *proxy.Config, remote, peer netip.AddrPort) {
+func (s *Server) serve(c net.Conn, buffered []byte, svc *exchange.Service, cfg *exchange.Config, remote, peer netip.AddrPort) {
 	s.mu.Lock()
 	if s.draining {
 		s.mu.Unlock()
@@ -261,7 +261,7 @@ func (s *Server) serve(c net.Conn, buffered []byte, svc *proxy.Service, cfg *pro
 	h.used = true
 	s.mu.Unlock()
 	defer s.done(h)
-	pre, ok := readPreface(c, buffered, durOr(svc.HeaderTimeout, proxy.DefaultHeaderTimeout))
+	pre, ok := readPreface(c, buffered, svc.HeaderTimeoutOrDefault())
 	if !ok {
 		lingerClose(c)
 		return
@@ -354,8 +354,8 @@ func lingerClose(c net.Conn) {
 
 // serverFor returns the HTTP/2 server of svc, starting it on first use
 // (s.mu held).
-func (s *Server) serverFor(svc *proxy.Service) *h2server {
-	key := serverKey{lim: svc.H2, maxHead: headerListSize(svc), idle: durOr(svc.IdleTimeout, proxy.DefaultIdleTimeout)}
+func (s *Server) serverFor(svc *exchange.Service) *h2server {
+	key := serverKey{lim: svc.H2, maxHead: headerListSize(svc), idle: svc.IdleTimeoutOrDefault()}
 	if h := s.servers[key]; h != nil {
 		return h
 	}
@@ -406,7 +406,7 @@ const headerListSlack = 10 * 32
 
 // headerListSize is the bound of a request's header block (HPACK-decoded
 // size, RFC 9113 6.5.2), from the service's max_header_bytes.
-func headerListSize(svc *proxy.Service) int {
+func headerListSize(svc *exchange.Service) int {
 	if svc.Limits.MaxHeaderBytes > 0 {
 		return svc.Limits.MaxHeaderBytes
 	}
@@ -467,13 +467,6 @@ func durOr(d, def time.Duration) time.Duration {
 		return d
 	}
 	return def
-}
-
-func logger(cfg *proxy.Config) *slog.Logger {
-	if cfg.Logger != nil {
-		return cfg.Logger
-	}
-	return discard
 }
 
 var discard = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/h2proxy"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
 // TestServerSweep: a reload that changes a service's HTTP/2 limits leaves
@@ -19,9 +19,9 @@ import (
 // connection is open, and a configuration seen again gets a new server.
 func TestServerSweep(t *testing.T) {
 	up := startHTTP(t, false)
-	svcA := &proxy.Service{Name: "s", Upstream: up, UpstreamProtocol: h2proxy.ProtoHTTP1, H2: proxy.H2Limits{MaxConcurrentStreams: 7}}
-	svcB := &proxy.Service{Name: "s", Upstream: up, UpstreamProtocol: h2proxy.ProtoHTTP1, H2: proxy.H2Limits{MaxConcurrentStreams: 9}}
-	var svc atomic.Pointer[proxy.Service]
+	svcA := &exchange.Service{Name: "s", Upstream: up, UpstreamProtocol: h2proxy.ProtoHTTP1, H2: exchange.H2Limits{MaxConcurrentStreams: 7}}
+	svcB := &exchange.Service{Name: "s", Upstream: up, UpstreamProtocol: h2proxy.ProtoHTTP1, H2: exchange.H2Limits{MaxConcurrentStreams: 9}}
+	var svc atomic.Pointer[exchange.Service]
 	svc.Store(svcA)
 	srv, addr := serveCurrent(t, &svc)
 	get := func(cl *http.Client) {
@@ -79,10 +79,10 @@ func TestServerSweepTimer(t *testing.T) {
 	*h2proxy.ServerSweep = 10 * time.Millisecond
 	t.Cleanup(func() { *h2proxy.ServerSweep = sweep })
 	up := startHTTP(t, false)
-	var svc atomic.Pointer[proxy.Service]
+	var svc atomic.Pointer[exchange.Service]
 	srv, addr := serveCurrent(t, &svc)
 	for i, streams := range []uint32{7, 9, 11} {
-		svc.Store(&proxy.Service{Name: "s", Upstream: up, UpstreamProtocol: h2proxy.ProtoHTTP1, H2: proxy.H2Limits{MaxConcurrentStreams: streams}})
+		svc.Store(&exchange.Service{Name: "s", Upstream: up, UpstreamProtocol: h2proxy.ProtoHTTP1, H2: exchange.H2Limits{MaxConcurrentStreams: streams}})
 		cl := h2cClient()
 		if st := getStatus(t, cl, "http://"+addr+"/"); st != 200 {
 			t.Fatalf("round %d: status %d", i, st)

@@ -11,8 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
 // handler serves request streams; the connection's service and
@@ -24,8 +24,8 @@ type handler struct {
 // conn is the per-stream view of the connection.
 type conn struct {
 	srv           *Server
-	svc           *proxy.Service
-	cfg           *proxy.Config
+	svc           *exchange.Service
+	cfg           *exchange.Config
 	remote, local netip.AddrPort
 	peer          netip.AddrPort // the TCP peer when a PROXY header named remote
 	hc            *h2conn
@@ -40,9 +40,9 @@ type conn struct {
 type stream struct {
 	h     *conn
 	head  httpparse.Request
-	req   proxy.Request
-	dec   proxy.Decision
-	res   proxy.Result
+	req   exchange.Request
+	dec   exchange.Decision
+	res   exchange.Result
 	grpc  bool
 	body  *bodyCount   // nil for a request without a body
 	arena []byte       // the bytes head's slices point into
@@ -171,14 +171,14 @@ func (hd *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (st *stream) reject(w http.ResponseWriter, status int, rule string) {
 	h := st.h
 	h.cfg.ReportReject(h.svc, h.remote, rule, status)
-	logger(h.cfg).Debug("http2 request rejected", "service", h.svc.Name, "remote", h.remote, "rule", rule)
+	h.cfg.Log().Debug("http2 request rejected", "service", h.svc.Name, "remote", h.remote, "rule", rule)
 	st.answer(w, status, nil, []byte(http.StatusText(status)+"\n"), "text/plain; charset=utf-8")
 }
 
 // done tells the Hook how the stream ended.
 //
 //go:noinline
-func (st *stream) done(hook proxy.Hook) {
+func (st *stream) done(hook exchange.Hook) {
 	if st.res.End.IsZero() {
 		st.res.End = st.h.now()
 	}
@@ -230,7 +230,7 @@ func (st *stream) build(r *http.Request) {
 	if i := bytes.IndexByte(path, '?'); i >= 0 {
 		path, query = path[:i], path[i+1:]
 	}
-	st.req = proxy.Request{Remote: h.remote, Local: h.local, Peer: h.peer, Service: h.svc, Head: hd, Path: path, Query: query, Start: h.now(), Proto: proxy.ProtoH2}
+	st.req = exchange.Request{Remote: h.remote, Local: h.local, Peer: h.peer, Service: h.svc, Head: hd, Path: path, Query: query, Start: h.now(), Proto: exchange.ProtoH2}
 	st.grpc = isGRPC(r.Header.Get("Content-Type"))
 }
 
@@ -274,7 +274,7 @@ func (st *stream) check(r *http.Request) (int, string) {
 	if svc.MaxBodyBytes > 0 && r.ContentLength > svc.MaxBodyBytes {
 		return http.StatusRequestEntityTooLarge, "body-too-large"
 	}
-	return proxy.CheckPath(svc, st.req.Path)
+	return exchange.CheckPath(svc, st.req.Path)
 }
 
 // answer writes a complete response from the proxy itself.
@@ -309,7 +309,7 @@ func (st *stream) watch(w http.ResponseWriter) bool {
 	if st.wd == nil {
 		st.wd = &idleWatch{}
 	}
-	return st.wd.arm(w, nil, durOr(st.h.svc.IdleTimeout, proxy.DefaultIdleTimeout))
+	return st.wd.arm(w, nil, st.h.svc.IdleTimeoutOrDefault())
 }
 
 // unwatch disarms the idle timeouts; when one fired, the stream was
@@ -327,7 +327,7 @@ func (st *stream) unwatch() {
 		st.res.End = h.now()
 	}
 	h.cfg.ReportReject(h.svc, h.remote, rule, 0)
-	logger(h.cfg).Debug("http2 stream idle", "service", h.svc.Name, "remote", h.remote, "rule", rule)
+	h.cfg.Log().Debug("http2 stream idle", "service", h.svc.Name, "remote", h.remote, "rule", rule)
 }
 
 // bodyReader is the request body as the upstream reads it: counted and

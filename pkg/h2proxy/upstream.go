@@ -8,10 +8,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
-// Upstream protocols (proxy.Service.UpstreamProtocol).
+// Upstream protocols (exchange.Service.UpstreamProtocol).
 const (
 	ProtoAuto  = "auto"  // the client's: h2c for HTTP/2 clients
 	ProtoHTTP1 = "http1" // HTTP/1.1 over pooled keep-alive connections
@@ -69,7 +69,7 @@ func (u *upstreams) init() { u.m = map[upKey]*upstream{} }
 
 // get returns the transport for svc's upstream, creating it on first use.
 // Its dialer is cfg.Dial (the redirect's bypassing dialer) as of creation.
-func (u *upstreams) get(svc *proxy.Service, cfg *proxy.Config) (*upstream, error) {
+func (u *upstreams) get(svc *exchange.Service, cfg *exchange.Config) (*upstream, error) {
 	proto := svc.UpstreamProtocol
 	switch proto {
 	case "", ProtoAuto:
@@ -78,7 +78,7 @@ func (u *upstreams) get(svc *proxy.Service, cfg *proxy.Config) (*upstream, error
 	default:
 		return nil, fmt.Errorf("service %s: unknown upstream protocol %q", svc.Name, proto)
 	}
-	timeout := durOr(svc.UpstreamTimeout, proxy.DefaultUpstreamTimeout)
+	timeout := durOr(svc.UpstreamTimeout, exchange.DefaultUpstreamTimeout)
 	key := upKey{addr: svc.Upstream, proto: proto, timeout: timeout}
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -101,7 +101,7 @@ func (u *upstreams) get(svc *proxy.Service, cfg *proxy.Config) (*upstream, error
 		}
 		return newCoalescer(c), nil
 	}
-	idle := durOr(cfg.UpstreamIdleTimeout, proxy.DefaultUpstreamIdleTimeout)
+	idle := durOr(cfg.UpstreamIdleTimeout, exchange.DefaultUpstreamIdleTimeout)
 	var up *upstream
 	if proto == ProtoH2C {
 		var protos http.Protocols
@@ -133,7 +133,7 @@ func (u *upstreams) get(svc *proxy.Service, cfg *proxy.Config) (*upstream, error
 	} else {
 		maxIdle := cfg.MaxIdlePerUpstream
 		if maxIdle == 0 {
-			maxIdle = proxy.DefaultMaxIdlePerUpstream
+			maxIdle = exchange.DefaultMaxIdlePerUpstream
 		}
 		var protos http.Protocols
 		protos.SetHTTP1(true)

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/h2proxy"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
 // closeCountingHTTP starts an upstream (HTTP/1.1 and h2c) that counts
@@ -37,8 +37,8 @@ func TestUpstreamSweep(t *testing.T) {
 			t.Cleanup(func() { *h2proxy.UpstreamSweep = sweep })
 			var closedA, closedB atomic.Int32
 			upA, upB := closeCountingHTTP(t, &closedA), closeCountingHTTP(t, &closedB)
-			var svc atomic.Pointer[proxy.Service]
-			svc.Store(&proxy.Service{Name: "s", Upstream: upA, UpstreamProtocol: proto})
+			var svc atomic.Pointer[exchange.Service]
+			svc.Store(&exchange.Service{Name: "s", Upstream: upA, UpstreamProtocol: proto})
 			srv, addr := serveCurrent(t, &svc)
 
 			get := func() {
@@ -53,7 +53,7 @@ func TestUpstreamSweep(t *testing.T) {
 			if a := h2proxy.UpstreamAddrs(srv); !slices.Equal(a, []string{upA}) {
 				t.Fatalf("transports for %v, want %s", a, upA)
 			}
-			svc.Store(&proxy.Service{Name: "s", Upstream: upB, UpstreamProtocol: proto})
+			svc.Store(&exchange.Service{Name: "s", Upstream: upB, UpstreamProtocol: proto})
 			testkit.WaitFor(t, "the old upstream's transport to go", func() bool {
 				get()
 				return !slices.Contains(h2proxy.UpstreamAddrs(srv), upA)
@@ -69,7 +69,7 @@ func TestUpstreamSweep(t *testing.T) {
 				<-release
 				_, _ = w.Write([]byte("late"))
 			})})
-			svc.Store(&proxy.Service{Name: "s", Upstream: upC, UpstreamProtocol: proto})
+			svc.Store(&exchange.Service{Name: "s", Upstream: upC, UpstreamProtocol: proto})
 			done := make(chan error, 1)
 			go func() {
 				cl := h2cClient()
@@ -96,9 +96,9 @@ func TestUpstreamSweep(t *testing.T) {
 
 // serveCurrent serves each accepted connection with the service svc
 // holds at its accept (a reload between connections).
-func serveCurrent(t *testing.T, svc *atomic.Pointer[proxy.Service]) (*h2proxy.Server, string) {
-	return serveConns(t, func() (*proxy.Service, *proxy.Config) {
+func serveCurrent(t *testing.T, svc *atomic.Pointer[exchange.Service]) (*h2proxy.Server, string) {
+	return serveConns(t, func() (*exchange.Service, *exchange.Config) {
 		s := svc.Load()
-		return s, &proxy.Config{Services: []*proxy.Service{s}, Hook: &rec{}}
+		return s, &exchange.Config{Services: []*exchange.Service{s}, Hook: &rec{}}
 	})
 }

@@ -10,8 +10,8 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/h2proxy"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
 // rawUpstream accepts one h2c connection from the proxy and returns its
@@ -56,7 +56,7 @@ func TestUpstreamWindowBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	_, addr := startProxy(t, &proxy.Service{Name: "w", Upstream: ln.Addr().String(), UpstreamProtocol: h2proxy.ProtoH2C}, nil)
+	_, addr := startProxy(t, &exchange.Service{Name: "w", Upstream: ln.Addr().String(), UpstreamProtocol: h2proxy.ProtoH2C}, nil)
 
 	// The client: window 0, one GET.
 	cc, err := net.Dial("tcp", addr)

@@ -7,11 +7,11 @@ import (
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/accesslog"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // logAccess writes the access line (docs/metrics.md lists its fields).
-func (g *Gate) logAccess(r *proxy.Request, d *proxy.Decision, res *proxy.Result, st *state, outcome admission.Outcome, reported bool) {
+func (g *Gate) logAccess(r *exchange.Request, d *exchange.Decision, res *exchange.Result, st *state, outcome admission.Outcome, reported bool) {
 	if !g.access.Enabled(context.Background(), slog.LevelInfo) {
 		return
 	}
@@ -29,7 +29,7 @@ func (g *Gate) logAccess(r *proxy.Request, d *proxy.Decision, res *proxy.Result,
 	}
 	proto := r.Proto
 	if proto == "" {
-		proto = "-" // a path that did not say (proxy.Request.Proto)
+		proto = "-" // a path that did not say (exchange.Request.Proto)
 	}
 	client, peer := r.Remote, r.Remote
 	if st.areq.Peer.IsValid() { // named by the service's client_address

@@ -16,8 +16,8 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/accesslog"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
@@ -191,7 +191,7 @@ func TestRequestIDPolicy(t *testing.T) {
 			if err := head.Parse([]byte("GET /api/x HTTP/1.1\r\nHost: h\r\nX-Key: k\r\n"+c.reqField+"\r\n"), httpparse.Limits{}); err != nil {
 				t.Fatal(err)
 			}
-			r := &proxy.Request{Remote: netip.MustParseAddrPort("10.0.0.1:1"), Local: netip.MustParseAddrPort("127.0.0.1:1"),
+			r := &exchange.Request{Remote: netip.MustParseAddrPort("10.0.0.1:1"), Local: netip.MustParseAddrPort("127.0.0.1:1"),
 				Head: &head, Path: []byte("/api/x"), Start: time.Now()}
 			for _, fn := range []func(context.Context, *wire.RateRequest, *admission.CheckResult){allowAll, denyResource} {
 				g := New(Config{})
@@ -208,7 +208,7 @@ func TestRequestIDPolicy(t *testing.T) {
 						got = append(got, string(h.Name)+": "+string(h.Value))
 					}
 				}
-				g.Done(r, &d, &proxy.Result{Status: 200, End: time.Now()})
+				g.Done(r, &d, &exchange.Result{Status: 200, End: time.Now()})
 				switch {
 				case c.field == "" || d.Allow && c.clientID != "":
 					if len(got) != 0 {
@@ -253,10 +253,10 @@ func TestAccessLineCombined(t *testing.T) {
 	if err := head.Parse([]byte(raw), httpparse.Limits{}); err != nil {
 		t.Fatal(err)
 	}
-	r := &proxy.Request{Remote: netip.MustParseAddrPort("10.0.0.1:1234"), Local: netip.MustParseAddrPort("127.0.0.1:1"),
-		Head: &head, Path: []byte("/api/x"), Query: []byte("a=1"), Start: time.Now(), Proto: proxy.ProtoHTTP11}
+	r := &exchange.Request{Remote: netip.MustParseAddrPort("10.0.0.1:1234"), Local: netip.MustParseAddrPort("127.0.0.1:1"),
+		Head: &head, Path: []byte("/api/x"), Query: []byte("a=1"), Start: time.Now(), Proto: exchange.ProtoHTTP11}
 	d := admitVia(g, context.Background(), r)
-	g.Done(r, &d, &proxy.Result{Status: 429, BytesOut: 262, End: time.Now()})
+	g.Done(r, &d, &exchange.Result{Status: 429, BytesOut: 262, End: time.Now()})
 	re := regexp.MustCompile(`^10\.0\.0\.1 - - \[[^\]]+\] "GET /api/x\?a=1 HTTP/1\.1" 429 262 "-" "probe \\x221\\x22" service=web location=api .*deny_zones=per_key retry_after=3 .*request_id=r-1 `)
 	if line := buf.String(); !re.MatchString(line) {
 		t.Fatalf("combined line %q", line)

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
@@ -29,7 +29,7 @@ func TestAdmitDoneNoAlloc(t *testing.T) {
 		{"local", failWith(ratelimitly.CauseNoEndpoints), "local"}} {
 		g, r := quietGate(t, c.fail, c.fn)
 		ctx := context.Background()
-		res := &proxy.Result{Status: 200, End: time.Now()}
+		res := &exchange.Result{Status: 200, End: time.Now()}
 		run := func() {
 			d := g.Admit(ctx, r)
 			g.Done(r, &d, res)
@@ -42,7 +42,7 @@ func TestAdmitDoneNoAlloc(t *testing.T) {
 		// the rlclient Client does) and a Resumer the caller owns.
 		f := startAsyncFake(t, c.fn)
 		g.SetChecker(f, nil)
-		d := new(proxy.Decision)
+		d := new(exchange.Decision)
 		w := &chanResumer{ch: make(chan struct{}, 1)}
 		run = func() {
 			if g.Begin(r, d, w) {

@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
@@ -24,7 +25,7 @@ var _ proxy.AsyncHook = (*Gate)(nil)
 // (proxy.LoopResumer) when the answer was read on r.Loop, else through
 // Resume. The decision, its metrics,
 // access fields and reports in Done are those of Admit.
-func (g *Gate) Begin(r *proxy.Request, d *proxy.Decision, res proxy.Resumer) bool {
+func (g *Gate) Begin(r *exchange.Request, d *exchange.Decision, res proxy.Resumer) bool {
 	st, svc := g.prepare(r)
 	if st.gen == nil {
 		*d = st.unmatched()
@@ -60,7 +61,7 @@ func (g *Gate) Begin(r *proxy.Request, d *proxy.Decision, res proxy.Resumer) boo
 // CauseCancelled, a blocking checker's context is cancelled) and the
 // request ends as Admit's would with a cancelled context; the proxy is
 // resumed as usual, possibly from inside Cancel.
-func (g *Gate) Cancel(r *proxy.Request) {
+func (g *Gate) Cancel(r *exchange.Request) {
 	st, _ := r.HookState.(*state)
 	// Only a running check is cancelled: one that ended (unpend) before
 	// this Cancel is left alone. st cannot be reused meanwhile: that

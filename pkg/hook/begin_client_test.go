@@ -12,7 +12,7 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/internal/dnstest"
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit/rlcluster"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
 	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient"
 )
@@ -51,7 +51,7 @@ func (c *countResumer) wait(t *testing.T) {
 // silentGate is a quiet Gate (policy testPolicyYAML with fail) whose
 // checker is an rlclient Client of one endpoint that never answers, and
 // a request for its protected location /api/x.
-func silentGate(t *testing.T, fail string, unit time.Duration) (*Gate, *proxy.Request, *rlclient.Client) {
+func silentGate(t *testing.T, fail string, unit time.Duration) (*Gate, *exchange.Request, *rlclient.Client) {
 	t.Helper()
 	pc, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
@@ -78,11 +78,11 @@ func silentGate(t *testing.T, fail string, unit time.Duration) (*Gate, *proxy.Re
 // the zone's burst is spent), and every Done accounted.
 func TestBeginEmbeddedAllowThenDeny(t *testing.T) {
 	g, r := embeddedGate(t, "1/m")
-	res := &proxy.Result{Status: 200}
+	res := &exchange.Result{Status: 200}
 	var statuses []int
 	for i := 0; i < 3; i++ {
 		w := newCountResumer()
-		var d proxy.Decision
+		var d exchange.Decision
 		r.Start = time.Now()
 		if g.Begin(r, &d, w) {
 			t.Fatalf("request %d decided without its check", i)
@@ -116,7 +116,7 @@ func TestBeginEmbeddedAllowThenDeny(t *testing.T) {
 func TestBeginCancelAbortsCheck(t *testing.T) {
 	g, r, cl := silentGate(t, "open", 2*time.Second)
 	w := newCountResumer()
-	var d proxy.Decision
+	var d exchange.Decision
 	if g.Begin(r, &d, w) {
 		t.Fatal("decided without its check")
 	}
@@ -130,7 +130,7 @@ func TestBeginCancelAbortsCheck(t *testing.T) {
 		t.Fatalf("decision allow %v status %d cause %v", d.Allow, d.Status, st.dec.Cause)
 	}
 	g.Cancel(r)
-	g.Done(r, &d, &proxy.Result{ClientAborted: true, End: time.Now()})
+	g.Done(r, &d, &exchange.Result{ClientAborted: true, End: time.Now()})
 	if n := w.count(); n != 1 || cl.Stats().InFlight != 0 {
 		t.Fatalf("%d Resumes, %d checks in flight", n, cl.Stats().InFlight)
 	}
@@ -146,7 +146,7 @@ func TestBeginHorizonFailurePolicy(t *testing.T) {
 		t.Run(c.fail, func(t *testing.T) {
 			g, r, _ := silentGate(t, c.fail, 5*time.Millisecond)
 			w := newCountResumer()
-			var d proxy.Decision
+			var d exchange.Decision
 			if g.Begin(r, &d, w) {
 				t.Fatal("decided without its check")
 			}
@@ -155,7 +155,7 @@ func TestBeginHorizonFailurePolicy(t *testing.T) {
 			if d.Allow != c.allow || d.Status != c.status || st.dec.Cause != ratelimitly.CauseTimeout {
 				t.Fatalf("allow %v status %d cause %v", d.Allow, d.Status, st.dec.Cause)
 			}
-			g.Done(r, &d, &proxy.Result{Status: 200, End: time.Now()})
+			g.Done(r, &d, &exchange.Result{Status: 200, End: time.Now()})
 			if n := w.count(); n != 1 {
 				t.Fatalf("resumed %d times", n)
 			}
@@ -169,8 +169,8 @@ func TestBeginClientClosedInFlight(t *testing.T) {
 	g, _, cl := silentGate(t, "close", 2*time.Second)
 	const n = 16
 	ws := make([]*countResumer, n)
-	ds := make([]proxy.Decision, n)
-	rs := make([]proxy.Request, n)
+	ds := make([]exchange.Decision, n)
+	rs := make([]exchange.Request, n)
 	for i := range n {
 		_, r := quietGate(t, "close", allowAll)
 		rs[i] = *r
@@ -180,7 +180,7 @@ func TestBeginClientClosedInFlight(t *testing.T) {
 		}
 	}
 	_, ar := quietGate(t, "close", allowAll)
-	admitted := make(chan proxy.Decision, 1)
+	admitted := make(chan exchange.Decision, 1)
 	go func() { admitted <- g.Admit(context.Background(), ar) }()
 	testkit.WaitFor(t, "checks in flight", func() bool { return cl.Stats().InFlight == n+1 })
 	cl.Close()
@@ -192,9 +192,9 @@ func TestBeginClientClosedInFlight(t *testing.T) {
 		if ds[i].Allow != ad.Allow || ds[i].Status != ad.Status {
 			t.Errorf("request %d: allow %v status %d; Admit: allow %v status %d", i, ds[i].Allow, ds[i].Status, ad.Allow, ad.Status)
 		}
-		g.Done(&rs[i], &ds[i], &proxy.Result{End: time.Now()})
+		g.Done(&rs[i], &ds[i], &exchange.Result{End: time.Now()})
 	}
-	g.Done(ar, &ad, &proxy.Result{End: time.Now()})
+	g.Done(ar, &ad, &exchange.Result{End: time.Now()})
 }
 
 // testutilCount sums every series of the counter family name.
@@ -235,7 +235,7 @@ func TestBeginCancelRacesAnswers(t *testing.T) {
 			for i := range per {
 				res := newCountResumer()
 				all[w] = append(all[w], res)
-				var d proxy.Decision
+				var d exchange.Decision
 				rr.Start = time.Now()
 				if !g.Begin(&rr, &d, res) {
 					switch (i + w) % 3 {
@@ -249,7 +249,7 @@ func TestBeginCancelRacesAnswers(t *testing.T) {
 						<-res.ch
 					}
 				}
-				g.Done(&rr, &d, &proxy.Result{Status: 200, End: time.Now()})
+				g.Done(&rr, &d, &exchange.Result{Status: 200, End: time.Now()})
 				if d.State == nil {
 					errs <- "decision not filled"
 				}
@@ -299,7 +299,7 @@ func TestDoneDoesNotWaitForCheckerClose(t *testing.T) {
 	closed := g.SetChecker(&countingChecker{fn: allowAll}, nil)
 	done := make(chan struct{})
 	go func() {
-		g.Done(r, &d, &proxy.Result{Status: 200, End: time.Now()})
+		g.Done(r, &d, &exchange.Result{Status: 200, End: time.Now()})
 		close(done)
 	}()
 	select {

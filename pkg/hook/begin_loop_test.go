@@ -8,7 +8,7 @@ import (
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
 )
 
@@ -18,14 +18,14 @@ import (
 // the loop thread.
 type loopConn struct {
 	g       *Gate
-	r       *proxy.Request
-	d       proxy.Decision
+	r       *exchange.Request
+	d       exchange.Decision
 	resumed func() // c.onLoop, made once
 	out     chan loopResult
 }
 
 type loopResult struct {
-	d     proxy.Decision
+	d     exchange.Decision
 	cause ratelimitly.Cause
 }
 
@@ -38,7 +38,7 @@ func (c *loopConn) onLoop() {
 	if st, ok := c.d.State.(*state); ok {
 		res.cause = st.dec.Cause
 	}
-	c.g.Done(c.r, &c.d, &proxy.Result{Status: 200, End: time.Now()})
+	c.g.Done(c.r, &c.d, &exchange.Result{Status: 200, End: time.Now()})
 	c.out <- res
 }
 
@@ -49,7 +49,7 @@ func (c *loopConn) begin() {
 	}
 }
 
-func newLoopConn(g *Gate, r *proxy.Request, l *evloop.Loop) *loopConn {
+func newLoopConn(g *Gate, r *exchange.Request, l *evloop.Loop) *loopConn {
 	r.Loop = l
 	c := &loopConn{g: g, r: r, out: make(chan loopResult, 1)}
 	c.resumed = c.onLoop

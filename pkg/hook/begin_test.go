@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // viaBegin makes the tests drive the Gate through Begin and Cancel (the
@@ -21,7 +21,7 @@ var viaBegin bool
 
 // hookFor is the Hook a test's proxy gets: the Gate itself, or the Gate
 // driven through Begin.
-func hookFor(g *Gate) proxy.Hook {
+func hookFor(g *Gate) exchange.Hook {
 	if viaBegin {
 		return beginHook{g}
 	}
@@ -29,7 +29,7 @@ func hookFor(g *Gate) proxy.Hook {
 }
 
 // admitVia admits r through Admit or, under viaBegin, through Begin.
-func admitVia(g *Gate, ctx context.Context, r *proxy.Request) proxy.Decision {
+func admitVia(g *Gate, ctx context.Context, r *exchange.Request) exchange.Decision {
 	if viaBegin {
 		return admitBegin(g, ctx, r)
 	}
@@ -42,7 +42,7 @@ func admitVia(g *Gate, ctx context.Context, r *proxy.Request) proxy.Decision {
 // Gate's.
 type beginHook struct{ *Gate }
 
-func (b beginHook) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
+func (b beginHook) Admit(ctx context.Context, r *exchange.Request) exchange.Decision {
 	return admitBegin(b.Gate, ctx, r)
 }
 
@@ -67,8 +67,8 @@ func (w *resumeWaiter) Resume() {
 	w.ch <- struct{}{}
 }
 
-func admitBegin(g *Gate, ctx context.Context, r *proxy.Request) proxy.Decision {
-	var d proxy.Decision
+func admitBegin(g *Gate, ctx context.Context, r *exchange.Request) exchange.Decision {
+	var d exchange.Decision
 	w := &resumeWaiter{ch: make(chan struct{}, 1)}
 	if g.Begin(r, &d, w) {
 		w.decided.Store(true)

@@ -14,9 +14,9 @@ import (
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/metrics"
 	"github.com/rl-tproxy/rl-tproxy/pkg/passthrough"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 	"github.com/rl-tproxy/rl-tproxy/pkg/sniff"
 )
@@ -72,15 +72,15 @@ func TestGateTLSConnection(t *testing.T) {
 	g := New(Config{Metrics: metrics.New("t", "t"), AccessLog: slog.New(slog.NewJSONHandler(logs, nil))})
 	g.Swap(pol)
 	g.SetChecker(ck, nil)
-	svc := &proxy.Service{Name: "tls", Port: 443}
+	svc := &exchange.Service{Name: "tls", Port: 443}
 	start := time.Now().Add(-1500 * time.Millisecond) // a connection that lasted 1.5 s
-	req := &proxy.Request{Remote: netip.MustParseAddrPort("192.0.2.7:5000"), Local: netip.MustParseAddrPort("10.0.0.1:443"),
-		Service: svc, Start: start, Proto: proxy.ProtoTLSPassthrough, SNI: []byte("API.example"), ALPN: []byte("h2")}
+	req := &exchange.Request{Remote: netip.MustParseAddrPort("192.0.2.7:5000"), Local: netip.MustParseAddrPort("10.0.0.1:443"),
+		Service: svc, Start: start, Proto: exchange.ProtoTLSPassthrough, SNI: []byte("API.example"), ALPN: []byte("h2")}
 	d := admitVia(g, context.Background(), req)
 	if !d.Allow {
 		t.Fatalf("denied: %+v", d)
 	}
-	g.Done(req, &d, &proxy.Result{End: start.Add(1500 * time.Millisecond), BytesIn: 10, BytesOut: 20, Upstream: "127.0.0.1:8443"})
+	g.Done(req, &d, &exchange.Result{End: start.Add(1500 * time.Millisecond), BytesIn: 10, BytesOut: 20, Upstream: "127.0.0.1:8443"})
 	if ck.reports.Load() != 1 || ck.lastSvc != "conn:api.example" || ck.lastDur != 1500*time.Millisecond {
 		t.Fatalf("report %d %q %v", ck.reports.Load(), ck.lastSvc, ck.lastDur)
 	}
@@ -91,7 +91,7 @@ func TestGateTLSConnection(t *testing.T) {
 	if d.Allow {
 		t.Fatal("allowed after a deny answer")
 	}
-	g.Done(req, &d, &proxy.Result{End: time.Now()})
+	g.Done(req, &d, &exchange.Result{End: time.Now()})
 	if ck.reports.Load() != 1 {
 		t.Fatal("a denied connection was reported")
 	}
@@ -99,7 +99,7 @@ func TestGateTLSConnection(t *testing.T) {
 	other := *req
 	other.SNI = []byte("www.example")
 	d = admitVia(g, context.Background(), &other)
-	g.Done(&other, &d, &proxy.Result{End: time.Now()})
+	g.Done(&other, &d, &exchange.Result{End: time.Now()})
 	if !d.Allow || ck.checks.Load() != 2 {
 		t.Fatalf("other SNI: allow %v, %d checks", d.Allow, ck.checks.Load())
 	}

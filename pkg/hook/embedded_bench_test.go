@@ -16,8 +16,8 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
 	"github.com/rl-tproxy/rl-tproxy/pkg/embedded"
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/credentials"
 	"github.com/rl-tproxy/rl-tproxy/pkg/rlclient"
@@ -34,13 +34,13 @@ func BenchmarkAdmitEmbedded(b *testing.B) {
 	for _, via := range []string{"admit", "begin"} {
 		b.Run(via, func(b *testing.B) {
 			g, r := embeddedGate(b, "1000000000/s")
-			res := &proxy.Result{Status: 200}
+			res := &exchange.Result{Status: 200}
 			w := &chanResumer{ch: make(chan struct{}, 1)}
 			ctx := context.Background()
-			admit := func() proxy.Decision { return g.Admit(ctx, r) }
+			admit := func() exchange.Decision { return g.Admit(ctx, r) }
 			if via == "begin" {
-				d := new(proxy.Decision) // the proxy's, per connection
-				admit = func() proxy.Decision {
+				d := new(exchange.Decision) // the proxy's, per connection
+				admit = func() exchange.Decision {
 					if !g.Begin(r, d, w) {
 						<-w.ch
 					}
@@ -97,7 +97,7 @@ func (u0 usage) report(b *testing.B) {
 // embeddedGate is a quiet Gate whose checker is an rlclient Client of an
 // embedded RateLimitly, with one location limited at rate and guarded,
 // and a request for it.
-func embeddedGate(tb testing.TB, rate string) (*Gate, *proxy.Request) {
+func embeddedGate(tb testing.TB, rate string) (*Gate, *exchange.Request) {
 	tb.Helper()
 	g, r, _ := embeddedGateLoops(tb, rate, 0)
 	return g, r
@@ -105,7 +105,7 @@ func embeddedGate(tb testing.TB, rate string) (*Gate, *proxy.Request) {
 
 // embeddedGateLoops is embeddedGate with a client that has loops loop
 // shards (rlclient Config.LoopShards); it returns the client too.
-func embeddedGateLoops(tb testing.TB, rate string, loops int) (*Gate, *proxy.Request, *rlclient.Client) {
+func embeddedGateLoops(tb testing.TB, rate string, loops int) (*Gate, *exchange.Request, *rlclient.Client) {
 	tb.Helper()
 	var c credentials.Credential
 	c.Tenant, c.KeyID = "bench", 1
@@ -156,7 +156,7 @@ services:
 		tb.Fatal(err)
 	}
 	r.Head, r.Path, r.Local = &head, []byte("/x"), netip.MustParseAddrPort("127.0.0.1:1")
-	r.Service = &proxy.Service{Name: "web"}
+	r.Service = &exchange.Service{Name: "web"}
 	return g, r, cl
 }
 
@@ -174,7 +174,7 @@ func BenchmarkAdmitEmbedded64(b *testing.B) {
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
 			rr := *r
-			res := &proxy.Result{Status: 200}
+			res := &exchange.Result{Status: 200}
 			ctx := context.Background()
 			for pb.Next() {
 				rr.Start = time.Now()
@@ -194,7 +194,7 @@ func BenchmarkAdmitEmbedded64(b *testing.B) {
 		ready := make(chan int, inflight)
 		slots := make([]benchSlot, inflight)
 		for i := range slots {
-			slots[i] = benchSlot{r: *r, res: proxy.Result{Status: 200}, w: slotResumer{i, ready}}
+			slots[i] = benchSlot{r: *r, res: exchange.Result{Status: 200}, w: slotResumer{i, ready}}
 		}
 		start := func(i int) {
 			s := &slots[i]
@@ -284,9 +284,9 @@ type loopBench struct {
 
 type loopSlot struct {
 	l       *evloop.Loop
-	r       proxy.Request
-	d       proxy.Decision
-	res     proxy.Result
+	r       exchange.Request
+	d       exchange.Decision
+	res     exchange.Result
 	b       *loopBench
 	resumed func()
 }
@@ -321,9 +321,9 @@ func (s *loopSlot) onLoop() {
 
 // benchSlot is one connection's admission state in the Begin benchmark.
 type benchSlot struct {
-	r   proxy.Request
-	d   proxy.Decision
-	res proxy.Result
+	r   exchange.Request
+	d   exchange.Decision
+	res exchange.Result
 	w   slotResumer
 }
 

@@ -1,4 +1,4 @@
-// Package hook plugs admission into the data path: it is the proxy.Hook
+// Package hook plugs admission into the data path: it is the exchange.Hook
 // that, per request, runs the admission engine against the current
 // RateLimitly checker (swapped live on reload), writes the deny answer,
 // sends the latency report the contract allows and records the request's
@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 	"github.com/rl-tproxy/rl-tproxy/pkg/metrics"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
@@ -216,8 +217,8 @@ type state struct {
 	// The asynchronous path (Begin): the request, the proxy's Decision
 	// and Resumer while the check runs, and the check itself.
 	g   *Gate
-	r   *proxy.Request
-	pd  *proxy.Decision
+	r   *exchange.Request
+	pd  *exchange.Decision
 	res proxy.Resumer
 	// phase is pendNone, pendRunning while Begin's check runs, or
 	// pendCancelled once Cancel came before the check ended.
@@ -225,14 +226,14 @@ type state struct {
 	tk    ticket
 }
 
-// AdmitReturnsOnContextEnd marks the Gate as a proxy.ContextBound Hook:
+// AdmitReturnsOnContextEnd marks the Gate as a exchange.ContextBound Hook:
 // its checks end with their context (the RateLimitly client's wait and
 // the engine's decision both select on it), so the HTTP/2 path calls
 // Admit on the stream's own goroutine.
 func (g *Gate) AdmitReturnsOnContextEnd() {}
 
-// Admit implements proxy.Hook.
-func (g *Gate) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
+// Admit implements exchange.Hook.
+func (g *Gate) Admit(ctx context.Context, r *exchange.Request) exchange.Decision {
 	st, svc := g.prepare(r)
 	if st.gen == nil {
 		return st.unmatched()
@@ -248,7 +249,7 @@ func (g *Gate) Admit(ctx context.Context, r *proxy.Request) proxy.Decision {
 // before deciding: the policy generation and checker in force, the
 // normalized path, the admission request, the service and the request
 // id. It returns the policy's service (nil when the policy has none).
-func (g *Gate) prepare(r *proxy.Request) (*state, *admission.Service) {
+func (g *Gate) prepare(r *exchange.Request) (*state, *admission.Service) {
 	st := g.pool.Get().(*state)
 	st.gen = g.cur.Load()
 	st.ref = g.acquire()
@@ -275,7 +276,7 @@ func (g *Gate) prepare(r *proxy.Request) (*state, *admission.Service) {
 			svc = st.gen.byName[r.Service.Name]
 		}
 	}
-	if r.Peer.IsValid() { // a PROXY header named the client (proxy.Service.AcceptProxy)
+	if r.Peer.IsValid() { // a PROXY header named the client (exchange.Service.AcceptProxy)
 		st.areq.Peer = r.Peer
 	} else if svc != nil && svc.ClientAddress != nil && svc.ClientAddress.Header() != "" && r.Head != nil {
 		st.clientFrom(svc.ClientAddress, r)
@@ -297,7 +298,7 @@ func (g *Gate) prepare(r *proxy.Request) (*state, *admission.Service) {
 // st.areq.Peer the TCP peer ({remote_addr}, {peer_addr}, the access
 // line). It does not allocate once st.hv has grown to the header's
 // line count.
-func (st *state) clientFrom(ca *admission.ClientAddress, r *proxy.Request) {
+func (st *state) clientFrom(ca *admission.ClientAddress, r *exchange.Request) {
 	name := ca.Header()
 	hv := st.hv[:0]
 	for i := range r.Head.Headers {
@@ -313,14 +314,14 @@ func (st *state) clientFrom(ca *admission.ClientAddress, r *proxy.Request) {
 }
 
 // unmatched is the Decision without a policy: admit, count nothing.
-func (st *state) unmatched() proxy.Decision {
+func (st *state) unmatched() exchange.Decision {
 	st.dec.Reset()
 	st.info = nil
-	return proxy.Decision{Allow: true, State: st}
+	return exchange.Decision{Allow: true, State: st}
 }
 
 // decision turns st's admission decision into the proxy's.
-func (g *Gate) decision(st *state) proxy.Decision {
+func (g *Gate) decision(st *state) exchange.Decision {
 	if st.dec.Location != nil {
 		st.info = st.gen.locs[st.dec.Location]
 	} else if st.info = st.gen.unmatched[st.svc]; st.info == nil {
@@ -328,7 +329,7 @@ func (g *Gate) decision(st *state) proxy.Decision {
 	}
 	switch st.dec.Action {
 	case admission.ActionAdmit:
-		return proxy.Decision{Allow: true, Forward: st.fwd, State: st}
+		return exchange.Decision{Allow: true, Forward: st.fwd, State: st}
 	case admission.ActionDeny:
 		a := st.info.answer
 		hs, buf, body := a.RenderDecision(st.hdrs[:0], st.buf[:0], &st.dec)
@@ -336,12 +337,12 @@ func (g *Gate) decision(st *state) proxy.Decision {
 		if len(st.rid) > 0 {
 			hs = append(hs, httpparse.Header{Name: st.gen.ridName, Value: st.rid})
 		}
-		return proxy.Decision{Status: a.Status, Header: hs, Body: body, ContentType: a.ContentType, State: st}
+		return exchange.Decision{Status: a.Status, Header: hs, Body: body, ContentType: a.ContentType, State: st}
 	case admission.ActionDrop:
 		// The client is gone; whatever is written is never read.
-		return proxy.Decision{Status: statusClientClosed, State: st}
+		return exchange.Decision{Status: statusClientClosed, State: st}
 	}
-	return proxy.Decision{Status: 500, Body: internalBody, ContentType: "text/plain; charset=utf-8", State: st}
+	return exchange.Decision{Status: 500, Body: internalBody, ContentType: "text/plain; charset=utf-8", State: st}
 }
 
 // Check implements admission.Checker for the request's Engine: it asks
@@ -358,8 +359,8 @@ func (st *state) Report(service []byte, d time.Duration) { st.ref.c.Report(servi
 // of a request whose client went away during admission (never written).
 const statusClientClosed = 499
 
-// Done implements proxy.Hook: report, count, log, release.
-func (g *Gate) Done(r *proxy.Request, d *proxy.Decision, res *proxy.Result) {
+// Done implements exchange.Hook: report, count, log, release.
+func (g *Gate) Done(r *exchange.Request, d *exchange.Decision, res *exchange.Result) {
 	st, _ := d.State.(*state)
 	if st == nil {
 		return

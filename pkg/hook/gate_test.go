@@ -21,6 +21,7 @@ import (
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
@@ -148,7 +149,7 @@ func newRigUpstream(t *testing.T, fail string, fn func(context.Context, *wire.Ra
 	r.g.Swap(pol)
 	r.g.SetChecker(r.ck, nil)
 	svcs := ProxyServices(pol)
-	cfg := proxy.Config{Services: svcs, Hook: hookFor(r.g)}
+	cfg := proxy.Config{Config: exchange.Config{Services: svcs, Hook: hookFor(r.g)}}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -459,7 +460,7 @@ func (c *countingChecker) Check(ctx context.Context, req *wire.RateRequest, out 
 func (c *countingChecker) Report([]byte, time.Duration) { c.reports.Add(1) }
 
 // quietGate is a gate whose access log is disabled (level above info).
-func quietGate(t testing.TB, fail string, fn func(context.Context, *wire.RateRequest, *admission.CheckResult)) (*Gate, *proxy.Request) {
+func quietGate(t testing.TB, fail string, fn func(context.Context, *wire.RateRequest, *admission.CheckResult)) (*Gate, *exchange.Request) {
 	g := New(Config{AccessLog: slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelError}))})
 	dir, err := os.MkdirTemp("", "gate-bench-")
 	if err != nil {
@@ -482,7 +483,7 @@ func quietGate(t testing.TB, fail string, fn func(context.Context, *wire.RateReq
 		t.Fatal(err)
 	}
 	svc := ProxyServices(p)[0]
-	r := &proxy.Request{Remote: netip.MustParseAddrPort("10.0.0.1:4000"), Local: netip.MustParseAddrPort("127.0.0.1:8080"),
+	r := &exchange.Request{Remote: netip.MustParseAddrPort("10.0.0.1:4000"), Local: netip.MustParseAddrPort("127.0.0.1:8080"),
 		Service: svc, Head: &head, Path: []byte("/api/x"), Start: time.Now()}
 	return g, r
 }
@@ -495,7 +496,7 @@ func BenchmarkAdmitDone(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			g, r := quietGate(b, "close", c.fn)
 			ctx := context.Background()
-			res := &proxy.Result{Status: 200, End: time.Now()}
+			res := &exchange.Result{Status: 200, End: time.Now()}
 			b.ReportAllocs()
 			for b.Loop() {
 				d := admitVia(g, ctx, r)
@@ -510,7 +511,7 @@ func TestLocalFallbackLogsAndCounts(t *testing.T) {
 	g, r := quietGate(t, "local", failWith(ratelimitly.CauseNoEndpoints))
 	var buf testkit.SyncBuffer
 	g.log = slog.New(slog.NewTextHandler(&buf, nil))
-	res := &proxy.Result{Status: 200, End: time.Now()}
+	res := &exchange.Result{Status: 200, End: time.Now()}
 	for i := 0; i < 4; i++ { // burst 2: allow, allow, deny, deny
 		d := admitVia(g, context.Background(), r)
 		if d.Allow != (i < 2) {
@@ -549,7 +550,7 @@ func TestDebugDecisionLog(t *testing.T) {
 		cp.RateLimitly.Debug = debug
 		g.Swap(&cp)
 		d := admitVia(g, context.Background(), r)
-		g.Done(r, &d, &proxy.Result{Status: d.Status, End: time.Now()})
+		g.Done(r, &d, &exchange.Result{Status: d.Status, End: time.Now()})
 		out := buf.String()
 		has := strings.Contains(out, `"msg":"decision"`) && strings.Contains(out, `"bucket":"k:alice"`) && strings.Contains(out, `"retry_after_ms":2100`)
 		if has != debug {

@@ -4,7 +4,7 @@ import (
 	"strings"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // GRPCDeny says how a deny reads to a gRPC client (pkg/h2proxy's
@@ -12,7 +12,7 @@ import (
 // default) and a message naming the zones that were short and the latency
 // guards that failed (as the access line does), or the failure that
 // closed.
-func (g *Gate) GRPCDeny(d *proxy.Decision) (int, string) {
+func (g *Gate) GRPCDeny(d *exchange.Decision) (int, string) {
 	st, _ := d.State.(*state)
 	if st == nil || st.dec.Location == nil {
 		return admission.DefaultDenyGRPCStatus, "rate limited"

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
@@ -56,7 +57,7 @@ func newInvalidRig(t *testing.T, extra string) *rig {
 	r.g.Swap(pol)
 	r.g.SetChecker(r.ck, nil)
 	svcs := ProxyServices(pol)
-	p, err := proxy.New(proxy.Config{Services: svcs, Hook: hookFor(r.g)})
+	p, err := proxy.New(proxy.Config{Config: exchange.Config{Services: svcs, Hook: hookFor(r.g)}})
 	if err != nil {
 		t.Fatal(err)
 	}

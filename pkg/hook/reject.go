@@ -4,21 +4,21 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // rejectLogEvery bounds the rejection log to one line per interval: a
 // flood of malformed or slow requests must not become a flood of lines.
 const rejectLogEvery = time.Second
 
-var _ proxy.Rejecter = (*Gate)(nil)
+var _ exchange.Rejecter = (*Gate)(nil)
 
-// Reject implements proxy.Rejecter: every request the proxy answered
+// Reject implements exchange.Rejecter: every request the proxy answered
 // itself under a rule (malformed, too large, too slow) is counted in
 // rl_tproxy_rejections_total{status,reason} and logged at warn level, at
 // most once per rejectLogEvery, with the number of rejections since the
 // previous line.
-func (g *Gate) Reject(svc *proxy.Service, remote netip.AddrPort, rule string, status int) {
+func (g *Gate) Reject(svc *exchange.Service, remote netip.AddrPort, rule string, status int) {
 	g.m.Rejection(status, rule).Inc()
 	g.rejectsUnlogged.Add(1)
 	now := g.now().UnixNano()

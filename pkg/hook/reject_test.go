@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
@@ -26,8 +27,8 @@ func TestRejectionsCountedAndLogged(t *testing.T) {
 	g := New(Config{Logger: slog.New(slog.NewTextHandler(logs, nil)), Now: func() time.Time { return time.Unix(0, clock.Load()) }})
 	g.Swap(loadPolicy(t, t.TempDir(), "open", "127.0.0.1:9"))
 	g.SetChecker(&fakeChecker{fn: allowAll}, nil)
-	svc := &proxy.Service{Name: "web", Upstream: "127.0.0.1:9", HeaderTimeout: 30 * time.Millisecond}
-	p, err := proxy.New(proxy.Config{Services: []*proxy.Service{svc}, Hook: hookFor(g)})
+	svc := &exchange.Service{Name: "web", Upstream: "127.0.0.1:9", HeaderTimeout: 30 * time.Millisecond}
+	p, err := proxy.New(proxy.Config{Config: exchange.Config{Services: []*exchange.Service{svc}, Hook: hookFor(g)}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,15 +2,15 @@ package hook
 
 import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
 // ProxyServices translates a policy's services into the data path's.
-func ProxyServices(p *admission.Policy) []*proxy.Service {
-	out := make([]*proxy.Service, 0, len(p.Services))
+func ProxyServices(p *admission.Policy) []*exchange.Service {
+	out := make([]*exchange.Service, 0, len(p.Services))
 	for _, s := range p.Services {
-		ps := &proxy.Service{
+		ps := &exchange.Service{
 			Name:               s.Name,
 			Port:               s.Port,
 			Upstream:           s.Upstream,
@@ -31,7 +31,7 @@ func ProxyServices(p *admission.Policy) []*proxy.Service {
 			},
 			UpstreamProtocol:     s.UpstreamProtocol,
 			DecodeEscapedSlashes: s.EscapedSlashes == admission.EscapedSlashesDecode,
-			H2: proxy.H2Limits{
+			H2: exchange.H2Limits{
 				MaxConcurrentStreams: s.H2.MaxConcurrentStreams,
 				MaxReadFrameSize:     s.H2.MaxFrameSize,
 				HeaderTableSize:      s.H2.HeaderTableSize,
@@ -44,12 +44,12 @@ func ProxyServices(p *admission.Policy) []*proxy.Service {
 		}
 		switch s.TLS {
 		case admission.TLSPassthrough:
-			ps.TLS = proxy.ModePassthrough
+			ps.TLS = exchange.ModePassthrough
 		case admission.TLSReject:
-			ps.TLS = proxy.ModeReject
+			ps.TLS = exchange.ModeReject
 		}
 		if s.Opaque == admission.OpaqueReject {
-			ps.Opaque = proxy.ModeReject
+			ps.Opaque = exchange.ModeReject
 		}
 		for _, l := range s.Listen {
 			ps.Listen = append(ps.Listen, l.String())

@@ -6,7 +6,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
 )
 
@@ -26,7 +26,7 @@ func TestTopAdmitDoneAlloc(t *testing.T) {
 			fn = failWith(ratelimitly.CauseNoEndpoints)
 		}
 		g, r, _ := topGate(t, c.fail, fn)
-		res := &proxy.Result{Status: 200, End: r.Start}
+		res := &exchange.Result{Status: 200, End: r.Start}
 		run := func() {
 			d := g.Admit(context.Background(), r)
 			g.Done(r, &d, res)

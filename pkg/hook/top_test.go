@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/admission"
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 	"github.com/rl-tproxy/rl-tproxy/pkg/topkeys"
@@ -14,7 +14,7 @@ import (
 
 // topGate is quietGate with a top-keys registry whose clock is the
 // request's start.
-func topGate(t testing.TB, fail string, fn func(context.Context, *wire.RateRequest, *admission.CheckResult)) (*Gate, *proxy.Request, *topkeys.Registry) {
+func topGate(t testing.TB, fail string, fn func(context.Context, *wire.RateRequest, *admission.CheckResult)) (*Gate, *exchange.Request, *topkeys.Registry) {
 	g, r := quietGate(t, fail, fn)
 	reg := topkeys.NewRegistry(topkeys.Plain, func() time.Time { return r.Start })
 	g.top = reg
@@ -43,7 +43,7 @@ func TestTopFromDone(t *testing.T) {
 			g, r, reg := topGate(t, tc.fail, tc.fn)
 			for range 3 {
 				d := admitVia(g, context.Background(), r)
-				g.Done(r, &d, &proxy.Result{Status: 200, End: r.Start})
+				g.Done(r, &d, &exchange.Result{Status: 200, End: r.Start})
 			}
 			a, ok := reg.Top("per_key", 10)
 			if !ok {

@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
-// The admission deadline (proxy.Config.AdmissionTimeout, a Service's own
+// The admission deadline (exchange.Config.AdmissionTimeout, a Service's own
 // winning). Admit's context carries it; when it passes first, the
 // context's AfterFunc (expire, on the goroutine the context starts for
 // it) reports "admission-timeout" (status 0: there is no HTTP to answer)
@@ -21,10 +21,10 @@ import (
 // timeout. It returns false when the Hook denied or did not decide in
 // time (c.res.AdmissionErr set, the client already reset); a Decision
 // that comes back once the deadline passed is not used.
-func (c *conn) admit(hook proxy.Hook) bool {
+func (c *conn) admit(hook exchange.Hook) bool {
 	hc := c.hc
-	c.req = proxy.Request{Remote: hc.Remote, Local: hc.Local, Peer: hc.Peer, Service: hc.Service, Start: hc.Start,
-		Proto: proxy.ProtoTLSPassthrough, SNI: c.hello.SNI, ALPN: c.hello.FirstALPN()}
+	c.req = exchange.Request{Remote: hc.Remote, Local: hc.Local, Peer: hc.Peer, Service: hc.Service, Start: hc.Start,
+		Proto: exchange.ProtoTLSPassthrough, SNI: c.hello.SNI, ALPN: c.hello.FirstALPN()}
 	d := hc.Config.AdmissionTimeoutFor(hc.Service)
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
@@ -41,7 +41,7 @@ func (c *conn) admit(hook proxy.Hook) bool {
 	} else {
 		c.expiring.Wait() // the report and the reset are done
 	}
-	c.res = proxy.Result{}
+	c.res = exchange.Result{}
 	if ctx.Err() != nil { // only the deadline ends ctx
 		c.res.AdmissionErr = fmt.Errorf("admission: no decision from the hook within %v: %w", d, context.DeadlineExceeded)
 		return false

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // stuckHook never decides in time: its Admit waits until its context
@@ -24,11 +24,11 @@ type stuckHook struct {
 	noDL      atomic.Int32 // Admit calls whose context had no deadline
 
 	mu      sync.Mutex
-	dones   []proxy.Result
+	dones   []exchange.Result
 	rejects []string
 }
 
-func (h *stuckHook) Admit(ctx context.Context, _ *proxy.Request) proxy.Decision {
+func (h *stuckHook) Admit(ctx context.Context, _ *exchange.Request) exchange.Decision {
 	if _, ok := ctx.Deadline(); !ok {
 		h.noDL.Add(1)
 	}
@@ -39,16 +39,16 @@ func (h *stuckHook) Admit(ctx context.Context, _ *proxy.Request) proxy.Decision 
 	} else {
 		<-ctx.Done()
 	}
-	return proxy.Decision{Allow: true}
+	return exchange.Decision{Allow: true}
 }
 
-func (h *stuckHook) Done(_ *proxy.Request, _ *proxy.Decision, res *proxy.Result) {
+func (h *stuckHook) Done(_ *exchange.Request, _ *exchange.Decision, res *exchange.Result) {
 	h.mu.Lock()
 	h.dones = append(h.dones, *res)
 	h.mu.Unlock()
 }
 
-func (h *stuckHook) Reject(_ *proxy.Service, _ netip.AddrPort, rule string, status int) {
+func (h *stuckHook) Reject(_ *exchange.Service, _ netip.AddrPort, rule string, status int) {
 	h.mu.Lock()
 	h.rejects = append(h.rejects, fmt.Sprintf("%s %d", rule, status))
 	h.mu.Unlock()
@@ -56,10 +56,10 @@ func (h *stuckHook) Reject(_ *proxy.Service, _ netip.AddrPort, rule string, stat
 
 func (h *stuckHook) releaseAll() { h.unblock.Do(func() { close(h.release) }) }
 
-func (h *stuckHook) results() ([]proxy.Result, []string) {
+func (h *stuckHook) results() ([]exchange.Result, []string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return append([]proxy.Result(nil), h.dones...), append([]string(nil), h.rejects...)
+	return append([]exchange.Result(nil), h.dones...), append([]string(nil), h.rejects...)
 }
 
 // TestAdmissionTimeout: a TLS connection whose admission gives no
@@ -76,7 +76,7 @@ func TestAdmissionTimeout(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			up, pool := tlsUpstream(t, false)
 			h := &stuckHook{ignoreCtx: tc.ignoreCtx, release: make(chan struct{})}
-			addr, ev := start(t, h, &proxy.Service{Upstream: up, TLS: proxy.ModePassthrough, AdmissionTimeout: 50 * time.Millisecond})
+			addr, ev := start(t, h, &exchange.Service{Upstream: up, TLS: exchange.ModePassthrough, AdmissionTimeout: 50 * time.Millisecond})
 			t.Cleanup(h.releaseAll) // before the proxy's Shutdown
 			// The bound only a proxy that never answers meets.
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

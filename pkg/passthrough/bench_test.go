@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
@@ -30,7 +31,7 @@ func BenchmarkRelayBulk(b *testing.B) {
 			go func() { io.Copy(io.Discard, c); c.Close() }()
 		}
 	}()
-	relayed := startBench(b, &proxy.Service{Name: "bulk", Upstream: ln.Addr().String()})
+	relayed := startBench(b, &exchange.Service{Name: "bulk", Upstream: ln.Addr().String()})
 	for _, tc := range []struct{ name, addr string }{{"direct", ln.Addr().String()}, {"relay", relayed}} {
 		b.Run(tc.name, func(b *testing.B) {
 			c, err := net.Dial("tcp", tc.addr)
@@ -54,9 +55,9 @@ func BenchmarkRelayBulk(b *testing.B) {
 	}
 }
 
-func startBench(b *testing.B, svc *proxy.Service) string {
+func startBench(b *testing.B, svc *exchange.Service) string {
 	relay := &Relay{}
-	p, err := proxy.New(proxy.Config{Services: []*proxy.Service{svc}, Handoff: &proxy.HandoffMux{TLS: relay, Other: relay}})
+	p, err := proxy.New(proxy.Config{Config: exchange.Config{Services: []*exchange.Service{svc}}, Handoff: &exchange.HandoffMux{TLS: relay, Other: relay}})
 	if err != nil {
 		b.Fatal(err)
 	}

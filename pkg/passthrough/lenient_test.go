@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // TestLenientRequestLineNotRelayed: request lines that a lenient server
@@ -18,7 +18,7 @@ import (
 func TestLenientRequestLineNotRelayed(t *testing.T) {
 	up, got := rawUpstream(t)
 	hook := &sniHook{}
-	addr, _ := start(t, hook, &proxy.Service{Upstream: up, Opaque: proxy.ModePassthrough})
+	addr, _ := start(t, hook, &exchange.Service{Upstream: up, Opaque: exchange.ModePassthrough})
 	for _, in := range []string{
 		" GET /admin HTTP/1.1\r\nHost: a\r\n\r\n",
 		"\tGET /admin HTTP/1.1\r\nHost: a\r\n\r\n",

@@ -16,7 +16,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/sniff"
 )
 
@@ -31,7 +31,7 @@ const (
 	Timeout                 // the ClientHello did not arrive within the header timeout
 	Failed                  // the upstream could not be reached: reset
 	// AdmissionTimeout: the Hook gave no decision within the admission
-	// timeout (proxy.Config.AdmissionTimeout): reset.
+	// timeout (exchange.Config.AdmissionTimeout): reset.
 	AdmissionTimeout
 )
 
@@ -41,7 +41,7 @@ func (a Action) String() string { return actionNames[a] }
 
 // Event describes one connection when it ends.
 type Event struct {
-	Service       *proxy.Service
+	Service       *exchange.Service
 	Kind          sniff.Kind // sniff.TLS or sniff.Other
 	Remote, Local netip.AddrPort
 	SNI, ALPN     []byte // TLS: from the ClientHello (valid during the call)
@@ -61,31 +61,31 @@ type Relay struct {
 	Observe func(*Event)
 }
 
-// Takes implements proxy.Handoff: every TLS and opaque connection (the
+// Takes implements exchange.Handoff: every TLS and opaque connection (the
 // service's modes decide between relaying and closing).
-func (r *Relay) Takes(kind sniff.Kind, _ *proxy.Service) bool {
+func (r *Relay) Takes(kind sniff.Kind, _ *exchange.Service) bool {
 	return kind == sniff.TLS || kind == sniff.Other
 }
 
 // modes resolves the service's mode for kind and whether TLS is read.
-func modes(kind sniff.Kind, svc *proxy.Service) (mode proxy.ConnMode, readHello bool) {
-	if kind == sniff.TLS && svc.TLS != proxy.ModeDefault {
-		return svc.TLS, svc.TLS == proxy.ModePassthrough
+func modes(kind sniff.Kind, svc *exchange.Service) (mode exchange.ConnMode, readHello bool) {
+	if kind == sniff.TLS && svc.TLS != exchange.ModeDefault {
+		return svc.TLS, svc.TLS == exchange.ModePassthrough
 	}
-	if svc.Opaque == proxy.ModeReject {
-		return proxy.ModeReject, false
+	if svc.Opaque == exchange.ModeReject {
+		return exchange.ModeReject, false
 	}
-	return proxy.ModePassthrough, false
+	return exchange.ModePassthrough, false
 }
 
 // conn is the state of one handed-off connection.
 type conn struct {
-	hc      *proxy.HandoffConn
+	hc      *exchange.HandoffConn
 	ev      Event
 	hello   sniff.Hello
-	req     proxy.Request
-	dec     proxy.Decision
-	res     proxy.Result
+	req     exchange.Request
+	dec     exchange.Decision
+	res     exchange.Result
 	scratch *[sniff.MaxHello + 4]byte
 	// expiring is held while expire runs (admit.go).
 	expiring sync.WaitGroup
@@ -93,8 +93,8 @@ type conn struct {
 
 var scratchPool = sync.Pool{New: func() any { return new([sniff.MaxHello + 4]byte) }}
 
-// ServeConn implements proxy.Handoff.
-func (r *Relay) ServeConn(hc *proxy.HandoffConn) {
+// ServeConn implements exchange.Handoff.
+func (r *Relay) ServeConn(hc *exchange.HandoffConn) {
 	c := &conn{hc: hc}
 	cfg := hc.Config
 	c.ev = Event{Service: hc.Service, Kind: hc.Kind, Remote: hc.Remote, Local: hc.Local, Start: hc.Start}
@@ -112,7 +112,7 @@ func (r *Relay) ServeConn(hc *proxy.HandoffConn) {
 		}
 	}()
 	mode, readHello := modes(hc.Kind, hc.Service)
-	if mode == proxy.ModeReject {
+	if mode == exchange.ModeReject {
 		c.ev.Action = Rejected
 		reset(hc.Conn)
 		return
@@ -177,7 +177,7 @@ func (c *conn) readHello(data []byte) ([]byte, bool) {
 
 // done reports the connection's outcome to the Hook (access line,
 // metrics, the latency report with the connection's duration).
-func (c *conn) done(hook proxy.Hook) {
+func (c *conn) done(hook exchange.Hook) {
 	c.res.End = c.ev.End
 	if c.res.End.IsZero() {
 		c.res.End = time.Now()
@@ -195,15 +195,12 @@ func (c *conn) done(hook proxy.Hook) {
 func (c *conn) relay(data []byte) {
 	hc := c.hc
 	svc, cfg := hc.Service, hc.Config
-	timeout := svc.UpstreamTimeout
-	if timeout <= 0 {
-		timeout = proxy.DefaultUpstreamTimeout
-	}
+	timeout := svc.UpstreamTimeoutOrDefault()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	up, err := cfg.DialUpstream(ctx, svc.Upstream)
 	cancel()
 	if err == nil {
-		err = proxy.WriteProxyHeader(up, svc, hc.Remote, hc.Local, timeout)
+		err = exchange.WriteProxyHeader(up, svc, hc.Remote, hc.Local, timeout)
 		if err == nil && len(data) > 0 {
 			up.SetWriteDeadline(time.Now().Add(timeout))
 			_, err = up.Write(data)
@@ -222,11 +219,7 @@ func (c *conn) relay(data []byte) {
 	}
 	c.ev.BytesIn = int64(len(data))
 	hc.Conn.SetReadDeadline(time.Time{})
-	grace := svc.IdleTimeout
-	if grace <= 0 {
-		grace = proxy.DefaultIdleTimeout
-	}
-	in, out := pipe(hc.Conn, up, grace)
+	in, out := pipe(hc.Conn, up, svc.IdleTimeoutOrDefault())
 	c.ev.BytesIn += in
 	c.ev.BytesOut = out
 	c.ev.Action = Relayed

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxyproto"
 	"github.com/rl-tproxy/rl-tproxy/pkg/sniff"
@@ -30,17 +31,17 @@ type sniHook struct {
 	mu    sync.Mutex
 	deny  map[string]bool
 	seen  []string
-	dones []proxy.Result
+	dones []exchange.Result
 }
 
-func (h *sniHook) Admit(_ context.Context, r *proxy.Request) proxy.Decision {
+func (h *sniHook) Admit(_ context.Context, r *exchange.Request) exchange.Decision {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.seen = append(h.seen, r.Proto+" "+string(r.SNI)+" "+string(r.ALPN))
-	return proxy.Decision{Allow: !h.deny[string(r.SNI)]}
+	return exchange.Decision{Allow: !h.deny[string(r.SNI)]}
 }
 
-func (h *sniHook) Done(_ *proxy.Request, _ *proxy.Decision, res *proxy.Result) {
+func (h *sniHook) Done(_ *exchange.Request, _ *exchange.Decision, res *exchange.Result) {
 	h.mu.Lock()
 	h.dones = append(h.dones, *res)
 	h.mu.Unlock()
@@ -77,7 +78,7 @@ func (e *events) wait(t *testing.T) Event {
 	return e.evs[len(e.evs)-1]
 }
 
-func start(t *testing.T, hook proxy.Hook, svc *proxy.Service) (string, *events) {
+func start(t *testing.T, hook exchange.Hook, svc *exchange.Service) (string, *events) {
 	t.Helper()
 	ev := newEvents()
 	return serveRelay(t, hook, svc, &Relay{Observe: ev.observe}), ev
@@ -85,9 +86,9 @@ func start(t *testing.T, hook proxy.Hook, svc *proxy.Service) (string, *events) 
 
 // serveRelay runs a proxy for svc on a loopback port with relay as its
 // TLS and opaque Handoff and returns its address.
-func serveRelay(t *testing.T, hook proxy.Hook, svc *proxy.Service, relay *Relay) string {
+func serveRelay(t *testing.T, hook exchange.Hook, svc *exchange.Service, relay *Relay) string {
 	t.Helper()
-	cfg := proxy.Config{Services: []*proxy.Service{svc}, Handoff: &proxy.HandoffMux{TLS: relay, Other: relay}}
+	cfg := proxy.Config{Config: exchange.Config{Services: []*exchange.Service{svc}}, Handoff: &exchange.HandoffMux{TLS: relay, Other: relay}}
 	if hook != nil {
 		cfg.Hook = hook
 	}
@@ -187,7 +188,7 @@ func (b *bufConn) Read(p []byte) (int, error) { return b.r.Read(p) }
 func TestTLSPassthrough(t *testing.T) {
 	up, pool := tlsUpstream(t, true)
 	hook := &sniHook{deny: map[string]bool{"b.example": true}}
-	addr, ev := start(t, hook, &proxy.Service{Upstream: up, TLS: proxy.ModePassthrough, ProxyProtocol: proxyproto.V1})
+	addr, ev := start(t, hook, &exchange.Service{Upstream: up, TLS: exchange.ModePassthrough, ProxyProtocol: proxyproto.V1})
 
 	c, err := tls.Dial("tcp", addr, &tls.Config{ServerName: "a.example", RootCAs: pool, NextProtos: []string{"h2"}})
 	if err != nil {
@@ -268,7 +269,7 @@ func TestOpaque(t *testing.T) {
 	rand.Read(random)
 	random[0] = 0 // never a token byte
 	for _, in := range [][]byte{[]byte("SSH-2.0-OpenSSH_9.2p1 Debian-2+deb12u3\r\nrest of the protocol"), random} {
-		addr, ev := start(t, nil, &proxy.Service{Upstream: up})
+		addr, ev := start(t, nil, &exchange.Service{Upstream: up})
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
@@ -287,7 +288,7 @@ func TestOpaque(t *testing.T) {
 			t.Fatalf("event %+v", e)
 		}
 	}
-	addr, ev := start(t, nil, &proxy.Service{Upstream: up, Opaque: proxy.ModeReject, TLS: proxy.ModeDefault})
+	addr, ev := start(t, nil, &exchange.Service{Upstream: up, Opaque: exchange.ModeReject, TLS: exchange.ModeDefault})
 	for _, in := range []string{"SSH-2.0-OpenSSH_9.2p1\r\n", "\x16\x03\x01\x00\x05\x01\x00\x00\x01\x00"} {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
@@ -315,7 +316,7 @@ func TestOpaque(t *testing.T) {
 func TestHelloAbuse(t *testing.T) {
 	up, got := rawUpstream(t)
 	hook := &sniHook{}
-	addr, ev := start(t, hook, &proxy.Service{Upstream: up, TLS: proxy.ModePassthrough, HeaderTimeout: 500 * time.Millisecond})
+	addr, ev := start(t, hook, &exchange.Service{Upstream: up, TLS: exchange.ModePassthrough, HeaderTimeout: 500 * time.Millisecond})
 	big := []byte{0x16, 3, 1, 0x40, 0x00, 1, 0, 0x3f, 0xfc} // a 16 KiB record holding a hello that claims 16380 bytes
 	big = append(big, make([]byte, 0x4000-4)...)
 	for _, tt := range []struct {
@@ -375,7 +376,7 @@ func TestHalfOpenGrace(t *testing.T) {
 			c.Close() // the service is done; the client never closes
 		}
 	}()
-	addr, ev := start(t, nil, &proxy.Service{Upstream: ln.Addr().String(), IdleTimeout: 200 * time.Millisecond})
+	addr, ev := start(t, nil, &exchange.Service{Upstream: ln.Addr().String(), IdleTimeout: 200 * time.Millisecond})
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -396,7 +397,7 @@ func TestHalfOpenGrace(t *testing.T) {
 
 	// A client that resets while the relay runs.
 	up, got := rawUpstream(t)
-	addr, ev = start(t, nil, &proxy.Service{Upstream: up})
+	addr, ev = start(t, nil, &exchange.Service{Upstream: up})
 	c2, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)

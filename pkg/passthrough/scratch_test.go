@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/sniff"
 )
 
@@ -69,7 +69,7 @@ func TestScratchHeldUntilObserved(t *testing.T) {
 		}
 		ev.observe(e)
 	}}
-	addr := serveRelay(t, &sniHook{}, &proxy.Service{Name: "svc", Upstream: up, TLS: proxy.ModePassthrough}, relay)
+	addr := serveRelay(t, &sniHook{}, &exchange.Service{Name: "svc", Upstream: up, TLS: exchange.ModePassthrough}, relay)
 	in := fragmentHello(goHello(t, "a.example"), 64)
 	c, err := net.Dial("tcp", addr)
 	if err != nil {

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // slowUpstream answers a request only once release is closed; until then
@@ -68,7 +70,7 @@ func TestClientAbortWhileUpstreamWorks(t *testing.T) {
 	t.Run("waiting-for-head", func(t *testing.T) {
 		up, gotHead, upClosed, _ := slowUpstream(t, "")
 		hook := newTestHook(nil)
-		p, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+		p, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, nil)
 		c := dialClient(t, addr)
 		c.send("GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
 		<-gotHead
@@ -85,7 +87,7 @@ func TestClientAbortWhileUpstreamWorks(t *testing.T) {
 	t.Run("after-request-body", func(t *testing.T) {
 		up, gotHead, upClosed, _ := slowUpstream(t, "")
 		hook := newTestHook(nil)
-		p, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+		p, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, nil)
 		c := dialClient(t, addr)
 		c.send("POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n")
 		<-gotHead // the body is read from the client after admission
@@ -103,7 +105,7 @@ func TestClientAbortWhileUpstreamWorks(t *testing.T) {
 	t.Run("relaying-body", func(t *testing.T) {
 		up, gotHead, upClosed, _ := slowUpstream(t, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
 		hook := newTestHook(nil)
-		p, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+		p, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, nil)
 		c := dialClient(t, addr)
 		c.send("GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
 		<-gotHead
@@ -133,7 +135,7 @@ func TestClientAbortWhileUpstreamWorks(t *testing.T) {
 func TestClientHalfCloseWhileUpstreamWorks(t *testing.T) {
 	up, gotHead, upClosed, _ := slowUpstream(t, "")
 	hook := newTestHook(nil)
-	_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+	_, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, nil)
 	c := dialClient(t, addr)
 	c.send("GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
 	<-gotHead
@@ -162,7 +164,7 @@ func TestClientAbort(t *testing.T) {
 			gotBody <- int(n)
 		})
 		hook := newTestHook(nil)
-		p, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+		p, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, nil)
 		c := dialClient(t, addr)
 		c.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n0123456789")
 		<-gotHead // the upstream was reached: now go away mid-body
@@ -181,17 +183,17 @@ func TestClientAbort(t *testing.T) {
 	t.Run("during-admission", func(t *testing.T) {
 		entered := make(chan struct{})
 		var sawCancel atomic.Bool
-		hook := newTestHook(func(ctx context.Context, r *Request) Decision {
+		hook := newTestHook(func(ctx context.Context, r *exchange.Request) exchange.Decision {
 			close(entered)
 			select {
 			case <-ctx.Done():
 				sawCancel.Store(true)
 			case <-time.After(20 * time.Second):
 			}
-			return Decision{Allow: true}
+			return exchange.Decision{Allow: true}
 		})
 		up := newRawUpstream(t, func(int, net.Conn) {})
-		_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+		_, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, nil)
 		c := dialClient(t, addr)
 		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 		<-entered
@@ -221,16 +223,16 @@ func hookWaitAdmit(t *testing.T, h *testHook, n int) {
 // request body is already queued unread.
 func TestClientAbortDuringAdmissionWithBody(t *testing.T) {
 	entered := make(chan struct{})
-	hook := newTestHook(func(ctx context.Context, r *Request) Decision {
+	hook := newTestHook(func(ctx context.Context, r *exchange.Request) exchange.Decision {
 		close(entered)
 		select {
 		case <-ctx.Done():
 		case <-time.After(20 * time.Second):
 		}
-		return Decision{Allow: true}
+		return exchange.Decision{Allow: true}
 	})
 	up := newRawUpstream(t, func(int, net.Conn) {})
-	_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+	_, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, nil)
 	c := dialClient(t, addr)
 	c.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
 	<-entered

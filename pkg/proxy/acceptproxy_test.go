@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxyproto"
 	"github.com/rl-tproxy/rl-tproxy/pkg/realip"
 )
@@ -51,17 +52,17 @@ func TestAcceptProxy(t *testing.T) {
 				t.Fatal(err)
 			}
 			var mu sync.Mutex
-			var seen []Request
+			var seen []exchange.Request
 			var rejects []string
-			hook := newTestHook(func(_ context.Context, r *Request) Decision {
+			hook := newTestHook(func(_ context.Context, r *exchange.Request) exchange.Decision {
 				mu.Lock()
-				seen = append(seen, Request{Remote: r.Remote, Peer: r.Peer})
+				seen = append(seen, exchange.Request{Remote: r.Remote, Peer: r.Peer})
 				mu.Unlock()
-				return Decision{Allow: true}
+				return exchange.Decision{Allow: true}
 			})
 			up := httpUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-			_, addr := startProxy(t, hook, &Service{Upstream: up, AcceptProxy: tr}, func(c *Config) {
-				c.OnReject = func(_ *Service, _ netip.AddrPort, rule string, _ int) {
+			_, addr := startProxy(t, hook, &exchange.Service{Upstream: up, AcceptProxy: tr}, func(c *Config) {
+				c.OnReject = func(_ *exchange.Service, _ netip.AddrPort, rule string, _ int) {
 					mu.Lock()
 					rejects = append(rejects, rule)
 					mu.Unlock()
@@ -124,8 +125,8 @@ func TestAcceptProxySlowHeader(t *testing.T) {
 	tr, _ := realip.ParseTrusted([]string{"127.0.0.1"})
 	var mu sync.Mutex
 	var rejects []string
-	_, addr := startProxy(t, newTestHook(nil), &Service{Upstream: "127.0.0.1:1", AcceptProxy: tr, HeaderTimeout: 200 * time.Millisecond}, func(c *Config) {
-		c.OnReject = func(_ *Service, _ netip.AddrPort, rule string, _ int) {
+	_, addr := startProxy(t, newTestHook(nil), &exchange.Service{Upstream: "127.0.0.1:1", AcceptProxy: tr, HeaderTimeout: 200 * time.Millisecond}, func(c *Config) {
+		c.OnReject = func(_ *exchange.Service, _ netip.AddrPort, rule string, _ int) {
 			mu.Lock()
 			rejects = append(rejects, rule)
 			mu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 )
 
@@ -18,14 +19,14 @@ type resultHook struct {
 
 type resultRec struct {
 	proto string
-	res   Result
+	res   exchange.Result
 }
 
-func (h *resultHook) Admit(context.Context, *Request) Decision {
-	return Decision{Allow: true, Forward: h.forward}
+func (h *resultHook) Admit(context.Context, *exchange.Request) exchange.Decision {
+	return exchange.Decision{Allow: true, Forward: h.forward}
 }
 
-func (h *resultHook) Done(r *Request, _ *Decision, res *Result) {
+func (h *resultHook) Done(r *exchange.Request, _ *exchange.Decision, res *exchange.Result) {
 	h.results <- resultRec{proto: r.Proto, res: *res}
 }
 
@@ -36,7 +37,7 @@ func (h *resultHook) Done(r *Request, _ *Decision, res *Result) {
 func TestForwardFieldsAndUpstreamResult(t *testing.T) {
 	heads := make(chan string, 4)
 	up := headUpstream(t, heads, func(string) string { return "HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok" })
-	svc := &Service{Name: "web", Upstream: up.addr()}
+	svc := &exchange.Service{Name: "web", Upstream: up.addr()}
 	hook := &resultHook{forward: []httpparse.Header{{Name: []byte("X-Request-ID"), Value: []byte("gen-1")}},
 		results: make(chan resultRec, 4)}
 	_, addr := startProxy(t, hook, svc, nil)
@@ -44,8 +45,8 @@ func TestForwardFieldsAndUpstreamResult(t *testing.T) {
 	for _, c := range []struct {
 		name, req, proto string
 	}{
-		{"replaced", "GET /a HTTP/1.1\r\nHost: x\r\nx-request-id: bad id\r\ntraceparent: " + tp + "\r\n\r\n", ProtoHTTP11},
-		{"added", "GET /b HTTP/1.0\r\nHost: x\r\ntraceparent: " + tp + "\r\n\r\n", ProtoHTTP10},
+		{"replaced", "GET /a HTTP/1.1\r\nHost: x\r\nx-request-id: bad id\r\ntraceparent: " + tp + "\r\n\r\n", exchange.ProtoHTTP11},
+		{"added", "GET /b HTTP/1.0\r\nHost: x\r\ntraceparent: " + tp + "\r\n\r\n", exchange.ProtoHTTP10},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cl := dialClient(t, addr)
@@ -78,7 +79,7 @@ func TestForwardFieldsAndUpstreamResult(t *testing.T) {
 func TestUpstreamResultWithoutResponse(t *testing.T) {
 	dead := testkit.RefusedAddr(t)
 	hook := &resultHook{results: make(chan resultRec, 4)}
-	_, addr := startProxy(t, hook, &Service{Name: "web", Upstream: dead}, nil)
+	_, addr := startProxy(t, hook, &exchange.Service{Name: "web", Upstream: dead}, nil)
 	cl := dialClient(t, addr)
 	cl.send("GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
 	if r, _ := cl.resp("GET"); r.StatusCode != 502 {

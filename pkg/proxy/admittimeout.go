@@ -17,7 +17,7 @@ import (
 // admitDeadline arms the admission deadline of c's request; a blocking
 // Hook's Admit context carries it.
 func (c *lconn) admitDeadline(cfg *Config) {
-	d := cfg.admissionTimeout(c.r.svc)
+	d := cfg.AdmissionTimeoutFor(c.r.svc)
 	c.setDeadline(c.ls.l.Now() + int64(d))
 	if _, ok := c.r.hook.(AsyncHook); !ok {
 		c.r.actx.setDeadline(time.Now().Add(d))
@@ -30,9 +30,9 @@ func (c *lconn) admitTimeout() {
 	if !r.pending {
 		return // the Decision is being acted on
 	}
-	d := r.cfg.admissionTimeout(r.svc)
+	d := r.cfg.AdmissionTimeoutFor(r.svc)
 	r.res.AdmissionErr = fmt.Errorf("admission: no decision from the hook within %v: %w", d, errLoopTimeout)
-	r.cfg.logger().Debug("admission timed out", "service", r.svc.Name, "remote", c.remote, "timeout", d)
+	r.cfg.Log().Debug("admission timed out", "service", r.svc.Name, "remote", c.remote, "timeout", d)
 	if !r.cancelled {
 		r.cancelled = true // at most once per Begin (AsyncHook)
 		if r.async != nil {
@@ -41,7 +41,7 @@ func (c *lconn) admitTimeout() {
 			r.actx.cancelWith(context.DeadlineExceeded)
 		}
 	}
-	reportReject(r.cfg, r.svc, c.remote, "admission-timeout", 503)
+	r.cfg.ReportReject(r.svc, c.remote, "admission-timeout", 503)
 	c.answer(503, "Connection: close\r\n")
 	c.linger = true
 	c.complete(false) // finishRequest closes without reporting: the Decision is still due

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // Service.AdmissionTimeout (the policy's timeouts.admission) is the
@@ -21,23 +23,23 @@ func TestServiceAdmissionTimeout(t *testing.T) {
 		// initial is the service's bound at start; Update sets short
 		// before the request when it differs.
 		initial time.Duration
-		hook    func() (Hook, *testHook)
+		hook    func() (exchange.Hook, *testHook)
 	}{
-		{"blocking", short, func() (Hook, *testHook) {
-			th := newTestHook(func(ctx context.Context, _ *Request) Decision {
+		{"blocking", short, func() (exchange.Hook, *testHook) {
+			th := newTestHook(func(ctx context.Context, _ *exchange.Request) exchange.Decision {
 				<-ctx.Done() // never answers before the deadline
-				return Decision{Allow: true}
+				return exchange.Decision{Allow: true}
 			})
 			return th, th
 		}},
-		{"async", short, func() (Hook, *testHook) {
+		{"async", short, func() (exchange.Hook, *testHook) {
 			h := newAsyncTestHook() // answers from Cancel only
 			return h, h.testHook
 		}},
-		{"updated-live", time.Hour, func() (Hook, *testHook) {
-			th := newTestHook(func(ctx context.Context, _ *Request) Decision {
+		{"updated-live", time.Hour, func() (exchange.Hook, *testHook) {
+			th := newTestHook(func(ctx context.Context, _ *exchange.Request) exchange.Decision {
 				<-ctx.Done()
-				return Decision{Allow: true}
+				return exchange.Decision{Allow: true}
 			})
 			return th, th
 		}},
@@ -46,7 +48,7 @@ func TestServiceAdmissionTimeout(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			up := newRawUpstream(t, func(int, net.Conn) {})
 			hook, th := tc.hook()
-			svc := &Service{Upstream: up.addr(), AdmissionTimeout: tc.initial}
+			svc := &exchange.Service{Upstream: up.addr(), AdmissionTimeout: tc.initial}
 			p, addr := startProxy(t, th, svc, func(cfg *Config) {
 				cfg.Hook = hook
 				cfg.AdmissionTimeout = time.Hour
@@ -55,7 +57,7 @@ func TestServiceAdmissionTimeout(t *testing.T) {
 				cfg := *p.Config()
 				ns := *svc
 				ns.AdmissionTimeout = short
-				cfg.Services = []*Service{&ns}
+				cfg.Services = []*exchange.Service{&ns}
 				if err := p.Update(cfg); err != nil {
 					t.Fatal(err)
 				}
@@ -86,7 +88,7 @@ func TestServiceAdmissionTimeoutValidated(t *testing.T) {
 		d  time.Duration
 		ok bool
 	}{{0, true}, {time.Millisecond, true}, {-time.Second, false}} {
-		_, err := New(Config{Services: []*Service{{Name: "web", Upstream: "127.0.0.1:1", AdmissionTimeout: tc.d}}})
+		_, err := New(Config{Config: exchange.Config{Services: []*exchange.Service{{Name: "web", Upstream: "127.0.0.1:1", AdmissionTimeout: tc.d}}}})
 		if (err == nil) != tc.ok {
 			t.Errorf("AdmissionTimeout %v: New error %v, want ok %v", tc.d, err, tc.ok)
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // admitTimeoutShort is the admission timeout of these tests: what the
@@ -29,15 +30,15 @@ func TestAdmissionTimeout(t *testing.T) {
 		// cancelled and makes it answer the timed-out admission (a
 		// never-answering hook does only when the test says so); unblock
 		// makes it answer whatever is pending (idempotent).
-		hook func(t *testing.T) (h Hook, th *testHook, answer, unblock func())
+		hook func(t *testing.T) (h exchange.Hook, th *testHook, answer, unblock func())
 	}{
-		{"async-never-resumes", func(t *testing.T) (Hook, *testHook, func(), func()) {
+		{"async-never-resumes", func(t *testing.T) (exchange.Hook, *testHook, func(), func()) {
 			h := &holdHook{testHook: newTestHook(nil), begun: make(chan struct{}, 1)}
 			resume := func() {
 				h.mu.Lock()
 				defer h.mu.Unlock()
 				for _, pd := range h.pending {
-					*pd.d = Decision{Allow: true}
+					*pd.d = exchange.Decision{Allow: true}
 					pd.res.Resume()
 				}
 				h.pending = nil
@@ -49,7 +50,7 @@ func TestAdmissionTimeout(t *testing.T) {
 				resume()
 			}, resume
 		}},
-		{"async-resumes-from-cancel", func(t *testing.T) (Hook, *testHook, func(), func()) {
+		{"async-resumes-from-cancel", func(t *testing.T) (exchange.Hook, *testHook, func(), func()) {
 			h := newAsyncTestHook()
 			return h, h.testHook, func() {
 				if p := recvWithin(t, h.cancels, "Cancel"); p != "/" {
@@ -57,11 +58,11 @@ func TestAdmissionTimeout(t *testing.T) {
 				}
 			}, func() {}
 		}},
-		{"blocking-honours-context", func(t *testing.T) (Hook, *testHook, func(), func()) {
+		{"blocking-honours-context", func(t *testing.T) (exchange.Hook, *testHook, func(), func()) {
 			var ctxErr atomic.Value
 			var hasDeadline atomic.Bool
 			stop := make(chan struct{})
-			th := newTestHook(func(ctx context.Context, r *Request) Decision {
+			th := newTestHook(func(ctx context.Context, r *exchange.Request) exchange.Decision {
 				_, ok := ctx.Deadline()
 				hasDeadline.Store(ok)
 				select {
@@ -69,7 +70,7 @@ func TestAdmissionTimeout(t *testing.T) {
 					ctxErr.Store(ctx.Err())
 				case <-stop: // the test failed early
 				}
-				return Decision{Allow: true}
+				return exchange.Decision{Allow: true}
 			})
 			var once sync.Once
 			return th, th, func() {
@@ -82,11 +83,11 @@ func TestAdmissionTimeout(t *testing.T) {
 				}
 			}, func() { once.Do(func() { close(stop) }) }
 		}},
-		{"blocking-ignores-context", func(t *testing.T) (Hook, *testHook, func(), func()) {
+		{"blocking-ignores-context", func(t *testing.T) (exchange.Hook, *testHook, func(), func()) {
 			release := make(chan struct{})
-			th := newTestHook(func(context.Context, *Request) Decision {
+			th := newTestHook(func(context.Context, *exchange.Request) exchange.Decision {
 				<-release // the test's answer: the hook ignores its context
-				return Decision{Allow: true}
+				return exchange.Decision{Allow: true}
 			})
 			var once sync.Once
 			answer := func() { once.Do(func() { close(release) }) }
@@ -98,7 +99,7 @@ func TestAdmissionTimeout(t *testing.T) {
 			base := runtime.NumGoroutine()
 			up := newRawUpstream(t, func(int, net.Conn) {})
 			hook, th, answer, unblock := tc.hook(t)
-			p, addr := startProxy(t, th, &Service{Upstream: up.addr()}, func(cfg *Config) {
+			p, addr := startProxy(t, th, &exchange.Service{Upstream: up.addr()}, func(cfg *Config) {
 				cfg.Hook = hook
 				cfg.AdmissionTimeout = admitTimeoutShort
 			})
@@ -144,12 +145,12 @@ func TestShutdownForcedDoesNotWaitForeverForHook(t *testing.T) {
 	h := &holdHook{testHook: newTestHook(nil), begun: make(chan struct{}, 1)}
 	// The hook is not passed as a *testHook: its Done never comes, which
 	// startProxy's cleanup would count as an imbalance.
-	p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(cfg *Config) { cfg.Hook = h })
+	p, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, func(cfg *Config) { cfg.Hook = h })
 	resume := func() {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		for _, pd := range h.pending {
-			*pd.d = Decision{Allow: true}
+			*pd.d = exchange.Decision{Allow: true}
 			pd.res.Resume()
 		}
 		h.pending = nil

@@ -11,16 +11,18 @@ import (
 	"bytes"
 	"net"
 	"testing"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // asyncAllowHook decides every request inside Begin.
 type asyncAllowHook struct{ allowHook }
 
-func (asyncAllowHook) Begin(_ *Request, d *Decision, _ Resumer) bool {
-	*d = Decision{Allow: true}
+func (asyncAllowHook) Begin(_ *exchange.Request, d *exchange.Decision, _ Resumer) bool {
+	*d = exchange.Decision{Allow: true}
 	return true
 }
-func (asyncAllowHook) Cancel(*Request) {}
+func (asyncAllowHook) Cancel(*exchange.Request) {}
 
 // asyncLaterHook resumes every request from another goroutine.
 type asyncLaterHook struct {
@@ -28,12 +30,12 @@ type asyncLaterHook struct {
 	ch chan Resumer
 }
 
-func (h asyncLaterHook) Begin(_ *Request, d *Decision, res Resumer) bool {
-	*d = Decision{Allow: true}
+func (h asyncLaterHook) Begin(_ *exchange.Request, d *exchange.Decision, res Resumer) bool {
+	*d = exchange.Decision{Allow: true}
 	h.ch <- res
 	return false
 }
-func (asyncLaterHook) Cancel(*Request) {}
+func (asyncLaterHook) Cancel(*exchange.Request) {}
 
 // TestAllocsLoopPath pins the data path at zero allocations per
 // proxied keep-alive GET in steady state: without a Hook, with a blocking
@@ -60,7 +62,7 @@ func TestAllocsLoopPath(t *testing.T) {
 	}()
 	for _, tc := range []struct {
 		name string
-		hook Hook
+		hook exchange.Hook
 		resp []byte
 	}{
 		{"no-hook", nil, fixedResponse},
@@ -72,7 +74,7 @@ func TestAllocsLoopPath(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			up := fastUpstream(t, tc.resp)
-			_, addr := startProxy(t, tc.hook, &Service{Name: "a", Upstream: up, XForwardedFor: true},
+			_, addr := startProxy(t, tc.hook, &exchange.Service{Name: "a", Upstream: up, XForwardedFor: true},
 				func(cfg *Config) { cfg.EventLoops = 1 })
 			bc := newBenchClient(t, addr)
 			for i := 0; i < 100; i++ { // warm the free lists
@@ -100,7 +102,7 @@ func TestAllocsLoopPathUpload(t *testing.T) {
 		t.Skip("short")
 	}
 	up := sinkUpstream(t, 1<<20)
-	p, addr := startProxy(t, nil, &Service{Name: "a", Upstream: up}, func(cfg *Config) { cfg.EventLoops = 1 })
+	p, addr := startProxy(t, nil, &exchange.Service{Name: "a", Upstream: up}, func(cfg *Config) { cfg.EventLoops = 1 })
 	bc := newBenchClientReq(t, addr, append([]byte("POST /up HTTP/1.1\r\nHost: bench\r\nContent-Length: 1048576\r\n\r\n"),
 		spliceBody(1<<20, 8)...))
 	for i := 0; i < 50; i++ { // warm the free lists
@@ -176,10 +178,10 @@ func sinkUpstream(t *testing.T, n int) string {
 
 // CheckPath allocates nothing, with or without escapes in the path.
 func TestCheckPathAlloc(t *testing.T) {
-	svc := &Service{DecodeEscapedSlashes: true}
+	svc := &exchange.Service{DecodeEscapedSlashes: true}
 	for _, p := range []string{"/api/v1/items", "/api/%61x", "/api%2Fx", "/a%2F../b"} {
 		b := []byte(p)
-		if n := testing.AllocsPerRun(100, func() { CheckPath(svc, b) }); n != 0 {
+		if n := testing.AllocsPerRun(100, func() { exchange.CheckPath(svc, b) }); n != 0 {
 			t.Errorf("%q: %v allocations", p, n)
 		}
 	}

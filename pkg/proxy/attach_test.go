@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 )
@@ -104,11 +105,11 @@ func TestAttach(t *testing.T) {
 	up := httpUpstream(t, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	a := newTestAttacher(-1)
 	var atAdmit atomic.Int64
-	hook := newTestHook(func(context.Context, *Request) Decision {
+	hook := newTestHook(func(context.Context, *exchange.Request) exchange.Decision {
 		atAdmit.Store(int64(a.attached()))
-		return Decision{Allow: true}
+		return exchange.Decision{Allow: true}
 	})
-	p, addr := startProxy(t, hook, &Service{Upstream: up}, func(cfg *Config) { cfg.EventLoops = 2 })
+	p, addr := startProxy(t, hook, &exchange.Service{Upstream: up}, func(cfg *Config) { cfg.EventLoops = 2 })
 	a.p = p
 	getOK(t, addr) // the loops run
 	if err := p.Attach(a); err != nil {
@@ -148,7 +149,7 @@ func TestAttach(t *testing.T) {
 func TestAttachBeforeServe(t *testing.T) {
 	for _, failOn := range []int{-1, 1} {
 		t.Run(fmt.Sprintf("fail_on=%d", failOn), func(t *testing.T) {
-			p, err := New(Config{Services: []*Service{{Name: "web", Upstream: "127.0.0.1:1"}}, EventLoops: 2})
+			p, err := New(Config{Config: exchange.Config{Services: []*exchange.Service{{Name: "web", Upstream: "127.0.0.1:1"}}}, EventLoops: 2})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -217,7 +218,7 @@ func TestAttachBeforeServe(t *testing.T) {
 // Shutdown), and the proxy keeps serving.
 func TestAttachErrorRollsBack(t *testing.T) {
 	up := httpUpstream(t, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
-	p, addr := startProxy(t, nil, &Service{Upstream: up}, func(cfg *Config) { cfg.EventLoops = 2 })
+	p, addr := startProxy(t, nil, &exchange.Service{Upstream: up}, func(cfg *Config) { cfg.EventLoops = 2 })
 	getOK(t, addr)
 	a := newTestAttacher(1)
 	err := p.Attach(a)
@@ -248,7 +249,7 @@ func TestAttachErrorRollsBack(t *testing.T) {
 // nothing), and the other attachers stay attached.
 func TestDetach(t *testing.T) {
 	up := httpUpstream(t, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
-	p, addr := startProxy(t, nil, &Service{Upstream: up}, func(cfg *Config) { cfg.EventLoops = 2 })
+	p, addr := startProxy(t, nil, &exchange.Service{Upstream: up}, func(cfg *Config) { cfg.EventLoops = 2 })
 	getOK(t, addr) // the loops run
 	gone, kept := newTestAttacher(-1), newTestAttacher(-1)
 	for _, a := range []*testAttacher{gone, kept} {

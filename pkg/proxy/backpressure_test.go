@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 )
 
@@ -102,7 +103,7 @@ func TestClientReadAfterBodyUnderBackpressure(t *testing.T) {
 		defer close(release)
 		head, lim := bigHeadRequest(1 << 20)
 		hook := newTestHook(nil)
-		p, addr := startProxy(t, hook, &Service{Upstream: up, Limits: lim}, func(cfg *Config) {
+		p, addr := startProxy(t, hook, &exchange.Service{Upstream: up, Limits: lim}, func(cfg *Config) {
 			cfg.Dial = (&net.Dialer{Control: sockBuf(unix.SO_SNDBUF)}).DialContext
 		})
 		c := dialClient(t, addr)
@@ -138,7 +139,7 @@ func TestClientReadAfterBufferedBodySent(t *testing.T) {
 		defer close(release)
 		dial := make(chan struct{})
 		hook := newTestHook(nil)
-		p, addr := startProxy(t, hook, &Service{Upstream: up}, func(cfg *Config) { cfg.Dial = heldDial(dial) })
+		p, addr := startProxy(t, hook, &exchange.Service{Upstream: up}, func(cfg *Config) { cfg.Dial = heldDial(dial) })
 		c := dialClient(t, addr)
 		body := strings.Repeat("b", 20<<10) // buffered whole, with less than a read's room left
 		c.send("POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 20480\r\n\r\n" + body)
@@ -176,7 +177,7 @@ func TestPipelinedRequestsBoundedDuringLargeResponse(t *testing.T) {
 			}
 			io.WriteString(w, "p")
 		}))
-		p, addr := startProxy(t, nil, &Service{Upstream: up}, nil)
+		p, addr := startProxy(t, nil, &exchange.Service{Upstream: up}, nil)
 		c := dialClient(t, addr)
 		c.send("GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
 		const n = 4000 // ~110 KiB of requests: more than the buffer holds

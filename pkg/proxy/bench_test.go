@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"testing"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 var fixedResponse = []byte("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 13\r\n\r\nhello, world\n")
@@ -120,9 +122,9 @@ func (bc *benchClient) roundTrip() error {
 	return err
 }
 
-func benchProxy(b *testing.B, hook Hook, parallel bool) {
+func benchProxy(b *testing.B, hook exchange.Hook, parallel bool) {
 	up := fastUpstream(b, fixedResponse)
-	svc := &Service{Name: "bench", Upstream: up, XForwardedFor: true}
+	svc := &exchange.Service{Name: "bench", Upstream: up, XForwardedFor: true}
 	_, addr := startProxy(b, hook, svc, nil)
 	b.ReportAllocs()
 	if !parallel {
@@ -165,7 +167,7 @@ func BenchmarkProxyGET1MiB(b *testing.B) {
 	}{{"copy", -1}, {"splice", 0}} {
 		b.Run(bc.name, func(b *testing.B) {
 			up := fastUpstream(b, bigResponse)
-			_, addr := startProxy(b, nil, &Service{Name: "bench", Upstream: up}, func(cfg *Config) {
+			_, addr := startProxy(b, nil, &exchange.Service{Name: "bench", Upstream: up}, func(cfg *Config) {
 				cfg.EventLoops, cfg.SpliceMin = 1, bc.spliceMin
 			})
 			c := newBenchClient(b, addr)
@@ -204,5 +206,7 @@ func BenchmarkDirectGET(b *testing.B) {
 
 type allowHook struct{}
 
-func (allowHook) Admit(context.Context, *Request) Decision { return Decision{Allow: true} }
-func (allowHook) Done(*Request, *Decision, *Result)        {}
+func (allowHook) Admit(context.Context, *exchange.Request) exchange.Decision {
+	return exchange.Decision{Allow: true}
+}
+func (allowHook) Done(*exchange.Request, *exchange.Decision, *exchange.Result) {}

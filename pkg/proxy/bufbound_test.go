@@ -15,6 +15,7 @@ import (
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 )
 
@@ -101,7 +102,7 @@ func TestPipelineBurstBehindSlowResponse(t *testing.T) {
 	eachLoopBackend(t, func(t *testing.T) {
 		release := make(chan struct{})
 		up := numberedUpstream(t, release)
-		p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(c *Config) { c.EventLoops = 1 })
+		p, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, func(c *Config) { c.EventLoops = 1 })
 		cl := dialClient(t, addr)
 		const n = 1700
 		var sb strings.Builder
@@ -147,7 +148,7 @@ func TestPipeliningClientNotReadingIsPaused(t *testing.T) {
 				}
 			}
 		})
-		p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(c *Config) { c.EventLoops = 1 })
+		p, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, func(c *Config) { c.EventLoops = 1 })
 		nc := dialSmallRcvbuf(t, addr)
 		var sent atomic.Int64
 		stop := make(chan struct{})
@@ -228,7 +229,7 @@ func TestChunkedResponseBigExtensionsSlowClient(t *testing.T) {
 			upDone.Store(true)
 			io.Copy(io.Discard, br)
 		})
-		p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(c *Config) { c.EventLoops = 1 })
+		p, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, func(c *Config) { c.EventLoops = 1 })
 		nc := dialSmallRcvbuf(t, addr)
 		br := bufio.NewReaderSize(nc, 4096)
 		io.WriteString(nc, "GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -272,7 +273,7 @@ func TestChunkedResponseBigExtensionsSlowClient(t *testing.T) {
 func TestLargeHeadAfterPartialRead(t *testing.T) {
 	eachLoopBackend(t, func(t *testing.T) {
 		up := numberedUpstream(t, nil)
-		svc := &Service{Upstream: up.addr(), Limits: httpparse.Limits{MaxHeaderBytes: 64 << 10}}
+		svc := &exchange.Service{Upstream: up.addr(), Limits: httpparse.Limits{MaxHeaderBytes: 64 << 10}}
 		p, addr := startProxy(t, nil, svc, func(c *Config) { c.EventLoops = 1 })
 		cl := dialClient(t, addr)
 		head := "GET /00001 HTTP/1.1\r\nHost: x\r\n"
@@ -318,7 +319,7 @@ func TestUpstreamReadBeyondHeldLine(t *testing.T) {
 			io.Copy(io.Discard, br)
 		})
 		defer close(release)
-		p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(c *Config) { c.EventLoops = 1 })
+		p, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, func(c *Config) { c.EventLoops = 1 })
 		cl := dialClient(t, addr)
 		cl.send("GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
 		r, err := http.ReadResponse(cl.br, &http.Request{Method: "GET"})
@@ -374,7 +375,7 @@ func TestEndlessInterimToNonReadingClient(t *testing.T) {
 				wrote.Add(int64(len(interim)))
 			}
 		})
-		p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(c *Config) { c.EventLoops = 1 })
+		p, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, func(c *Config) { c.EventLoops = 1 })
 		nc := dialSmallRcvbuf(t, addr)
 		if _, err := io.WriteString(nc, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
 			t.Fatal(err)

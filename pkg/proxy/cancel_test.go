@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // holdHook is an AsyncHook that leaves every request pending and does
@@ -22,7 +23,7 @@ type holdHook struct {
 	cancels atomic.Int32
 }
 
-func (h *holdHook) Begin(r *Request, d *Decision, res Resumer) bool {
+func (h *holdHook) Begin(r *exchange.Request, d *exchange.Decision, res Resumer) bool {
 	h.testHook.pending.Add(1)
 	h.mu.Lock()
 	h.pending = append(h.pending, asyncPending{d, res})
@@ -31,7 +32,7 @@ func (h *holdHook) Begin(r *Request, d *Decision, res Resumer) bool {
 	return false
 }
 
-func (h *holdHook) Cancel(*Request) { h.cancels.Add(1) }
+func (h *holdHook) Cancel(*exchange.Request) { h.cancels.Add(1) }
 
 // AsyncHook.Cancel is called at most once per Begin (async.go), also when
 // Shutdown's deadline closes every connection while a cancelled
@@ -39,7 +40,7 @@ func (h *holdHook) Cancel(*Request) { h.cancels.Add(1) }
 func TestCancelOncePerBegin(t *testing.T) {
 	up := httpUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	hook := &holdHook{testHook: newTestHook(nil), begun: make(chan struct{}, 1)}
-	p, addr := startProxy(t, hook.testHook, &Service{Upstream: up}, func(cfg *Config) {
+	p, addr := startProxy(t, hook.testHook, &exchange.Service{Upstream: up}, func(cfg *Config) {
 		cfg.Hook = hook
 		cfg.EventLoops = 1
 	})
@@ -57,7 +58,7 @@ func TestCancelOncePerBegin(t *testing.T) {
 	<-forced // the deadline passed and every connection was closed (abort)
 	hook.mu.Lock()
 	for _, pd := range hook.pending {
-		*pd.d = Decision{Allow: false, Status: 503}
+		*pd.d = exchange.Decision{Allow: false, Status: 503}
 		pd.res.Resume()
 	}
 	hook.mu.Unlock()

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // connOptions lists n Connection options: prefix0, prefix1, ...
@@ -41,7 +43,7 @@ func TestConnectionOptionsDropped(t *testing.T) {
 		return "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: " + connOptions("X-R", n) + "\r\n" +
 			connFields("X-R", n) + "X-Keep: 1\r\n\r\n"
 	})
-	_, addr := startProxy(t, newTestHook(nil), &Service{Upstream: up.addr()}, nil)
+	_, addr := startProxy(t, newTestHook(nil), &exchange.Service{Upstream: up.addr()}, nil)
 	c := dialClient(t, addr)
 	c.send("GET /ok HTTP/1.1\r\nHost: x\r\nConnection: " + connOptions("X-Q", 16) + "\r\n" + connFields("X-Q", 16) + "X-Keep: yes\r\n\r\n")
 	r, _ := c.resp("GET")

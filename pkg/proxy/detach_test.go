@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/sniff"
 )
 
@@ -47,7 +48,7 @@ func openTunnel(t *testing.T, addr string) *client {
 // (it ignores Drain), signalling once it serves.
 type blockingHandoff struct{ serving chan struct{} }
 
-func (blockingHandoff) Takes(k sniff.Kind, _ *Service) bool { return k == sniff.TLS }
+func (blockingHandoff) Takes(k sniff.Kind, _ *exchange.Service) bool { return k == sniff.TLS }
 
 // start opens a connection to addr that h takes and waits until h serves it.
 func (h blockingHandoff) start(t *testing.T, addr string) *client {
@@ -61,7 +62,7 @@ func (h blockingHandoff) start(t *testing.T, addr string) *client {
 	}
 	return cl
 }
-func (h blockingHandoff) ServeConn(hc *HandoffConn) {
+func (h blockingHandoff) ServeConn(hc *exchange.HandoffConn) {
 	hc.Conn.SetReadDeadline(time.Time{})
 	h.serving <- struct{}{}
 	io.Copy(io.Discard, hc.Conn)
@@ -93,7 +94,7 @@ func shutdownNow(t *testing.T, p *Proxy) {
 func TestForcedShutdownDetached(t *testing.T) {
 	t.Run("tunnel", func(t *testing.T) {
 		hook := newTestHook(nil)
-		p, addr := startProxy(t, hook, &Service{Upstream: echoUpgradeUpstream(t).addr()}, func(c *Config) { c.EventLoops = 1 })
+		p, addr := startProxy(t, hook, &exchange.Service{Upstream: echoUpgradeUpstream(t).addr()}, func(c *Config) { c.EventLoops = 1 })
 		openTunnel(t, addr)
 		shutdownNow(t, p)
 		if d := hook.waitDone(t); d.status != 101 {
@@ -103,7 +104,7 @@ func TestForcedShutdownDetached(t *testing.T) {
 	t.Run("handoff", func(t *testing.T) {
 		h := blockingHandoff{serving: make(chan struct{}, 1)}
 		up := newRawUpstream(t, func(int, net.Conn) {})
-		p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(c *Config) { c.EventLoops = 1; c.Handoff = h })
+		p, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, func(c *Config) { c.EventLoops = 1; c.Handoff = h })
 		h.start(t, addr)
 		shutdownNow(t, p)
 	})
@@ -157,7 +158,7 @@ func TestTunnelBounded(t *testing.T) {
 				tc.upstream(c)
 			})
 			hook := newTestHook(nil)
-			svc := &Service{Upstream: up.addr()}
+			svc := &exchange.Service{Upstream: up.addr()}
 			if !tc.readHead {
 				svc.IdleTimeout = 100 * time.Millisecond
 			}

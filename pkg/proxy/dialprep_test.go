@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // TestDialPrep: with Config.DialPrep the loops connect to an upstream
@@ -54,7 +56,7 @@ func TestDialPrep(t *testing.T) {
 				}
 				return func() { afters.Add(1) }, nil
 			}
-			_, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(c *Config) {
+			_, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, func(c *Config) {
 				c.EventLoops = 1
 				c.DialPrep = prep
 				c.Dial = func(context.Context, string, string) (net.Conn, error) {

@@ -6,13 +6,15 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // startDrainProxy serves svc on loopback without the startProxy cleanup
 // (the test shuts down itself).
-func startDrainProxy(t *testing.T, svc *Service, mod func(*Config)) (*Proxy, string, chan error) {
+func startDrainProxy(t *testing.T, svc *exchange.Service, mod func(*Config)) (*Proxy, string, chan error) {
 	t.Helper()
-	cfg := Config{Services: []*Service{svc}}
+	cfg := Config{Config: exchange.Config{Services: []*exchange.Service{svc}}}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -46,7 +48,7 @@ func TestDrainServesFreshConnection(t *testing.T) {
 	up := httpUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("done")) }))
 	t.Run("first-request-served", func(t *testing.T) { testDrainFresh(t, up) })
 	t.Run("silent-closed-after-header-timeout", func(t *testing.T) {
-		p, addr, served := startDrainProxy(t, &Service{Name: "w", Upstream: up, HeaderTimeout: 20 * time.Millisecond}, nil)
+		p, addr, served := startDrainProxy(t, &exchange.Service{Name: "w", Upstream: up, HeaderTimeout: 20 * time.Millisecond}, nil)
 		silent := dialClient(t, addr)
 		waitConns(t, p, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -62,7 +64,7 @@ func TestDrainServesFreshConnection(t *testing.T) {
 // testDrainFresh: an idle and a fresh connection when the drain starts;
 // the fresh one's request is served.
 func testDrainFresh(t *testing.T, up string) {
-	p, addr, served := startDrainProxy(t, &Service{Name: "w", Upstream: up}, nil)
+	p, addr, served := startDrainProxy(t, &exchange.Service{Name: "w", Upstream: up}, nil)
 	idle := dialClient(t, addr)
 	idle.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 	idle.resp("GET")

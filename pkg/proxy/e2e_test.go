@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // startNginx runs nginx (foreground, no master) on a free loopback port with
@@ -123,7 +124,7 @@ func TestEndToEndNginxCurlWrk(t *testing.T) {
 			}
 		}
 	}()
-	svc := &Service{Name: "nginx", Upstream: upstream, XForwardedFor: true}
+	svc := &exchange.Service{Name: "nginx", Upstream: upstream, XForwardedFor: true}
 	_, addr := startProxy(t, hook, svc, nil)
 	url := "http://" + addr
 
@@ -196,7 +197,7 @@ func TestEndToEndNginxCurlSplice(t *testing.T) {
 	testkit.NeedTool(t, "curl", "curl")
 	eachLoopBackend(t, func(t *testing.T) {
 		upstream, dir := startNginx(t)
-		p, addr := startProxy(t, nil, &Service{Name: "nginx", Upstream: upstream}, func(c *Config) { c.EventLoops = 1 })
+		p, addr := startProxy(t, nil, &exchange.Service{Name: "nginx", Upstream: upstream}, func(c *Config) { c.EventLoops = 1 })
 		out := t.TempDir()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 )
 
@@ -34,7 +35,7 @@ func FuzzForwardHead(f *testing.F) {
 		if h.Parse(data, httpparse.Limits{}) != nil {
 			return
 		}
-		svc := &Service{Name: "f", Upstream: "127.0.0.1:80", XForwardedFor: opts&1 != 0,
+		svc := &exchange.Service{Name: "f", Upstream: "127.0.0.1:80", XForwardedFor: opts&1 != 0,
 			XForwardedProto: opts&2 != 0, Forwarded: opts&4 != 0, XRealIP: opts&8 != 0}
 		remote := netip.MustParseAddrPort("192.0.2.1:5")
 		if opts&16 != 0 {

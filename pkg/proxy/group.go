@@ -4,6 +4,8 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // A listener group is the set of SO_REUSEPORT sockets bound to one address
@@ -16,7 +18,7 @@ import (
 // lns is normally one SO_REUSEPORT group from ListenGroup. It returns
 // ErrClosed after Shutdown; when one listener fails it closes the others
 // and returns that error.
-func (p *Proxy) ServeGroup(lns []net.Listener, svc *Service) error {
+func (p *Proxy) ServeGroup(lns []net.Listener, svc *exchange.Service) error {
 	if svc == nil {
 		return errors.New("proxy: ServeGroup with nil service")
 	}
@@ -27,14 +29,14 @@ func (p *Proxy) ServeGroup(lns []net.Listener, svc *Service) error {
 // one: lns is the SO_REUSEPORT group whose first socket sits in the
 // sk_lookup sockmap slot (the kernel's reuseport selection spreads the
 // steered connections over the whole group).
-func (p *Proxy) ServeSteeredGroup(lns []net.Listener, pick func(cfg *Config, local netip.AddrPort) *Service) error {
+func (p *Proxy) ServeSteeredGroup(lns []net.Listener, pick func(cfg *Config, local netip.AddrPort) *exchange.Service) error {
 	if pick == nil {
 		pick = pickByPort
 	}
 	return p.serveGroup(lns, pick)
 }
 
-func (p *Proxy) serveGroup(lns []net.Listener, pick func(*Config, netip.AddrPort) *Service) error {
+func (p *Proxy) serveGroup(lns []net.Listener, pick func(*Config, netip.AddrPort) *exchange.Service) error {
 	switch len(lns) {
 	case 0:
 		return errors.New("proxy: serve an empty listener group")

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // acceptSpread dials addr until every listener of lns accepted at least
@@ -198,8 +199,8 @@ func (l *countingListener) Accept() (net.Conn, error) {
 // ErrClosed, and one socket failing ends the group.
 func TestServeGroup(t *testing.T) {
 	up := keepAliveUpstream(t, 0)
-	svc := &Service{Name: "web", Upstream: up.addr()}
-	p, err := New(Config{Services: []*Service{svc}})
+	svc := &exchange.Service{Name: "web", Upstream: up.addr()}
+	p, err := New(Config{Config: exchange.Config{Services: []*exchange.Service{svc}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +249,7 @@ func TestServeGroup(t *testing.T) {
 
 	// One socket closed under the group (a failure): the group ends with
 	// that error and its other sockets are closed.
-	q, err := New(Config{Services: []*Service{svc}})
+	q, err := New(Config{Config: exchange.Config{Services: []*exchange.Service{svc}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,16 +285,16 @@ type loopHook struct {
 	loops map[int]int
 }
 
-func (h *loopHook) Admit(_ context.Context, r *Request) Decision {
+func (h *loopHook) Admit(_ context.Context, r *exchange.Request) exchange.Decision {
 	h.mu.Lock()
 	if r.Loop != nil {
 		h.loops[r.Loop.ID()]++
 	}
 	h.mu.Unlock()
-	return Decision{Allow: true}
+	return exchange.Decision{Allow: true}
 }
 
-func (h *loopHook) Done(*Request, *Decision, *Result) {}
+func (h *loopHook) Done(*exchange.Request, *exchange.Decision, *exchange.Result) {}
 
 // TestServeGroupOnLoops: on the event-loop path a group with a socket per
 // loop is served with each loop accepting on its own socket, and a group
@@ -303,9 +304,9 @@ func TestServeGroupOnLoops(t *testing.T) {
 	up := keepAliveUpstream(t, 0)
 	for _, sockets := range []int{2, 4, 1} {
 		t.Run(fmt.Sprint(sockets), func(t *testing.T) {
-			svc := &Service{Name: "web", Upstream: up.addr()}
+			svc := &exchange.Service{Name: "web", Upstream: up.addr()}
 			h := &loopHook{loops: map[int]int{}}
-			p, err := New(Config{Services: []*Service{svc}, EventLoops: 2, Hook: h})
+			p, err := New(Config{Config: exchange.Config{Services: []*exchange.Service{svc}, Hook: h}, EventLoops: 2})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -374,8 +375,8 @@ func TestServeReturnsOnAnnouncedClose(t *testing.T) {
 			old := closedPoll
 			closedPoll = tc.poll
 			t.Cleanup(func() { closedPoll = old })
-			svc := &Service{Name: "web", Upstream: up.addr()}
-			p, err := New(Config{Services: []*Service{svc}, EventLoops: 2})
+			svc := &exchange.Service{Name: "web", Upstream: up.addr()}
+			p, err := New(Config{Config: exchange.Config{Services: []*exchange.Service{svc}}, EventLoops: 2})
 			if err != nil {
 				t.Fatal(err)
 			}

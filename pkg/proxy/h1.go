@@ -3,7 +3,6 @@ package proxy
 import (
 	"errors"
 	"net"
-	"net/netip"
 	"strconv"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
@@ -66,17 +65,6 @@ func splitTarget(t []byte) (path, query []byte) {
 		}
 	}
 	return t, nil
-}
-
-// reportReject tells Config.OnReject and the Hook's Rejecter (both, when
-// set) that the proxy ended a request or connection under rule.
-func reportReject(cfg *Config, svc *Service, remote netip.AddrPort, rule string, status int) {
-	if cfg.OnReject != nil {
-		cfg.OnReject(svc, remote, rule, status)
-	}
-	if r, ok := cfg.Hook.(Rejecter); ok {
-		r.Reject(svc, remote, rule, status)
-	}
 }
 
 // statusBody is the plain-text body of an answer from the proxy itself.

@@ -7,6 +7,8 @@ import (
 	"net"
 	"strings"
 	"testing"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // TestH2CUpgradeRefused: an HTTP/1.1 request with Upgrade: h2c is forwarded
@@ -32,8 +34,8 @@ func TestH2CUpgradeRefused(t *testing.T) {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
 	})
-	hook := newTestHook(func(context.Context, *Request) Decision { return Decision{Allow: true} })
-	_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+	hook := newTestHook(func(context.Context, *exchange.Request) exchange.Decision { return exchange.Decision{Allow: true} })
+	_, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, nil)
 	c := dialClient(t, addr)
 	// The second request does not name HTTP2-Settings in Connection, the
 	// third does not list "upgrade" (the parser then sees no upgrade at

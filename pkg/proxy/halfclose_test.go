@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // recvWithin receives from ch or fails t; the bound is a hang guard, not
@@ -111,7 +112,7 @@ func TestHalfCloseAborts(t *testing.T) {
 				close(release)
 				dial := make(chan struct{})
 				hook := newTestHook(nil)
-				p, addr := startProxy(t, hook, &Service{Upstream: up}, func(cfg *Config) { cfg.Dial = heldDial(dial) })
+				p, addr := startProxy(t, hook, &exchange.Service{Upstream: up}, func(cfg *Config) { cfg.Dial = heldDial(dial) })
 				c := dialClient(t, addr)
 				c.send(tc.head)
 				waitConnState(t, p, lcUpstream)
@@ -127,7 +128,7 @@ func TestHalfCloseAborts(t *testing.T) {
 				up, gotHead, gotBody, release, cancelled := holdUpstream(t)
 				defer close(release)
 				hook := newTestHook(nil)
-				_, addr := startProxy(t, hook, &Service{Upstream: up}, nil)
+				_, addr := startProxy(t, hook, &exchange.Service{Upstream: up}, nil)
 				c := dialClient(t, addr)
 				c.send(tc.head)
 				recvWithin(t, gotHead, "the upstream to get the head")
@@ -169,7 +170,7 @@ func TestHalfCloseMidHead(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				up := newRawUpstream(t, func(int, net.Conn) {})
 				rec := &rejectRecorder{}
-				p, addr := startProxy(t, rec, &Service{Upstream: up.addr()}, nil)
+				p, addr := startProxy(t, rec, &exchange.Service{Upstream: up.addr()}, nil)
 				c := dialClient(t, addr)
 				c.send(tc.sent)
 				if tc.sent != "" {
@@ -200,7 +201,7 @@ func TestHalfCloseAbortFlood(t *testing.T) {
 	up, gotHead, gotBody, release, cancelled := holdUpstream(t)
 	defer close(release)
 	hook := newTestHook(nil)
-	p, addr := startProxy(t, hook, &Service{Upstream: up}, nil)
+	p, addr := startProxy(t, hook, &exchange.Service{Upstream: up}, nil)
 	for i := 0; i < n; i++ {
 		c := dialClient(t, addr)
 		c.send("GET /x HTTP/1.1\r\nHost: x\r\n\r\n")

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/sniff"
 )
 
@@ -19,12 +20,12 @@ import (
 type echoHandoff struct {
 	takes map[sniff.Kind]bool
 	mu    sync.Mutex
-	seen  []HandoffConn
+	seen  []exchange.HandoffConn
 }
 
-func (e *echoHandoff) Takes(k sniff.Kind, _ *Service) bool { return e.takes[k] }
+func (e *echoHandoff) Takes(k sniff.Kind, _ *exchange.Service) bool { return e.takes[k] }
 
-func (e *echoHandoff) ServeConn(hc *HandoffConn) {
+func (e *echoHandoff) ServeConn(hc *exchange.HandoffConn) {
 	e.mu.Lock()
 	e.seen = append(e.seen, *hc)
 	e.mu.Unlock()
@@ -47,7 +48,7 @@ func (e *echoHandoff) ServeConn(hc *HandoffConn) {
 func TestDispatch(t *testing.T) {
 	up := httpUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "http1") }))
 	h := &echoHandoff{takes: map[sniff.Kind]bool{sniff.TLS: true, sniff.Other: true, sniff.HTTP2: true}}
-	svc := &Service{Upstream: up, HeaderTimeout: 5 * time.Second}
+	svc := &exchange.Service{Upstream: up, HeaderTimeout: 5 * time.Second}
 	_, addr := startProxy(t, nil, svc, func(c *Config) { c.Handoff = h })
 
 	// HTTP/1.1 keeps today's path.
@@ -90,7 +91,7 @@ func TestDispatch(t *testing.T) {
 func TestDispatchNotTaken(t *testing.T) {
 	up := newRawUpstream(t, func(int, net.Conn) {})
 	h := &echoHandoff{takes: map[sniff.Kind]bool{}}
-	_, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(c *Config) { c.Handoff = h })
+	_, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, func(c *Config) { c.Handoff = h })
 	c := dialClient(t, addr)
 	c.send("\x16\x03\x01\x00\x20\x01\r\n\r\n")
 	if r, _ := c.resp("GET"); r.StatusCode != 400 {
@@ -109,7 +110,7 @@ type rejectRecorder struct {
 	rules []string
 }
 
-func (r *rejectRecorder) Reject(_ *Service, _ netip.AddrPort, rule string, status int) {
+func (r *rejectRecorder) Reject(_ *exchange.Service, _ netip.AddrPort, rule string, status int) {
 	r.mu.Lock()
 	r.rules = append(r.rules, rule+":"+strconv.Itoa(status))
 	r.mu.Unlock()
@@ -132,11 +133,11 @@ func TestDispatchSlow(t *testing.T) {
 			up := newRawUpstream(t, func(int, net.Conn) {})
 			h := &echoHandoff{takes: map[sniff.Kind]bool{sniff.TLS: true, sniff.Other: true}}
 			rec := &rejectRecorder{}
-			var hook Hook
+			var hook exchange.Hook
 			if viaHook {
 				hook = rec
 			}
-			_, addr := startProxy(t, hook, &Service{Upstream: up.addr(), HeaderTimeout: 300 * time.Millisecond}, func(c *Config) {
+			_, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr(), HeaderTimeout: 300 * time.Millisecond}, func(c *Config) {
 				c.Handoff = h
 				if !viaHook {
 					c.OnReject = rec.Reject
@@ -170,7 +171,7 @@ func TestDispatchSlow(t *testing.T) {
 // TestDispatchDrain: Shutdown tells a handed-off connection to finish.
 func TestDispatchDrain(t *testing.T) {
 	h := &echoHandoff{takes: map[sniff.Kind]bool{sniff.Other: true}}
-	p, addr := startProxy(t, nil, &Service{Upstream: "127.0.0.1:1"}, func(c *Config) { c.Handoff = h })
+	p, addr := startProxy(t, nil, &exchange.Service{Upstream: "127.0.0.1:1"}, func(c *Config) { c.Handoff = h })
 	c := dialClient(t, addr)
 	c.send("\x00")
 	got := make([]byte, len("other:\x00|"))

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"strconv"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 )
 
@@ -88,7 +89,7 @@ func appendHeaderBytes(b, name, value []byte) []byte {
 // 100 Continue itself after admission), and the forwarding fields the
 // proxy rewrites, and the fields of add, which are appended instead. On an
 // upgrade, Upgrade and "Connection: upgrade" pass.
-func appendRequestHead(b []byte, h *httpparse.Request, svc *Service, remote netip.AddrPort, add []httpparse.Header) []byte {
+func appendRequestHead(b []byte, h *httpparse.Request, svc *exchange.Service, remote netip.AddrPort, add []httpparse.Header) []byte {
 	b = append(b, h.Method...)
 	b = append(b, ' ')
 	b = appendOriginTarget(b, h)

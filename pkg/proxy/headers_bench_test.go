@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 )
 
@@ -59,7 +60,7 @@ func BenchmarkAppendRequestHeadConnectionFlood(b *testing.B) {
 			if err := h.Parse([]byte(connectionFlood(n)), httpparse.Limits{}); err != nil {
 				b.Skipf("%d options: %v", n, err)
 			}
-			svc := &Service{Name: "b", Upstream: "127.0.0.1:80"}
+			svc := &exchange.Service{Name: "b", Upstream: "127.0.0.1:80"}
 			remote := netip.MustParseAddrPort("192.0.2.1:5")
 			buf := make([]byte, 0, 32<<10)
 			b.ReportAllocs()

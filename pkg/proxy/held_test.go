@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // TestSplitResponseKeepsUpstreamPooled: a response whose chunk line is
@@ -38,7 +40,7 @@ func TestSplitResponseKeepsUpstreamPooled(t *testing.T) {
 			}
 		}
 	})
-	p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, nil)
+	p, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, nil)
 	cl := dialClient(t, addr)
 	cl.send("GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
 	line, err := cl.br.ReadString('\n')

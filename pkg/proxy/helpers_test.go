@@ -12,12 +12,14 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // testHook records admissions and completions; decide picks the Decision.
 type testHook struct {
 	mu     sync.Mutex
-	decide func(ctx context.Context, r *Request) Decision
+	decide func(ctx context.Context, r *exchange.Request) exchange.Decision
 	admits []string // "METHOD PATH?QUERY"
 	dones  []doneRec
 	doneCh chan doneRec
@@ -38,14 +40,14 @@ type doneRec struct {
 	startBeforeEnd bool
 }
 
-func newTestHook(decide func(ctx context.Context, r *Request) Decision) *testHook {
+func newTestHook(decide func(ctx context.Context, r *exchange.Request) exchange.Decision) *testHook {
 	if decide == nil {
-		decide = func(context.Context, *Request) Decision { return Decision{Allow: true} }
+		decide = func(context.Context, *exchange.Request) exchange.Decision { return exchange.Decision{Allow: true} }
 	}
 	return &testHook{decide: decide, doneCh: make(chan doneRec, 100)}
 }
 
-func (h *testHook) Admit(ctx context.Context, r *Request) Decision {
+func (h *testHook) Admit(ctx context.Context, r *exchange.Request) exchange.Decision {
 	h.mu.Lock()
 	t := string(r.Path)
 	if r.Query != nil {
@@ -57,7 +59,7 @@ func (h *testHook) Admit(ctx context.Context, r *Request) Decision {
 	return h.decide(ctx, r)
 }
 
-func (h *testHook) Done(r *Request, d *Decision, res *Result) {
+func (h *testHook) Done(r *exchange.Request, d *exchange.Decision, res *exchange.Result) {
 	if h.pending.Add(-1) < 0 {
 		h.overDone.Store(true)
 	}
@@ -99,12 +101,12 @@ func checkRequestsReleased(t testing.TB, p *Proxy, when string) {
 	}
 }
 
-func startProxy(t testing.TB, hook Hook, svc *Service, mod func(*Config)) (*Proxy, string) {
+func startProxy(t testing.TB, hook exchange.Hook, svc *exchange.Service, mod func(*Config)) (*Proxy, string) {
 	t.Helper()
 	if svc.Name == "" {
 		svc.Name = "web"
 	}
-	cfg := Config{Services: []*Service{svc}}
+	cfg := Config{Config: exchange.Config{Services: []*exchange.Service{svc}}}
 	if hook != nil {
 		cfg.Hook = hook
 	}

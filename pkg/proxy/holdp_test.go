@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // holdP asks p's holdP for its first loop, once the loops run.
@@ -26,7 +27,7 @@ func holdP(t *testing.T, p *Proxy) bool {
 // finished.
 func TestHoldP(t *testing.T) {
 	t.Run("no HoldP", func(t *testing.T) {
-		p, addr := startProxy(t, nil, &Service{Upstream: newRawUpstream(t, func(int, net.Conn) {}).addr()},
+		p, addr := startProxy(t, nil, &exchange.Service{Upstream: newRawUpstream(t, func(int, net.Conn) {}).addr()},
 			func(c *Config) { c.EventLoops = 1 })
 		dialClient(t, addr).c.Close() // the loops are running
 		if holdP(t, p) {
@@ -36,7 +37,7 @@ func TestHoldP(t *testing.T) {
 	t.Run("handoff", func(t *testing.T) {
 		h := blockingHandoff{serving: make(chan struct{}, 1)}
 		up := newRawUpstream(t, func(int, net.Conn) {})
-		p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(c *Config) {
+		p, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, func(c *Config) {
 			c.EventLoops, c.Handoff = 1, h
 			c.HoldP = func() bool { return true }
 		})
@@ -51,7 +52,7 @@ func TestHoldP(t *testing.T) {
 		testkit.WaitFor(t, "holdP back once the handoff ended", func() bool { return holdP(t, p) })
 	})
 	t.Run("tunnel", func(t *testing.T) {
-		p, addr := startProxy(t, newTestHook(nil), &Service{Upstream: echoUpgradeUpstream(t).addr()}, func(c *Config) {
+		p, addr := startProxy(t, newTestHook(nil), &exchange.Service{Upstream: echoUpgradeUpstream(t).addr()}, func(c *Config) {
 			c.EventLoops = 1
 			c.HoldP = func() bool { return true }
 		})
@@ -68,7 +69,7 @@ func TestHoldP(t *testing.T) {
 			accepted <- struct{}{}
 			<-release // the request stays in progress until then
 		})
-		p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(c *Config) {
+		p, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, func(c *Config) {
 			c.EventLoops = 1
 			c.HoldP = func() bool { return true }
 			c.HoldPInFlight = 1

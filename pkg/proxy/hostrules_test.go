@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // headEchoUpstream answers every request with its head and body as the
@@ -42,14 +44,14 @@ type hostRecorder struct {
 	hosts []string
 }
 
-func (h *hostRecorder) Admit(_ context.Context, r *Request) Decision {
+func (h *hostRecorder) Admit(_ context.Context, r *exchange.Request) exchange.Decision {
 	h.mu.Lock()
 	h.hosts = append(h.hosts, string(r.Head.Host))
 	h.mu.Unlock()
-	return Decision{Allow: true}
+	return exchange.Decision{Allow: true}
 }
 
-func (h *hostRecorder) Done(*Request, *Decision, *Result) {}
+func (h *hostRecorder) Done(*exchange.Request, *exchange.Decision, *exchange.Result) {}
 
 func (h *hostRecorder) last() string {
 	h.mu.Lock()
@@ -78,7 +80,7 @@ func fieldValues(head, name string) []string {
 func TestHostAndFramingFieldsSurviveConnection(t *testing.T) {
 	up := headEchoUpstream(t)
 	hook := &hostRecorder{}
-	_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+	_, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, nil)
 	for _, tc := range []struct {
 		name, req            string
 		line, host, body     string

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 )
 
@@ -33,8 +34,8 @@ func TestStrictnessRulesAnswered(t *testing.T) {
 	up := newRawUpstream(t, func(int, net.Conn) {})
 	hook := newTestHook(nil)
 	rules := make(chan string, 1)
-	_, addr := startProxy(t, hook, &Service{Upstream: up.addr(), HeaderTimeout: 5 * time.Second}, func(cfg *Config) {
-		cfg.OnReject = func(_ *Service, _ netip.AddrPort, rule string, _ int) { rules <- rule }
+	_, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr(), HeaderTimeout: 5 * time.Second}, func(cfg *Config) {
+		cfg.OnReject = func(_ *exchange.Service, _ netip.AddrPort, rule string, _ int) { rules <- rule }
 	})
 	long := strings.Repeat("a", 9000)
 	cases := []struct {
@@ -85,7 +86,7 @@ func TestStrictnessRulesAnswered(t *testing.T) {
 func TestPipelinedInOrder(t *testing.T) {
 	up := httpUpstream(t, http.HandlerFunc(echoHandler))
 	hook := newTestHook(nil)
-	_, addr := startProxy(t, hook, &Service{Upstream: up}, nil)
+	_, addr := startProxy(t, hook, &exchange.Service{Upstream: up}, nil)
 	c := dialClient(t, addr)
 	c.send("GET /1 HTTP/1.1\r\nHost: x\r\n\r\n" +
 		"POST /2 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello" +
@@ -117,7 +118,7 @@ func TestChunkedBothWays(t *testing.T) {
 		w.(http.Flusher).Flush()
 		w.Write(body)
 	}))
-	_, addr := startProxy(t, nil, &Service{Upstream: up}, nil)
+	_, addr := startProxy(t, nil, &exchange.Service{Upstream: up}, nil)
 
 	t.Run("http11", func(t *testing.T) {
 		c := dialClient(t, addr)
@@ -160,14 +161,14 @@ func TestExpect100(t *testing.T) {
 	up := httpUpstream(t, http.HandlerFunc(echoHandler))
 	admitted := make(chan struct{}, 1)
 	release := make(chan bool)
-	hook := newTestHook(func(ctx context.Context, r *Request) Decision {
+	hook := newTestHook(func(ctx context.Context, r *exchange.Request) exchange.Decision {
 		admitted <- struct{}{}
 		if <-release {
-			return Decision{Allow: true}
+			return exchange.Decision{Allow: true}
 		}
-		return Decision{Status: 429, Header: []httpparse.Header{{Name: []byte("Retry-After"), Value: []byte("1")}}}
+		return exchange.Decision{Status: 429, Header: []httpparse.Header{{Name: []byte("Retry-After"), Value: []byte("1")}}}
 	})
-	_, addr := startProxy(t, hook, &Service{Upstream: up}, nil)
+	_, addr := startProxy(t, hook, &exchange.Service{Upstream: up}, nil)
 	head := "POST /e HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n"
 
 	t.Run("allow", func(t *testing.T) {
@@ -249,7 +250,7 @@ func TestBodylessResponses(t *testing.T) {
 			}
 		}
 	})
-	_, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, nil)
+	_, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, nil)
 	c := dialClient(t, addr)
 	for _, tc := range []struct{ method, path, cl string }{
 		{"HEAD", "/", "1234"}, {"GET", "/204", ""}, {"GET", "/304", "99"}, {"GET", "/", "2"},
@@ -279,7 +280,7 @@ func TestInterimResponsesRelayed(t *testing.T) {
 		}
 		io.WriteString(c, "HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 	})
-	_, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, nil)
+	_, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, nil)
 	c := dialClient(t, addr)
 	c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 	line, _ := c.br.ReadString('\n')
@@ -317,7 +318,7 @@ func TestUpgradeRelay(t *testing.T) {
 		}
 	})
 	hook := newTestHook(nil)
-	_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+	_, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, nil)
 	c := dialClient(t, addr)
 	c.send("GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
 	r, err := http.ReadResponse(c.br, nil)
@@ -349,13 +350,13 @@ func TestForwardedHeaders(t *testing.T) {
 	up := headUpstream(t, heads, func(string) string {
 		return "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: X-Up, keep-alive\r\nX-Up: secret\r\nKeep-Alive: timeout=5\r\nX-Keep: 1\r\n\r\n"
 	})
-	svc := &Service{Name: "web", Upstream: up.addr(), XForwardedFor: true, XForwardedProto: true, Forwarded: true, XRealIP: true}
-	hook := newTestHook(func(context.Context, *Request) Decision {
-		return Decision{Allow: true, Header: []httpparse.Header{{Name: []byte("RateLimit"), Value: []byte(`"p";r=9`)}}}
+	svc := &exchange.Service{Name: "web", Upstream: up.addr(), XForwardedFor: true, XForwardedProto: true, Forwarded: true, XRealIP: true}
+	hook := newTestHook(func(context.Context, *exchange.Request) exchange.Decision {
+		return exchange.Decision{Allow: true, Header: []httpparse.Header{{Name: []byte("RateLimit"), Value: []byte(`"p";r=9`)}}}
 	})
 	for _, host := range []string{"127.0.0.1", "[::1]"} {
 		t.Run(host, func(t *testing.T) {
-			p, err := New(Config{Services: []*Service{svc}, Hook: hook})
+			p, err := New(Config{Config: exchange.Config{Services: []*exchange.Service{svc}, Hook: hook}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -409,15 +410,15 @@ func TestForwardedHeaders(t *testing.T) {
 
 func TestDenyKeepAlive(t *testing.T) {
 	up := keepAliveUpstream(t, 0)
-	deny := func(ctx context.Context, r *Request) Decision {
+	deny := func(ctx context.Context, r *exchange.Request) exchange.Decision {
 		if string(r.Path) == "/deny" {
-			return Decision{Status: 429, Header: []httpparse.Header{{Name: []byte("Retry-After"), Value: []byte("2")}},
+			return exchange.Decision{Status: 429, Header: []httpparse.Header{{Name: []byte("Retry-After"), Value: []byte("2")}},
 				Body: []byte("slow down\n"), ContentType: "text/plain"}
 		}
-		return Decision{Allow: true}
+		return exchange.Decision{Allow: true}
 	}
 	hook := newTestHook(deny)
-	_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+	_, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, nil)
 	c := dialClient(t, addr)
 	c.send("POST /deny HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabcGET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
 	r, body := c.resp("POST")
@@ -439,7 +440,7 @@ func TestDenyKeepAlive(t *testing.T) {
 
 func TestMaxRequestsPerConn(t *testing.T) {
 	up := keepAliveUpstream(t, 0)
-	_, addr := startProxy(t, nil, &Service{Upstream: up.addr(), MaxRequestsPerConn: 2}, nil)
+	_, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr(), MaxRequestsPerConn: 2}, nil)
 	c := dialClient(t, addr)
 	for i := 1; i <= 2; i++ {
 		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -453,7 +454,7 @@ func TestMaxRequestsPerConn(t *testing.T) {
 
 func TestMaxBodyBytes(t *testing.T) {
 	up := keepAliveUpstream(t, 0)
-	_, addr := startProxy(t, nil, &Service{Upstream: up.addr(), MaxBodyBytes: 10}, nil)
+	_, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr(), MaxBodyBytes: 10}, nil)
 	c := dialClient(t, addr)
 	c.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\n")
 	if r, _ := c.resp("POST"); r.StatusCode != 413 {
@@ -464,8 +465,8 @@ func TestMaxBodyBytes(t *testing.T) {
 func TestMaxBodyBytesChunked(t *testing.T) {
 	up := httpUpstream(t, http.HandlerFunc(echoHandler))
 	rules := make(chan string, 1)
-	_, addr := startProxy(t, nil, &Service{Upstream: up, MaxBodyBytes: 8}, func(cfg *Config) {
-		cfg.OnReject = func(_ *Service, _ netip.AddrPort, rule string, _ int) { rules <- rule }
+	_, addr := startProxy(t, nil, &exchange.Service{Upstream: up, MaxBodyBytes: 8}, func(cfg *Config) {
+		cfg.OnReject = func(_ *exchange.Service, _ netip.AddrPort, rule string, _ int) { rules <- rule }
 	})
 	c := dialClient(t, addr)
 	c.send("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n5\r\nworld\r\n0\r\n\r\n")

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // The data path: event loops (Config.EventLoops). Every client
@@ -108,7 +109,7 @@ func (lg *loopGroup) start() error {
 	lg.loops = loops
 	lg.g = g
 	lg.started.Store(g)
-	lg.p.cfg.Load().logger().Info("event loops started", "loops", len(ls), "backend", g.Backend().String())
+	lg.p.cfg.Load().Log().Info("event loops started", "loops", len(ls), "backend", g.Backend().String())
 	return nil
 }
 
@@ -130,20 +131,20 @@ func (lg *loopGroup) each(fn func(ls *loopState)) {
 type loopListener struct {
 	lg   *loopGroup
 	fd   int
-	pick func(*Config, netip.AddrPort) *Service
+	pick func(*Config, netip.AddrPort) *exchange.Service
 }
 
 // serve is Serve on the loop path: the loops accept on a duplicate of
 // ln's descriptor; this goroutine only waits for ln to be closed (by
 // Shutdown or the caller), then stops the loops accepting on it.
-func (lg *loopGroup) serve(ln net.Listener, pick func(*Config, netip.AddrPort) *Service) error {
+func (lg *loopGroup) serve(ln net.Listener, pick func(*Config, netip.AddrPort) *exchange.Service) error {
 	return lg.serveOn(ln, pick, -1)
 }
 
 // serveOn is serve with only the loop whose ID is only accepting on ln's
 // descriptor (every loop when only < 0): a listener group gives each loop
 // a socket of its own (group.go).
-func (lg *loopGroup) serveOn(ln net.Listener, pick func(*Config, netip.AddrPort) *Service, only int) error {
+func (lg *loopGroup) serveOn(ln net.Listener, pick func(*Config, netip.AddrPort) *exchange.Service, only int) error {
 	p := lg.p
 	p.mu.Lock()
 	if p.shutdown.Load() {
@@ -292,7 +293,7 @@ func (a *loopListener) acceptGo(ln net.Listener) error {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() || transientAcceptErr(err) {
 				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-				a.lg.p.cfg.Load().logger().Warn("accept", "err", err, "retry_in", backoff)
+				a.lg.p.cfg.Load().Log().Warn("accept", "err", err, "retry_in", backoff)
 				time.Sleep(backoff)
 				continue
 			}
@@ -399,7 +400,7 @@ func (lg *loopGroup) waitForced() {
 	until := time.Now().Add(forcedWait)
 	for !lg.idle() {
 		if time.Now().After(until) {
-			lg.p.cfg.Load().logger().Warn("shutdown: admissions still pending after the deadline; stopping without their decisions",
+			lg.p.cfg.Load().Log().Warn("shutdown: admissions still pending after the deadline; stopping without their decisions",
 				"connections", lg.conns.Load(), "admission_jobs", lg.workers.busy.Load())
 			return
 		}

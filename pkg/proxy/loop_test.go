@@ -12,6 +12,7 @@ import (
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/sniff"
 )
 
@@ -28,7 +29,7 @@ type asyncTestHook struct {
 }
 
 type asyncPending struct {
-	d   *Decision
+	d   *exchange.Decision
 	res Resumer
 }
 
@@ -37,21 +38,21 @@ func newAsyncTestHook() *asyncTestHook {
 		begun: make(chan string, 10), cancels: make(chan string, 10)}
 }
 
-func (h *asyncTestHook) Admit(ctx context.Context, r *Request) Decision {
+func (h *asyncTestHook) Admit(ctx context.Context, r *exchange.Request) exchange.Decision {
 	h.mu.Lock()
 	h.admitted++
 	h.mu.Unlock()
 	return h.testHook.Admit(ctx, r)
 }
 
-func (h *asyncTestHook) Begin(r *Request, d *Decision, res Resumer) bool {
+func (h *asyncTestHook) Begin(r *exchange.Request, d *exchange.Decision, res Resumer) bool {
 	if r.Loop == nil {
 		panic("Begin without Request.Loop")
 	}
 	h.testHook.pending.Add(1)
 	path := string(r.Path)
 	if len(path) >= 4 && path[:4] == "/now" {
-		*d = Decision{Allow: true}
+		*d = exchange.Decision{Allow: true}
 		return true
 	}
 	h.mu.Lock()
@@ -61,20 +62,20 @@ func (h *asyncTestHook) Begin(r *Request, d *Decision, res Resumer) bool {
 	return false
 }
 
-func (h *asyncTestHook) Cancel(r *Request) {
+func (h *asyncTestHook) Cancel(r *exchange.Request) {
 	h.mu.Lock()
 	p, ok := h.pending[string(r.Path)]
 	delete(h.pending, string(r.Path))
 	h.mu.Unlock()
 	h.cancels <- string(r.Path)
 	if ok {
-		*p.d = Decision{Allow: false, Status: 503}
+		*p.d = exchange.Decision{Allow: false, Status: 503}
 		p.res.Resume()
 	}
 }
 
 // resolve decides the pending request for path from this goroutine.
-func (h *asyncTestHook) resolve(path string, d Decision) {
+func (h *asyncTestHook) resolve(path string, d exchange.Decision) {
 	h.mu.Lock()
 	p := h.pending[path]
 	delete(h.pending, path)
@@ -97,7 +98,7 @@ func TestLoopAsyncHook(t *testing.T) {
 		w.Write([]byte("up"))
 	}))
 	hook := newAsyncTestHook()
-	_, addr := startProxy(t, hook.testHook, &Service{Upstream: up}, func(cfg *Config) {
+	_, addr := startProxy(t, hook.testHook, &exchange.Service{Upstream: up}, func(cfg *Config) {
 		cfg.Hook = hook
 		cfg.EventLoops = 2
 	})
@@ -108,13 +109,13 @@ func TestLoopAsyncHook(t *testing.T) {
 	}
 	c.send("GET /later HTTP/1.1\r\nHost: x\r\n\r\n")
 	<-hook.begun
-	hook.resolve("/later", Decision{Allow: true})
+	hook.resolve("/later", exchange.Decision{Allow: true})
 	if r, body := c.resp("GET"); r.StatusCode != 200 || body != "up" {
 		t.Fatalf("/later: %d %q", r.StatusCode, body)
 	}
 	c.send("GET /deny HTTP/1.1\r\nHost: x\r\n\r\n")
 	<-hook.begun
-	hook.resolve("/deny", Decision{Status: 403, Body: []byte("no")})
+	hook.resolve("/deny", exchange.Decision{Status: 403, Body: []byte("no")})
 	if r, body := c.resp("GET"); r.StatusCode != 403 || body != "no" {
 		t.Fatalf("/deny: %d %q", r.StatusCode, body)
 	}
@@ -149,7 +150,7 @@ func TestLoopAsyncHook(t *testing.T) {
 // received more than the first read before the detach (Sock.Unread).
 func TestLoopHandoffBurstWhole(t *testing.T) {
 	h := &echoHandoff{takes: map[sniff.Kind]bool{sniff.Other: true}}
-	_, addr := startProxy(t, nil, &Service{Upstream: "127.0.0.1:1"}, func(c *Config) {
+	_, addr := startProxy(t, nil, &exchange.Service{Upstream: "127.0.0.1:1"}, func(c *Config) {
 		c.Handoff = h
 		c.EventLoops = 2
 	})
@@ -200,7 +201,7 @@ func TestLoopUpgradeBurstBothWays(t *testing.T) {
 		}
 		got <- b
 	})
-	_, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(cfg *Config) { cfg.EventLoops = 2 })
+	_, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, func(cfg *Config) { cfg.EventLoops = 2 })
 	c := dialClient(t, addr)
 	c.send("GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: x\r\nConnection: Upgrade\r\n\r\n" + string(fromClient))
 	r, err := http.ReadResponse(c.br, nil)
@@ -228,7 +229,7 @@ func TestConfigLoopBackend(t *testing.T) {
 				}
 			}
 			up := httpUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-			p, addr := startProxy(t, nil, &Service{Upstream: up}, func(c *Config) { c.LoopBackend = be })
+			p, addr := startProxy(t, nil, &exchange.Service{Upstream: up}, func(c *Config) { c.LoopBackend = be })
 			resp, err := http.Get("http://" + addr + "/")
 			if err != nil {
 				t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 )
 
@@ -16,12 +17,12 @@ import (
 type lreq struct {
 	c    *lconn
 	cfg  *Config
-	svc  *Service
-	hook Hook
+	svc  *exchange.Service
+	hook exchange.Hook
 	head httpparse.Request
-	req  Request
-	dec  Decision
-	res  Result
+	req  exchange.Request
+	dec  exchange.Decision
+	res  exchange.Result
 	actx admitCtx // Admit's context (blocking Hooks)
 
 	resumeFn func() // r.resume, made once
@@ -29,7 +30,8 @@ type lreq struct {
 	async    AsyncHook
 	chunk    httpparse.ChunkedDecoder
 	rchunk   httpparse.ChunkedDecoder
-	up       *lup // upstream connection of the exchange
+	up       *lup      // upstream connection of the exchange
+	upStart  time.Time // start of the upstream exchange (Result.UpstreamTTFB)
 
 	bodyLeft int64 // Content-Length body bytes still to send
 	bodyIn   int64 // chunked body bytes decoded
@@ -287,7 +289,7 @@ func (c *lconn) answer(status int, extra string) {
 }
 
 // reject answers a parse error with its status and closes.
-func (c *lconn) reject(cfg *Config, svc *Service, err error) {
+func (c *lconn) reject(cfg *Config, svc *exchange.Service, err error) {
 	status := 400
 	rule := "malformed"
 	var pe *httpparse.Error
@@ -299,9 +301,9 @@ func (c *lconn) reject(cfg *Config, svc *Service, err error) {
 
 // rejectRule answers status for a violated rule, logs and reports it,
 // and closes the connection gracefully.
-func (c *lconn) rejectRule(cfg *Config, svc *Service, rule string, status int) {
-	cfg.logger().Debug("request rejected", "service", svc.Name, "rule", rule, "status", status, "remote", c.remote)
-	reportReject(cfg, svc, c.remote, rule, status)
+func (c *lconn) rejectRule(cfg *Config, svc *exchange.Service, rule string, status int) {
+	cfg.Log().Debug("request rejected", "service", svc.Name, "rule", rule, "status", status, "remote", c.remote)
+	cfg.ReportReject(svc, c.remote, rule, status)
 	c.answer(status, "Connection: close\r\n")
 	c.linger = true
 	if c.r != nil && c.r.svc == nil {
@@ -320,7 +322,7 @@ func (c *lconn) upstreamFail(err error) {
 	if isTimeout(err) {
 		status = 504
 	}
-	r.cfg.logger().Debug("upstream failed", "service", r.svc.Name, "upstream", r.svc.Upstream, "err", err)
+	r.cfg.Log().Debug("upstream failed", "service", r.svc.Name, "upstream", r.svc.Upstream, "err", err)
 	if r.res.Status == 0 {
 		c.answer(status, "Connection: close\r\n")
 	}

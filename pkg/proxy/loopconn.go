@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 )
 
@@ -37,7 +38,7 @@ type lconn struct {
 
 type lconnVars struct {
 	s             *evloop.Sock
-	pick          func(*Config, netip.AddrPort) *Service
+	pick          func(*Config, netip.AddrPort) *exchange.Service
 	remote, local netip.AddrPort
 	buf           lbuf
 	r             *lreq      // the request in flight
@@ -67,19 +68,19 @@ func (c *lconn) opened() {
 	cfg := c.ls.p.cfg.Load()
 	svc := c.pick(cfg, c.local)
 	if svc == nil {
-		cfg.logger().Debug("no service for destination", "local", c.local, "remote", c.remote)
+		cfg.Log().Debug("no service for destination", "local", c.local, "remote", c.remote)
 		c.close()
 		return
 	}
 	now := c.ls.l.Now()
 	c.fresh = true
-	c.freshUntil = now + int64(svc.headerTimeout())
+	c.freshUntil = now + int64(svc.HeaderTimeoutOrDefault())
 	c.state = lcIdle
 	if c.ls.draining {
 		c.setDeadline(c.freshUntil)
 		return
 	}
-	c.setDeadline(now + int64(svc.idleTimeout()))
+	c.setDeadline(now + int64(svc.IdleTimeoutOrDefault()))
 }
 
 // setDeadline makes the current state time out at at (loop clock). The
@@ -128,7 +129,7 @@ func (c *lconn) timeout() {
 			return
 		}
 		if c.nreq == 0 && svc.AcceptProxy != nil && !c.proxied && svc.AcceptProxy.Contains(c.remote.Addr()) {
-			reportReject(cfg, svc, c.remote, "proxy-header-timeout", 0) // a balancer that never finished its header
+			cfg.ReportReject(svc, c.remote, "proxy-header-timeout", 0) // a balancer that never finished its header
 			c.close()
 			return
 		}
@@ -276,7 +277,7 @@ func (c *lconn) OnEOF(*evloop.Sock) {
 func (c *lconn) headAbort() {
 	cfg := c.ls.p.cfg.Load()
 	if svc := c.pick(cfg, c.local); svc != nil {
-		reportReject(cfg, svc, c.remote, "client-abort", 0)
+		cfg.ReportReject(svc, c.remote, "client-abort", 0)
 	}
 	c.abort()
 }
@@ -366,7 +367,7 @@ func (c *lconn) goIdle() {
 		c.close()
 		return
 	}
-	c.setDeadline(c.ls.l.Now() + int64(svc.idleTimeout()))
+	c.setDeadline(c.ls.l.Now() + int64(svc.IdleTimeoutOrDefault()))
 }
 
 // parseHead parses the buffered head; it reports whether the state
@@ -375,7 +376,7 @@ func (c *lconn) parseHead() bool {
 	cfg := c.ls.p.cfg.Load()
 	svc := c.pick(cfg, c.local)
 	if svc == nil {
-		cfg.logger().Debug("no service for destination", "local", c.local, "remote", c.remote)
+		cfg.Log().Debug("no service for destination", "local", c.local, "remote", c.remote)
 		c.close()
 		return true
 	}
@@ -399,7 +400,7 @@ func (c *lconn) parseHead() bool {
 			c.reject(cfg, svc, httpparse.ErrHeaderTooBig)
 			return true
 		}
-		c.setDeadline(c.headStart + int64(svc.headerTimeout()))
+		c.setDeadline(c.headStart + int64(svc.HeaderTimeoutOrDefault()))
 		return false
 	}
 	if err != nil {
@@ -421,7 +422,7 @@ func (c *lconn) growBuf(need int) {
 }
 
 // startRequest begins the exchange of the head just parsed.
-func (c *lconn) startRequest(cfg *Config, svc *Service) {
+func (c *lconn) startRequest(cfg *Config, svc *exchange.Service) {
 	r := c.r
 	h := &r.head
 	if h.Upgrade && upgradeIsH2C(h) {
@@ -435,13 +436,13 @@ func (c *lconn) startRequest(cfg *Config, svc *Service) {
 	}
 	c.fresh = false
 	r.cfg, r.svc, r.hook = cfg, svc, cfg.Hook
-	r.req = Request{Remote: c.remote, Local: c.local, Peer: c.peer(), Service: svc, Head: h, Start: c.start, Proto: ProtoHTTP11}
+	r.req = exchange.Request{Remote: c.remote, Local: c.local, Peer: c.peer(), Service: svc, Head: h, Start: c.start, Proto: exchange.ProtoHTTP11}
 	if h.Minor == 0 {
-		r.req.Proto = ProtoHTTP10
+		r.req.Proto = exchange.ProtoHTTP10
 	}
 	r.req.Path, r.req.Query = splitTarget(h.Target)
-	r.res = Result{}
-	r.dec = Decision{Allow: true}
+	r.res = exchange.Result{}
+	r.dec = exchange.Decision{Allow: true}
 	mode := h.BodyMode()
 	r.bodyDone = mode == httpparse.BodyNone || mode == httpparse.BodyLength && h.ContentLength == 0
 	if httpparse.EqualFold(h.Method, "CONNECT") {
@@ -454,7 +455,7 @@ func (c *lconn) startRequest(cfg *Config, svc *Service) {
 		c.rejectRule(cfg, svc, "body-too-large", 413)
 		return
 	}
-	if status, rule := CheckPath(svc, r.req.Path); status != 0 {
+	if status, rule := exchange.CheckPath(svc, r.req.Path); status != 0 {
 		c.rejectRule(cfg, svc, rule, status)
 		return
 	}
@@ -495,7 +496,7 @@ func (c *lconn) complete(keep bool) {
 		c.finishRequest()
 		return
 	}
-	c.setDeadline(c.ls.l.Now() + int64(c.r.svc.idleTimeout()))
+	c.setDeadline(c.ls.l.Now() + int64(c.r.svc.IdleTimeoutOrDefault()))
 }
 
 // finishRequest reports the request to the Hook and serves the next one

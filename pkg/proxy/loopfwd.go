@@ -22,9 +22,9 @@ func (c *lconn) forward() {
 	r := c.r
 	h := &r.head
 	r.canRetry = r.bodyDone && h.BodyMode() != httpparse.BodyChunked && idempotent(h.Method)
-	r.res.Upstream, r.res.upStart = r.svc.Upstream, c.ls.now(r.cfg)
+	r.res.Upstream, r.upStart = r.svc.Upstream, c.ls.now(r.cfg)
 	c.state = lcUpstream
-	c.setDeadline(c.ls.l.Now() + int64(r.svc.upstreamTimeout()))
+	c.setDeadline(c.ls.l.Now() + int64(r.svc.UpstreamTimeoutOrDefault()))
 	c.getUpstream(false)
 }
 
@@ -56,11 +56,11 @@ func (c *lconn) upReady(u *lup) {
 	c.ls.write2(u.s, b, body)
 	c.state = lcExchange
 	if r.bodyDone {
-		c.setDeadline(c.ls.l.Now() + int64(r.svc.upstreamTimeout()))
+		c.setDeadline(c.ls.l.Now() + int64(r.svc.UpstreamTimeoutOrDefault()))
 		c.flow() // a client paused while its body filled the buffer reads again
 		return
 	}
-	c.setDeadline(c.ls.l.Now() + int64(r.svc.idleTimeout()))
+	c.setDeadline(c.ls.l.Now() + int64(r.svc.IdleTimeoutOrDefault()))
 	c.resume()
 	if h.BodyMode() == httpparse.BodyChunked {
 		c.pumpChunked()
@@ -105,7 +105,7 @@ func (c *lconn) clientData(b []byte) {
 		r.bodyDone = true
 		c.bodySent()
 	} else {
-		c.setDeadline(c.ls.l.Now() + int64(r.svc.idleTimeout()))
+		c.setDeadline(c.ls.l.Now() + int64(r.svc.IdleTimeoutOrDefault()))
 		c.maybeSpliceBody(u)
 	}
 	if rest := b[k:]; len(rest) > 0 {
@@ -120,7 +120,7 @@ func (c *lconn) clientData(b []byte) {
 // within the upstream timeout.
 func (c *lconn) bodySent() {
 	if c.r.rp == rpHead {
-		c.setDeadline(c.ls.l.Now() + int64(c.r.svc.upstreamTimeout()))
+		c.setDeadline(c.ls.l.Now() + int64(c.r.svc.UpstreamTimeoutOrDefault()))
 	}
 }
 
@@ -160,7 +160,7 @@ func (c *lconn) pumpChunked() {
 			if len(o) > 0 {
 				c.ls.write2(u.s, o, nil)
 			}
-			c.setDeadline(c.ls.l.Now() + int64(r.svc.idleTimeout()))
+			c.setDeadline(c.ls.l.Now() + int64(r.svc.IdleTimeoutOrDefault()))
 			if u.s.Pending() > loopMaxPending {
 				c.pause()
 			}
@@ -188,8 +188,8 @@ func (c *lconn) requestFail(err error) {
 		c.rejectRule(r.cfg, r.svc, rule, status)
 		return
 	}
-	r.cfg.logger().Debug("request body broke a rule after the response head", "service", r.svc.Name, "rule", rule, "remote", c.remote)
-	reportReject(r.cfg, r.svc, c.remote, rule, 0)
+	r.cfg.Log().Debug("request body broke a rule after the response head", "service", r.svc.Name, "rule", rule, "remote", c.remote)
+	r.cfg.ReportReject(r.svc, c.remote, rule, 0)
 	r.res.UpstreamErr = fmt.Errorf("exchange cut after the response head: request body (%s): %w", rule, err)
 	c.linger = true
 	c.complete(false)
@@ -269,7 +269,7 @@ func (c *lconn) upData(u *lup, b []byte) {
 		// the response head (interim responses included) keeps the
 		// deadline the upstream timeout set when the request was sent,
 		// so an upstream dribbling its head cannot stretch it.
-		c.setDeadline(c.ls.l.Now() + int64(r.svc.idleTimeout()))
+		c.setDeadline(c.ls.l.Now() + int64(r.svc.IdleTimeoutOrDefault()))
 	}
 	if held {
 		u.buf.r += n
@@ -330,7 +330,7 @@ func (c *lconn) consumeResponse(u *lup, src []byte) (int, bool) {
 				c.relayInterim(resp)
 				continue
 			}
-			r.res.UpstreamStatus, r.res.UpstreamTTFB = resp.Status, c.ls.now(r.cfg).Sub(r.res.upStart)
+			r.res.UpstreamStatus, r.res.UpstreamTTFB = resp.Status, c.ls.now(r.cfg).Sub(r.upStart)
 			if resp.Status == 101 {
 				c.upgrade(u, src[n:])
 				return 0, false

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxyproto"
 	"github.com/rl-tproxy/rl-tproxy/pkg/sniff"
 )
@@ -25,7 +26,7 @@ import (
 // classifies the first bytes of a connection; it reports whether the
 // HTTP/1.x path goes on (false: waiting for more bytes, refused, or
 // handed off).
-func (c *lconn) sniff(cfg *Config, svc *Service) bool {
+func (c *lconn) sniff(cfg *Config, svc *exchange.Service) bool {
 	if svc.AcceptProxy != nil && !c.proxied {
 		if done, ok := c.proxyHeader(cfg, svc); !done || !ok {
 			return false // more bytes needed, or refused and closed
@@ -37,7 +38,7 @@ func (c *lconn) sniff(cfg *Config, svc *Service) bool {
 	kind := sniff.Detect(c.buf.unread())
 	if kind == sniff.NeedMore {
 		if c.buf.room() > 0 {
-			c.setDeadline(c.headStart + int64(svc.headerTimeout()))
+			c.setDeadline(c.headStart + int64(svc.HeaderTimeoutOrDefault()))
 			return false
 		}
 		kind = sniff.HTTP1 // the parser judges a head this long
@@ -55,14 +56,14 @@ func (c *lconn) sniff(cfg *Config, svc *Service) bool {
 // refused from any other. done is false while more bytes are needed (the
 // header timeout bounds the wait); ok is false when the connection was
 // refused and closed (counted as a rejection with status 0).
-func (c *lconn) proxyHeader(cfg *Config, svc *Service) (done, ok bool) {
+func (c *lconn) proxyHeader(cfg *Config, svc *exchange.Service) (done, ok bool) {
 	b := c.buf.unread()
 	h, n, err := proxyproto.Parse(b)
 	trusted := svc.AcceptProxy.Contains(c.remote.Addr())
 	switch {
 	case err == proxyproto.ErrIncomplete:
 		if c.buf.room() > 0 {
-			c.setDeadline(c.headStart + int64(svc.headerTimeout()))
+			c.setDeadline(c.headStart + int64(svc.HeaderTimeoutOrDefault()))
 			return false, true
 		}
 		err = proxyproto.ErrV1TooLong // a buffer's worth without a header end
@@ -80,8 +81,8 @@ func (c *lconn) proxyHeader(cfg *Config, svc *Service) (done, ok bool) {
 		rule = "proxy-header-invalid"
 	}
 	if rule != "" {
-		cfg.logger().Debug("PROXY header refused", "service", svc.Name, "remote", c.remote, "rule", rule, "err", err)
-		reportReject(cfg, svc, c.remote, rule, 0)
+		cfg.Log().Debug("PROXY header refused", "service", svc.Name, "remote", c.remote, "rule", rule, "err", err)
+		cfg.ReportReject(svc, c.remote, rule, 0)
 		c.close()
 		return false, false
 	}
@@ -109,18 +110,18 @@ func (c *lconn) peer() netip.AddrPort {
 // sniffTimeout ends a connection whose first bytes did not decide its
 // protocol within the header timeout: a would-be HTTP/1.x request gets
 // 408, anything else is closed.
-func (c *lconn) sniffTimeout(cfg *Config, svc *Service) {
+func (c *lconn) sniffTimeout(cfg *Config, svc *exchange.Service) {
 	if b := c.buf.unread(); len(b) > 0 && b[0] != 0x16 {
 		c.rejectRule(cfg, svc, "header-timeout", 408)
 		return
 	}
-	cfg.logger().Debug("protocol detection timed out", "service", svc.Name, "remote", c.remote)
-	reportReject(cfg, svc, c.remote, "detect-timeout", 0)
+	cfg.Log().Debug("protocol detection timed out", "service", svc.Name, "remote", c.remote)
+	cfg.ReportReject(svc, c.remote, "detect-timeout", 0)
 	c.close()
 }
 
 // handoff gives the connection to cfg.Handoff on a goroutine.
-func (c *lconn) handoff(cfg *Config, svc *Service, kind sniff.Kind) {
+func (c *lconn) handoff(cfg *Config, svc *exchange.Service, kind sniff.Kind) {
 	c.state = lcDetached
 	c.deadline = 0
 	if c.r != nil {
@@ -129,8 +130,8 @@ func (c *lconn) handoff(cfg *Config, svc *Service, kind sniff.Kind) {
 	}
 	s := c.s
 	c.s = nil
-	hc := &HandoffConn{Kind: kind, Remote: c.remote, Local: c.local, Peer: c.peer(), Service: svc, Config: cfg,
-		Start: c.start, HeaderDeadline: c.start.Add(svc.headerTimeout()), Drain: c.ls.p.drain}
+	hc := &exchange.HandoffConn{Kind: kind, Remote: c.remote, Local: c.local, Peer: c.peer(), Service: svc, Config: &cfg.Config,
+		Start: c.start, HeaderDeadline: c.start.Add(svc.HeaderTimeoutOrDefault()), Drain: c.ls.p.drain}
 	s.Detach(func(fd int, err error) {
 		if err != nil {
 			c.release()
@@ -140,12 +141,12 @@ func (c *lconn) handoff(cfg *Config, svc *Service, kind sniff.Kind) {
 			c.buf.addGrow(un)
 		}
 		c.ls.lg.offLoop.Add(1)
-		go c.serveHandoff(fd, hc)
+		go c.serveHandoff(fd, hc, cfg.Handoff)
 	})
 }
 
 // serveHandoff runs on its own goroutine.
-func (c *lconn) serveHandoff(fd int, hc *HandoffConn) {
+func (c *lconn) serveHandoff(fd int, hc *exchange.HandoffConn, to exchange.Handoff) {
 	lg := c.ls.lg
 	defer lg.offLoop.Add(-1)
 	nc, err := fileConn(fd)
@@ -155,7 +156,7 @@ func (c *lconn) serveHandoff(fd int, hc *HandoffConn) {
 		nc.SetReadDeadline(hc.HeaderDeadline)
 		hc.Conn = nc
 		hc.Buffered = c.buf.b[c.buf.r:c.buf.w]
-		hc.Config.Handoff.ServeConn(hc)
+		to.ServeConn(hc)
 		nc.Close()
 		lg.detached.remove(nc)
 	}

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -10,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // Host-name upstreams on the event loops. A loop resolves an upstream's
@@ -18,19 +19,7 @@ import (
 // for ResolveTTL and connects to them non-blocking, trying the next
 // address when a connect fails, as net.Dialer does. A lookup that fails
 // while addresses are known keeps using them and retries after
-// resolveRetry: a DNS outage does not take the upstream down.
-
-// DefaultResolveTTL is how long a loop uses an upstream host name's
-// addresses before it looks the name up again (Go's resolver gives no
-// record TTLs).
-const DefaultResolveTTL = 5 * time.Second
-
-// resolveRetry is how soon a failed lookup is retried while the last
-// addresses are still in use.
-const resolveRetry = time.Second
-
-// errNoAddrs: a lookup answered without an address.
-var errNoAddrs = errors.New("no addresses")
+// exchange.ResolveRetry: a DNS outage does not take the upstream down.
 
 // hostAddrs is one loop's view of an upstream host name.
 type hostAddrs struct {
@@ -113,7 +102,7 @@ func (u *lup) startHost(prep func(int, netip.AddrPort) (func(), error)) {
 // u has not tried; the error when none could start.
 func (u *lup) connectNextHost(prep func(int, netip.AddrPort) (func(), error)) error {
 	h := u.pool.h
-	err := fmt.Errorf("dial upstream %s: %w", u.pool.addr, errNoAddrs)
+	err := fmt.Errorf("dial upstream %s: %w", u.pool.addr, exchange.ErrNoAddresses)
 	for u.hostTries < len(h.addrs) {
 		i := (u.hostFirst + u.hostTries) % len(h.addrs)
 		u.hostTries++
@@ -147,7 +136,7 @@ func (ls *loopState) resolve(h *hostAddrs, cfg *Config, timeout time.Duration) {
 			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
 		}
 	}
-	ttl := durOr(cfg.ResolveTTL, DefaultResolveTTL)
+	ttl := exchange.DurationOr(cfg.ResolveTTL, exchange.DefaultResolveTTL)
 	prep := cfg.DialPrep
 	l, lg := ls.l, ls.lg
 	lg.workers.busy.Add(1)
@@ -171,7 +160,7 @@ func (ls *loopState) resolved(h *hostAddrs, ips []netip.Addr, err error, ttl tim
 	if err == nil {
 		h.set(ips, now, ttl)
 		if len(h.addrs) == 0 {
-			err = errNoAddrs
+			err = exchange.ErrNoAddresses
 		}
 	}
 	if err != nil {
@@ -180,8 +169,8 @@ func (ls *loopState) resolved(h *hostAddrs, ips []netip.Addr, err error, ttl tim
 	// An answer without a usable address cleared the list (set): only
 	// an error keeps the last addresses.
 	if err != nil && len(h.addrs) > 0 {
-		h.until = now + int64(resolveRetry) // keep the last addresses a while
-		ls.p.cfg.Load().logger().Warn("upstream lookup failed; using its last addresses",
+		h.until = now + int64(exchange.ResolveRetry) // keep the last addresses a while
+		ls.p.cfg.Load().Log().Warn("upstream lookup failed; using its last addresses",
 			"host", h.host, "addresses", len(h.addrs), "err", err)
 		err = nil
 	}

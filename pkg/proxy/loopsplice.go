@@ -146,6 +146,6 @@ func (c *lconn) spliceProgress() bool {
 		return false
 	}
 	r.splMark = m
-	c.setDeadline(c.ls.l.Now() + int64(r.svc.idleTimeout()))
+	c.setDeadline(c.ls.l.Now() + int64(r.svc.IdleTimeoutOrDefault()))
 	return true
 }

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxyproto"
 )
@@ -148,15 +149,15 @@ func (c *lconn) getUpstream(fresh bool) {
 			}
 			return
 		case pl.h != nil:
-			u.connectHost(r.cfg, svc.upstreamTimeout())
+			u.connectHost(r.cfg, svc.UpstreamTimeoutOrDefault())
 			return
 		}
 	}
-	u.dial(r.cfg, svc.upstreamTimeout())
+	u.dial(r.cfg, svc.UpstreamTimeoutOrDefault())
 }
 
 // takePinned returns c's idle pinned connection when it may serve svc.
-func (c *lconn) takePinned(svc *Service, fresh bool) *lup {
+func (c *lconn) takePinned(svc *exchange.Service, fresh bool) *lup {
 	u := c.pinned
 	if u == nil {
 		return nil
@@ -426,7 +427,7 @@ func (c *lconn) releaseUp(u *lup, keep, stray bool) {
 // take returns the most recently pooled connection not idle too long.
 func (pl *lpool) take(cfg *Config) *lup {
 	now := pl.ls.l.Now()
-	idleFor := int64(durOr(cfg.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout))
+	idleFor := int64(exchange.DurationOr(cfg.UpstreamIdleTimeout, exchange.DefaultUpstreamIdleTimeout))
 	for n := len(pl.idle); n > 0; n = len(pl.idle) {
 		u := pl.idle[n-1]
 		pl.remove(u)
@@ -443,7 +444,7 @@ func (pl *lpool) take(cfg *Config) *lup {
 func (pl *lpool) put(u *lup, cfg *Config) {
 	maxIdle := cfg.MaxIdlePerUpstream
 	if maxIdle == 0 {
-		maxIdle = DefaultMaxIdlePerUpstream
+		maxIdle = exchange.DefaultMaxIdlePerUpstream
 	}
 	if pl.ls.draining || pl.ls.p.shutdown.Load() || maxIdle < 0 || len(pl.idle) >= maxIdle {
 		u.close()
@@ -454,7 +455,7 @@ func (pl *lpool) put(u *lup, cfg *Config) {
 	u.idx = len(pl.idle)
 	pl.idle = append(pl.idle, u)
 	pl.ls.lg.upIdle.Add(1)
-	pl.idleFor = int64(durOr(cfg.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout))
+	pl.idleFor = int64(exchange.DurationOr(cfg.UpstreamIdleTimeout, exchange.DefaultUpstreamIdleTimeout))
 	if pl.timerAt == 0 || pl.timerAt > now+pl.idleFor { // unarmed, or armed to forget the pool
 		pl.timerAt = now + pl.idleFor
 		pl.timer.Reset(pl.timerAt)

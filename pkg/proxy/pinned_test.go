@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxyproto"
 )
 
@@ -36,7 +37,7 @@ func TestProxyProtocolHTTP1(t *testing.T) {
 			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 		}
 	})
-	_, addr := startProxy(t, nil, &Service{Upstream: up.addr(), ProxyProtocol: proxyproto.V1}, nil)
+	_, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr(), ProxyProtocol: proxyproto.V1}, nil)
 	clients := []*client{dialClient(t, addr), dialClient(t, addr)}
 	for round := 0; round < 3; round++ {
 		for i, c := range clients {
@@ -74,7 +75,7 @@ func TestProxyProtocolUpstreamGone(t *testing.T) {
 		}
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok") // then close
 	})
-	_, addr := startProxy(t, nil, &Service{Upstream: up.addr(), ProxyProtocol: proxyproto.V2}, nil)
+	_, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr(), ProxyProtocol: proxyproto.V2}, nil)
 	c := dialClient(t, addr)
 	for i := 0; i < 3; i++ {
 		c.send("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
@@ -123,7 +124,7 @@ func TestProxyProtocolStrayNeverReused(t *testing.T) {
 					}
 				}
 			})
-			p, addr := startProxy(t, nil, &Service{Upstream: up.addr(), ProxyProtocol: proxyproto.V1}, nil)
+			p, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr(), ProxyProtocol: proxyproto.V1}, nil)
 			c := dialClient(t, addr)
 			c.send("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
 			if r, body := c.resp("GET"); r.StatusCode != 200 || body != "conn1" {
@@ -208,17 +209,17 @@ func TestProxyProtocolFollowsUpdate(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := newHeaderUpstream(t, "A"), newHeaderUpstream(t, "B")
-			p, addr := startProxy(t, nil, &Service{Upstream: a.addr(), ProxyProtocol: proxyproto.V1}, nil)
+			p, addr := startProxy(t, nil, &exchange.Service{Upstream: a.addr(), ProxyProtocol: proxyproto.V1}, nil)
 			c := dialClient(t, addr)
 			c.send("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
 			if r, body := c.resp("GET"); r.StatusCode != 200 || body != "A1" {
 				t.Fatalf("first: %d %q", r.StatusCode, body)
 			}
-			next := &Service{Name: "web", Upstream: a.addr(), ProxyProtocol: tc.version}
+			next := &exchange.Service{Name: "web", Upstream: a.addr(), ProxyProtocol: tc.version}
 			if tc.toB {
 				next.Upstream = b.addr()
 			}
-			if err := p.Update(Config{Services: []*Service{next}}); err != nil {
+			if err := p.Update(Config{Config: exchange.Config{Services: []*exchange.Service{next}}}); err != nil {
 				t.Fatal(err)
 			}
 			c.send("GET / HTTP/1.1\r\nHost: a\r\n\r\n")

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // namedUpstream answers every request on a connection with body and
@@ -63,7 +64,7 @@ func TestPoolForgotten(t *testing.T) {
 	var closedA, closedB atomic.Int32
 	upA, upB := namedUpstream(t, "A", &closedA), namedUpstream(t, "B", &closedB)
 	var cfg Config
-	p, addr := startProxy(t, nil, &Service{Upstream: upA.addr()}, func(c *Config) {
+	p, addr := startProxy(t, nil, &exchange.Service{Upstream: upA.addr()}, func(c *Config) {
 		c.EventLoops = 1
 		c.UpstreamIdleTimeout = time.Hour
 		cfg = *c
@@ -73,7 +74,7 @@ func TestPoolForgotten(t *testing.T) {
 	if _, body := cl.resp("GET"); body != "A" {
 		t.Fatalf("first request answered %q, want A", body)
 	}
-	cfg.Services = []*Service{{Name: "web", Upstream: upB.addr()}}
+	cfg.Services = []*exchange.Service{{Name: "web", Upstream: upB.addr()}}
 	if err := p.Update(cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +110,7 @@ func TestPoolForgotten(t *testing.T) {
 		<-release
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nC")
 	})
-	cfg.Services = []*Service{{Name: "web", Upstream: upC.addr()}}
+	cfg.Services = []*exchange.Service{{Name: "web", Upstream: upC.addr()}}
 	if err := p.Update(cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +136,7 @@ func TestPoolForgottenHost(t *testing.T) {
 	var closed atomic.Int32
 	up := namedUpstream(t, "A", &closed)
 	var lookups atomic.Int32
-	p, addr := startProxy(t, nil, &Service{Upstream: hostUpstream(up)}, func(c *Config) {
+	p, addr := startProxy(t, nil, &exchange.Service{Upstream: hostUpstream(up)}, func(c *Config) {
 		c.EventLoops = 1
 		c.ResolveTTL = time.Hour
 		c.Resolve = func(context.Context, string) ([]netip.Addr, error) {
@@ -174,7 +175,7 @@ func TestPoolIdleAfterEmpty(t *testing.T) {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
 	})
-	p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(c *Config) {
+	p, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, func(c *Config) {
 		c.EventLoops = 1
 		c.UpstreamIdleTimeout = 20 * time.Millisecond
 	})

@@ -79,13 +79,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/evloop"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // Proxy serves HTTP/1.1 clients on any number of listeners.
@@ -107,7 +107,7 @@ type Proxy struct {
 // New validates cfg and returns a Proxy. Nothing listens until Serve,
 // ServeSteered or ListenAndServe.
 func New(cfg Config) (*Proxy, error) {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("proxy config: %w", err)
 	}
 	p := &Proxy{
@@ -115,6 +115,7 @@ func New(cfg Config) (*Proxy, error) {
 		drain:     make(chan struct{}),
 	}
 	c := cfg
+	c.DialAddrs = c.DialAddrs || c.DialPrep != nil
 	p.lg = newLoopGroup(p, c.loops())
 	p.cfg.Store(&c)
 	return p, nil
@@ -125,10 +126,11 @@ func New(cfg Config) (*Proxy, error) {
 // with. Listener addresses are not reopened: a changed Listen list needs
 // new Serve calls by the caller.
 func (p *Proxy) Update(cfg Config) error {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("proxy config: %w", err)
 	}
 	c := cfg
+	c.DialAddrs = c.DialAddrs || c.DialPrep != nil
 	p.cfg.Store(&c)
 	return nil
 }
@@ -136,28 +138,10 @@ func (p *Proxy) Update(cfg Config) error {
 // Config returns the current configuration.
 func (p *Proxy) Config() *Config { return p.cfg.Load() }
 
-func (c *Config) logger() *slog.Logger {
-	if c.Logger != nil {
-		return c.Logger
-	}
-	return discardLogger
-}
-
-var discardLogger = slog.New(slog.DiscardHandler)
-
-func (c *Config) service(name string) *Service {
-	for _, s := range c.Services {
-		if s.Name == name {
-			return s
-		}
-	}
-	return nil
-}
-
 // Serve accepts connections on ln for svc until ln fails or Shutdown. After
 // Update, requests use the service of the same name in the new
 // configuration (or svc if that name is gone).
-func (p *Proxy) Serve(ln net.Listener, svc *Service) error {
+func (p *Proxy) Serve(ln net.Listener, svc *exchange.Service) error {
 	if svc == nil {
 		return errors.New("proxy: Serve with nil service")
 	}
@@ -166,10 +150,10 @@ func (p *Proxy) Serve(ln net.Listener, svc *Service) error {
 
 // pickNamed picks the current configuration's service named like svc (or
 // svc once that name is gone).
-func pickNamed(svc *Service) func(*Config, netip.AddrPort) *Service {
+func pickNamed(svc *exchange.Service) func(*Config, netip.AddrPort) *exchange.Service {
 	name := svc.Name
-	return func(cfg *Config, _ netip.AddrPort) *Service {
-		if s := cfg.service(name); s != nil {
+	return func(cfg *Config, _ netip.AddrPort) *exchange.Service {
+		if s := cfg.Service(name); s != nil {
 			return s
 		}
 		return svc
@@ -181,7 +165,7 @@ func pickNamed(svc *Service) func(*Config, netip.AddrPort) *Service {
 // service (nil pick: the current configuration's service whose Port equals
 // the destination port). Connections whose destination has no service are
 // closed.
-func (p *Proxy) ServeSteered(ln net.Listener, pick func(cfg *Config, local netip.AddrPort) *Service) error {
+func (p *Proxy) ServeSteered(ln net.Listener, pick func(cfg *Config, local netip.AddrPort) *exchange.Service) error {
 	if pick == nil {
 		pick = pickByPort
 	}
@@ -189,7 +173,7 @@ func (p *Proxy) ServeSteered(ln net.Listener, pick func(cfg *Config, local netip
 }
 
 // pickByPort picks the service whose Port is the destination port.
-func pickByPort(cfg *Config, local netip.AddrPort) *Service {
+func pickByPort(cfg *Config, local netip.AddrPort) *exchange.Service {
 	for _, s := range cfg.Services {
 		if s.Port != 0 && s.Port == local.Port() {
 			return s
@@ -212,7 +196,7 @@ func (p *Proxy) ListenAndServe() error {
 // of a service by ListenAll.
 type Bound struct {
 	Listeners []net.Listener
-	Service   *Service
+	Service   *exchange.Service
 }
 
 // ListenAll opens every Services[].Listen address of the current
@@ -259,7 +243,7 @@ func (p *Proxy) ServeAll(bound []Bound) error {
 	return first
 }
 
-func (p *Proxy) serve(ln net.Listener, pick func(*Config, netip.AddrPort) *Service) error {
+func (p *Proxy) serve(ln net.Listener, pick func(*Config, netip.AddrPort) *exchange.Service) error {
 	return p.lg.serve(ln, pick)
 }
 

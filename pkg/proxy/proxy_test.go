@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"runtime"
 	"strings"
 	"sync"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 func TestListenIsPlainTCP(t *testing.T) {
@@ -49,8 +52,10 @@ func TestNoGoroutineLeak(t *testing.T) {
 			readRequestHead(br)
 			io.Copy(io.Discard, br)
 		})
-		hook := newTestHook(func(ctx context.Context, r *Request) Decision { return Decision{Allow: true} })
-		p, err := New(Config{Services: []*Service{{Name: "w", Upstream: up.addr()}}, Hook: hook})
+		hook := newTestHook(func(ctx context.Context, r *exchange.Request) exchange.Decision {
+			return exchange.Decision{Allow: true}
+		})
+		p, err := New(Config{Config: exchange.Config{Services: []*exchange.Service{{Name: "w", Upstream: up.addr()}}, Hook: hook}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -89,7 +94,7 @@ func numGoroutines() int {
 
 func TestTimeouts(t *testing.T) {
 	up := keepAliveUpstream(t, 0)
-	_, addr := startProxy(t, nil, &Service{Upstream: up.addr(), HeaderTimeout: 200 * time.Millisecond,
+	_, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr(), HeaderTimeout: 200 * time.Millisecond,
 		IdleTimeout: 200 * time.Millisecond}, nil)
 	t.Run("header-408", func(t *testing.T) {
 		c := dialClient(t, addr)
@@ -117,7 +122,7 @@ func TestDrain(t *testing.T) {
 		}
 		w.Write([]byte("done"))
 	}))
-	p, err := New(Config{Services: []*Service{{Name: "w", Upstream: up}}})
+	p, err := New(Config{Config: exchange.Config{Services: []*exchange.Service{{Name: "w", Upstream: up}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,19 +182,19 @@ func TestUpdateInFlightKeepsConfig(t *testing.T) {
 	})
 	entered := make(chan struct{}, 1)
 	release := make(chan struct{})
-	hook := newTestHook(func(ctx context.Context, r *Request) Decision {
+	hook := newTestHook(func(ctx context.Context, r *exchange.Request) exchange.Decision {
 		if string(r.Path) == "/wait" {
 			entered <- struct{}{}
 			<-release
 		}
-		return Decision{Allow: true}
+		return exchange.Decision{Allow: true}
 	})
-	svcA := &Service{Name: "web", Upstream: upA.addr()}
+	svcA := &exchange.Service{Name: "web", Upstream: upA.addr()}
 	p, addr := startProxy(t, hook, svcA, nil)
 	c := dialClient(t, addr)
 	c.send("GET /wait HTTP/1.1\r\nHost: x\r\n\r\n")
 	<-entered
-	if err := p.Update(Config{Services: []*Service{{Name: "web", Upstream: upB.addr()}}, Hook: hook}); err != nil {
+	if err := p.Update(Config{Config: exchange.Config{Services: []*exchange.Service{{Name: "web", Upstream: upB.addr()}}, Hook: hook}}); err != nil {
 		t.Fatal(err)
 	}
 	close(release)
@@ -206,10 +211,14 @@ func TestServeSteeredPicksByPort(t *testing.T) {
 	up := keepAliveUpstream(t, 0)
 	ln, _ := Listen(context.Background(), "127.0.0.1:0")
 	port := uint16(ln.Addr().(*net.TCPAddr).Port)
-	p, err := New(Config{Services: []*Service{
-		{Name: "other", Port: port + 1, Upstream: "127.0.0.1:1"},
-		{Name: "this", Port: port, Upstream: up.addr()},
-	}})
+	p, err := New(Config{
+		Config: exchange.Config{
+			Services: []*exchange.Service{
+				{Name: "other", Port: port + 1, Upstream: "127.0.0.1:1"},
+				{Name: "this", Port: port, Upstream: up.addr()},
+			},
+		},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,10 +233,10 @@ func TestServeSteeredPicksByPort(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	for _, cfg := range []Config{
-		{Services: []*Service{{Name: "", Upstream: "127.0.0.1:1"}}},
-		{Services: []*Service{{Name: "a", Upstream: "nohostport"}}},
-		{Services: []*Service{{Name: "a", Upstream: "127.0.0.1:1"}, {Name: "a", Upstream: "127.0.0.1:2"}}},
-		{Services: []*Service{{Name: "a", Upstream: "127.0.0.1:1", Listen: []string{"bad"}}}},
+		{Config: exchange.Config{Services: []*exchange.Service{{Name: "", Upstream: "127.0.0.1:1"}}}},
+		{Config: exchange.Config{Services: []*exchange.Service{{Name: "a", Upstream: "nohostport"}}}},
+		{Config: exchange.Config{Services: []*exchange.Service{{Name: "a", Upstream: "127.0.0.1:1"}, {Name: "a", Upstream: "127.0.0.1:2"}}}},
+		{Config: exchange.Config{Services: []*exchange.Service{{Name: "a", Upstream: "127.0.0.1:1", Listen: []string{"bad"}}}}},
 	} {
 		if _, err := New(cfg); err == nil {
 			t.Errorf("accepted %+v", cfg.Services)
@@ -237,10 +246,14 @@ func TestConfigValidation(t *testing.T) {
 
 func TestListenAllServeAll(t *testing.T) {
 	up := keepAliveUpstream(t, 0)
-	p, err := New(Config{Services: []*Service{
-		{Name: "a", Listen: []string{"127.0.0.1:0", "127.0.0.1:0"}, Upstream: up.addr()},
-		{Name: "steered-only", Port: 1, Upstream: up.addr()},
-	}})
+	p, err := New(Config{
+		Config: exchange.Config{
+			Services: []*exchange.Service{
+				{Name: "a", Listen: []string{"127.0.0.1:0", "127.0.0.1:0"}, Upstream: up.addr()},
+				{Name: "steered-only", Port: 1, Upstream: up.addr()},
+			},
+		},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +296,7 @@ func TestListenAllServeAll(t *testing.T) {
 		t.Fatalf("ServeAll after Shutdown: %v", err)
 	}
 	// A listen error names the service and closes nothing it did not open.
-	q, _ := New(Config{Services: []*Service{{Name: "bad", Listen: []string{"203.0.113.1:1"}, Upstream: up.addr()}}})
+	q, _ := New(Config{Config: exchange.Config{Services: []*exchange.Service{{Name: "bad", Listen: []string{"203.0.113.1:1"}, Upstream: up.addr()}}}})
 	if _, err := q.ListenAll(context.Background()); err == nil || !strings.Contains(err.Error(), "service bad") {
 		t.Fatalf("ListenAll error %v", err)
 	}
@@ -316,7 +329,7 @@ func (l *shutdownInTakeListener) SyscallConn() (syscall.RawConn, error) {
 // "raw-control ...: use of closed network connection" when Shutdown
 // closed the listener before Serve took its descriptor).
 func TestServeRacingShutdown(t *testing.T) {
-	p, err := New(Config{Services: []*Service{{Name: "web", Upstream: "127.0.0.1:1"}}})
+	p, err := New(Config{Config: exchange.Config{Services: []*exchange.Service{{Name: "web", Upstream: "127.0.0.1:1"}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,5 +343,34 @@ func TestServeRacingShutdown(t *testing.T) {
 	}
 	if err := <-l.shut; err != nil {
 		t.Errorf("Shutdown: %v", err)
+	}
+}
+
+// TestDialPrepSetsDialAddrs: with DialPrep the paths outside the loops
+// dial addresses, as the loops connect to them (exchange.Config.DialAddrs).
+func TestDialPrepSetsDialAddrs(t *testing.T) {
+	prep := func(int, netip.AddrPort) (func(), error) { return nil, nil }
+	for _, tc := range []struct {
+		prep bool
+		want bool
+	}{{false, false}, {true, true}} {
+		cfg := Config{}
+		if tc.prep {
+			cfg.DialPrep = prep
+		}
+		p, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := p.Config().DialAddrs; got != tc.want {
+			t.Errorf("DialPrep set %v: New's DialAddrs %v, want %v", tc.prep, got, tc.want)
+		}
+		if err := p.Update(cfg); err != nil {
+			t.Fatal(err)
+		}
+		if got := p.Config().DialAddrs; got != tc.want {
+			t.Errorf("DialPrep set %v: Update's DialAddrs %v, want %v", tc.prep, got, tc.want)
+		}
+		p.Shutdown(t.Context())
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // closingUpstream answers one request per connection and closes it, so
@@ -50,7 +51,7 @@ func get(t *testing.T, addr string) int {
 func TestResolveOnLoop(t *testing.T) {
 	up := closingUpstream(t)
 	var lookups atomic.Int32
-	p, addr := startProxy(t, nil, &Service{Upstream: hostUpstream(up)}, func(c *Config) {
+	p, addr := startProxy(t, nil, &exchange.Service{Upstream: hostUpstream(up)}, func(c *Config) {
 		c.EventLoops = 1
 		c.ResolveTTL = time.Hour
 		c.Resolve = func(_ context.Context, host string) ([]netip.Addr, error) {
@@ -83,7 +84,7 @@ func TestResolveOnLoop(t *testing.T) {
 // net.Dialer tries each address in turn.
 func TestResolveNextAddress(t *testing.T) {
 	up := closingUpstream(t)
-	_, addr := startProxy(t, nil, &Service{Upstream: hostUpstream(up)}, func(c *Config) {
+	_, addr := startProxy(t, nil, &exchange.Service{Upstream: hostUpstream(up)}, func(c *Config) {
 		c.EventLoops = 1
 		c.ResolveTTL = time.Hour
 		c.Resolve = func(context.Context, string) ([]netip.Addr, error) {
@@ -131,7 +132,7 @@ func TestResolveFailures(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var lookups atomic.Int32
-			p, addr := startProxy(t, nil, &Service{Upstream: hostUpstream(up), UpstreamTimeout: 300 * time.Millisecond}, func(c *Config) {
+			p, addr := startProxy(t, nil, &exchange.Service{Upstream: hostUpstream(up), UpstreamTimeout: 300 * time.Millisecond}, func(c *Config) {
 				c.EventLoops = 1
 				c.ResolveTTL = time.Nanosecond // every new connection looks up
 				c.Resolve = func(ctx context.Context, _ string) ([]netip.Addr, error) {
@@ -167,7 +168,7 @@ func TestResolveCoalescedAndAbandoned(t *testing.T) {
 	release := make(chan struct{})
 	started := make(chan struct{}, 1)
 	var lookups atomic.Int32
-	svc := &Service{Upstream: hostUpstream(up), UpstreamTimeout: 2 * time.Second}
+	svc := &exchange.Service{Upstream: hostUpstream(up), UpstreamTimeout: 2 * time.Second}
 	p, addr := startProxy(t, nil, svc, func(c *Config) {
 		c.EventLoops = 1
 		c.ResolveTTL = time.Hour
@@ -206,7 +207,7 @@ func TestResolveCoalescedAndAbandoned(t *testing.T) {
 func TestResolveDefaultResolver(t *testing.T) {
 	up := closingUpstream(t)
 	_, port, _ := net.SplitHostPort(up.addr())
-	_, addr := startProxy(t, nil, &Service{Upstream: "localhost:" + port}, func(c *Config) { c.EventLoops = 1 })
+	_, addr := startProxy(t, nil, &exchange.Service{Upstream: "localhost:" + port}, func(c *Config) { c.EventLoops = 1 })
 	for i := range 3 {
 		if st := get(t, addr); st != 200 {
 			t.Fatalf("request %d: status %d", i, st)

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // Upstreams that misbehave must never make one client's response reach
@@ -111,7 +113,7 @@ func TestUpstreamMisbehaviourNeverCrossDelivers(t *testing.T) {
 	for name, fn := range misbehaviours {
 		t.Run(name, func(t *testing.T) {
 			up := newRawUpstream(t, serveMisbehaving(fn))
-			p, addr := startProxy(t, allowHook{}, &Service{Upstream: up.addr()}, nil)
+			p, addr := startProxy(t, allowHook{}, &exchange.Service{Upstream: up.addr()}, nil)
 			var wrong, total atomic.Int64
 			var wg sync.WaitGroup
 			errs := make(chan error, clients)
@@ -246,7 +248,7 @@ func TestUpstreamStrayWhileIdleDiscarded(t *testing.T) {
 					}
 				}
 			})
-			p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, nil)
+			p, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, nil)
 			c := dialClient(t, addr)
 			c.send(tc.first + " /id/c0-r0 HTTP/1.1\r\nHost: x\r\n\r\n")
 			id, _, err := readIDResponse2xx(c.br, tc.first)

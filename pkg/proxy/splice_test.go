@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // testSpliceMin is the tests' Config.SpliceMin: small, so that bodies of
@@ -67,7 +68,7 @@ func TestSpliceResponseBodies(t *testing.T) {
 	eachLoopBackend(t, func(t *testing.T) {
 		up := sizedUpstream(t, nil)
 		hook := newTestHook(nil)
-		p, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, func(c *Config) {
+		p, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, func(c *Config) {
 			c.EventLoops, c.SpliceMin = 1, testSpliceMin
 		})
 		c := dialClient(t, addr)
@@ -112,7 +113,7 @@ func TestSpliceUpstreamOversends(t *testing.T) {
 		up := sizedUpstream(t, func(int) string {
 			return "HTTP/1.1 200 OK\r\nContent-Length: 4\r\nX-Conn: evil\r\n\r\nEVIL"
 		})
-		p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(c *Config) {
+		p, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, func(c *Config) {
 			c.EventLoops, c.SpliceMin = 1, testSpliceMin
 		})
 		c := dialClient(t, addr)
@@ -145,7 +146,7 @@ func TestSpliceUpstreamTruncates(t *testing.T) {
 			c.Write(spliceBody(400000, 0))
 		})
 		hook := newTestHook(nil)
-		p, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, func(c *Config) {
+		p, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, func(c *Config) {
 			c.EventLoops, c.SpliceMin = 1, testSpliceMin
 		})
 		c := dialClient(t, addr)
@@ -192,7 +193,7 @@ func TestSpliceClientGoneOrStalled(t *testing.T) {
 			eachLoopBackend(t, func(t *testing.T) {
 				wrote := make(chan error, 1)
 				up := endlessUpstream(t, wrote)
-				svc := &Service{Upstream: up.addr()}
+				svc := &exchange.Service{Upstream: up.addr()}
 				if how == "stalled" {
 					svc.IdleTimeout = 300 * time.Millisecond
 				}
@@ -237,7 +238,7 @@ func TestSpliceIdleDeadlineSeesProgress(t *testing.T) {
 				} else {
 					up = bodyUpstream(t, nil)
 				}
-				p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(c *Config) {
+				p, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, func(c *Config) {
 					c.EventLoops, c.SpliceMin = 1, testSpliceMin
 				})
 				c := dialClient(t, addr)
@@ -320,7 +321,7 @@ func TestSpliceRequestBodies(t *testing.T) {
 	eachLoopBackend(t, func(t *testing.T) {
 		up := bodyUpstream(t, nil)
 		hook := newTestHook(nil)
-		p, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, func(c *Config) {
+		p, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, func(c *Config) {
 			c.EventLoops, c.SpliceMin = 1, testSpliceMin
 		})
 		c := dialClient(t, addr)
@@ -357,7 +358,7 @@ func TestSpliceRequestBodyClientGone(t *testing.T) {
 				got := make(chan int, 1)
 				up := bodyUpstream(t, got)
 				hook := newTestHook(nil)
-				p, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, func(c *Config) {
+				p, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, func(c *Config) {
 					c.EventLoops, c.SpliceMin = 1, testSpliceMin
 				})
 				c := dialClient(t, addr)
@@ -395,7 +396,7 @@ func TestSpliceRequestBodyClientGone(t *testing.T) {
 func TestSpliceRequestBodyEarlyAnswer(t *testing.T) {
 	eachLoopBackend(t, func(t *testing.T) {
 		up := bodyUpstream(t, nil)
-		p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(c *Config) {
+		p, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, func(c *Config) {
 			c.EventLoops, c.SpliceMin = 1, testSpliceMin
 		})
 		c := dialClient(t, addr)

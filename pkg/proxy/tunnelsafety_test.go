@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // rejectLog records OnReject calls.
@@ -18,7 +20,7 @@ type rejectLog struct {
 	rules []string
 }
 
-func (l *rejectLog) add(_ *Service, _ netip.AddrPort, rule string, status int) {
+func (l *rejectLog) add(_ *exchange.Service, _ netip.AddrPort, rule string, status int) {
 	l.mu.Lock()
 	l.rules = append(l.rules, rule+" "+strconv.Itoa(status))
 	l.mu.Unlock()
@@ -57,7 +59,7 @@ func TestConnectRefused(t *testing.T) {
 		}
 	})
 	var rej rejectLog
-	_, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(c *Config) {
+	_, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, func(c *Config) {
 		c.EventLoops = 1
 		c.OnReject = rej.add
 	})
@@ -129,7 +131,7 @@ func TestRequestFailAfterResponseHead(t *testing.T) {
 			})
 			hook := newTestHook(nil)
 			var rej rejectLog
-			_, addr := startProxy(t, hook, &Service{Upstream: up.addr(), MaxBodyBytes: tc.maxBody}, func(c *Config) {
+			_, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr(), MaxBodyBytes: tc.maxBody}, func(c *Config) {
 				c.EventLoops = 1
 				c.OnReject = rej.add
 			})

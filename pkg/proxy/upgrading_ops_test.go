@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // The lcUpgrading state: a 101 was relayed and the connection waits for
@@ -157,7 +158,7 @@ func upstreamTakesNothing(t *testing.T, end upgradingEnd) {
 	})
 	t.Cleanup(func() { closeOnce(stop) }) // before up's cleanup waits for the handler
 	hook := newTestHook(nil)
-	p, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, func(c *Config) {
+	p, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, func(c *Config) {
 		c.EventLoops = 1
 		c.TunnelIdleTimeout = tunnelIdleFor(end)
 	})
@@ -249,7 +250,7 @@ func clientTakesNothing(t *testing.T, end upgradingEnd) {
 	})
 	t.Cleanup(func() { closeOnce(stop) })
 	hook := newTestHook(nil)
-	p, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, func(c *Config) {
+	p, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, func(c *Config) {
 		c.EventLoops = 1
 		c.TunnelIdleTimeout = tunnelIdleFor(end)
 	})

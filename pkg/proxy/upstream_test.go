@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 func TestUpstreamCloseMidBody(t *testing.T) {
@@ -27,7 +28,7 @@ func TestUpstreamCloseMidBody(t *testing.T) {
 		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
 	})
 	hook := newTestHook(nil)
-	_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+	_, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, nil)
 	c := dialClient(t, addr)
 	c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 	r, err := http.ReadResponse(c.br, nil)
@@ -78,7 +79,7 @@ func headerOf(head, name string) string {
 func TestUpstreamPool(t *testing.T) {
 	t.Run("reuse", func(t *testing.T) {
 		up := keepAliveUpstream(t, 0)
-		p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, nil)
+		p, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, nil)
 		for i := 0; i < 3; i++ {
 			c := dialClient(t, addr)
 			c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -95,7 +96,7 @@ func TestUpstreamPool(t *testing.T) {
 	t.Run("retry-once-idempotent", func(t *testing.T) {
 		up := keepAliveUpstream(t, 1)
 		hook := newTestHook(nil)
-		_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+		_, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, nil)
 		c := dialClient(t, addr)
 		for i := 0; i < 2; i++ {
 			c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -112,7 +113,7 @@ func TestUpstreamPool(t *testing.T) {
 	t.Run("no-retry-with-body", func(t *testing.T) {
 		up := keepAliveUpstream(t, 1)
 		hook := newTestHook(nil)
-		_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+		_, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, nil)
 		c := dialClient(t, addr)
 		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 		c.resp("GET")
@@ -131,7 +132,7 @@ func TestUpstreamPool(t *testing.T) {
 	})
 	t.Run("dial-failure-502", func(t *testing.T) {
 		dead := testkit.RefusedAddr(t)
-		_, addr := startProxy(t, nil, &Service{Upstream: dead}, nil)
+		_, addr := startProxy(t, nil, &exchange.Service{Upstream: dead}, nil)
 		c := dialClient(t, addr)
 		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 		if r, _ := c.resp("GET"); r.StatusCode != 502 {
@@ -141,7 +142,7 @@ func TestUpstreamPool(t *testing.T) {
 	t.Run("custom-dial", func(t *testing.T) {
 		up := keepAliveUpstream(t, 0)
 		var dials atomic.Int32
-		_, addr := startProxy(t, nil, &Service{Upstream: "upstream.invalid:80"}, func(cfg *Config) {
+		_, addr := startProxy(t, nil, &exchange.Service{Upstream: "upstream.invalid:80"}, func(cfg *Config) {
 			cfg.Dial = func(ctx context.Context, network, _ string) (net.Conn, error) {
 				dials.Add(1)
 				var d net.Dialer
@@ -180,7 +181,7 @@ func TestLargeBodiesAndCloseDelimited(t *testing.T) {
 		}
 	})
 	hook := newTestHook(nil)
-	_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+	_, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, nil)
 	c := dialClient(t, addr)
 	c.send(fmt.Sprintf("POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(big), big))
 	r, body := c.resp("POST")
@@ -215,7 +216,7 @@ func TestUpstreamHealthAndIdleTimeout(t *testing.T) {
 			c.Close() // silently, without Connection: close
 			closed <- struct{}{}
 		})
-		p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, nil)
+		p, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, nil)
 		c := dialClient(t, addr)
 		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 		c.resp("GET")
@@ -248,7 +249,7 @@ func TestUpstreamHealthAndIdleTimeout(t *testing.T) {
 				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 			}
 		})
-		p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(cfg *Config) {
+		p, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, func(cfg *Config) {
 			cfg.UpstreamIdleTimeout = time.Hour
 		})
 		c := dialClient(t, addr)
@@ -282,7 +283,7 @@ func TestUpstreamHealthAndIdleTimeout(t *testing.T) {
 				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 			}
 		})
-		p, addr := startProxy(t, nil, &Service{Upstream: up.addr()}, func(cfg *Config) {
+		p, addr := startProxy(t, nil, &exchange.Service{Upstream: up.addr()}, func(cfg *Config) {
 			cfg.UpstreamIdleTimeout = 20 * time.Millisecond
 		})
 		c := dialClient(t, addr)

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // slowHead is a response head of 2,000 bytes: written a byte every 5ms,
@@ -35,7 +37,7 @@ func TestUpstreamHeadDribbleCut(t *testing.T) {
 		io.WriteString(c, "ok")
 	})
 	hook := newTestHook(nil)
-	_, addr := startProxy(t, hook, &Service{Upstream: up.addr(), UpstreamTimeout: 200 * time.Millisecond, IdleTimeout: time.Minute}, nil)
+	_, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr(), UpstreamTimeout: 200 * time.Millisecond, IdleTimeout: time.Minute}, nil)
 	c := dialClient(t, addr)
 	c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 	if r, _ := c.resp("GET"); r.StatusCode != 504 {
@@ -78,7 +80,7 @@ func TestUpstreamInterimFloodCut(t *testing.T) {
 		sent <- n
 	})
 	hook := newTestHook(nil)
-	_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+	_, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, nil)
 	c := dialClient(t, addr)
 	c.send("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
 	got := readAllFrom(t, c)
@@ -110,7 +112,7 @@ func TestInterimBytesCounted(t *testing.T) {
 		io.WriteString(c, earlyHints+earlyHints+"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 	})
 	hook := newTestHook(nil)
-	_, addr := startProxy(t, hook, &Service{Upstream: up.addr()}, nil)
+	_, addr := startProxy(t, hook, &exchange.Service{Upstream: up.addr()}, nil)
 	c := dialClient(t, addr)
 	c.send("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
 	got := readAllFrom(t, c)

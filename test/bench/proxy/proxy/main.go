@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxy"
 )
 
@@ -36,9 +37,9 @@ func main() {
 		}
 		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
-	svc := &proxy.Service{Name: "bench", Upstream: *upstream, XForwardedFor: true,
+	svc := &exchange.Service{Name: "bench", Upstream: *upstream, XForwardedFor: true,
 		IdleTimeout: 5 * time.Minute}
-	cfg := proxy.Config{Services: []*proxy.Service{svc}, EventLoops: *loops}
+	cfg := proxy.Config{Config: exchange.Config{Services: []*exchange.Service{svc}}, EventLoops: *loops}
 	if *allowHook {
 		cfg.Hook = allowAll{}
 	}
@@ -69,7 +70,7 @@ func main() {
 // allowAll admits every request at once.
 type allowAll struct{}
 
-func (allowAll) Admit(context.Context, *proxy.Request) proxy.Decision {
-	return proxy.Decision{Allow: true}
+func (allowAll) Admit(context.Context, *exchange.Request) exchange.Decision {
+	return exchange.Decision{Allow: true}
 }
-func (allowAll) Done(*proxy.Request, *proxy.Decision, *proxy.Result) {}
+func (allowAll) Done(*exchange.Request, *exchange.Decision, *exchange.Result) {}

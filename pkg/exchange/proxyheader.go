@@ -1,4 +1,4 @@
-package proxy
+package exchange
 
 import (
 	"fmt"

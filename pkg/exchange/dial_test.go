@@ -1,4 +1,4 @@
-package proxy
+package exchange
 
 import (
 	"context"
@@ -32,10 +32,34 @@ func countingResolve(n *atomic.Int32, addrs []string, err error) func(context.Co
 	}
 }
 
+// acceptingPort is the port of a loopback listener that accepts and
+// closes every connection until the test ends.
+func acceptingPort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-done })
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	return port
+}
+
 // TestDialUpstream covers the goroutine paths' dialling of host names
 // (each case its own name: the cache is the process's).
 func TestDialUpstream(t *testing.T) {
-	_, port, _ := net.SplitHostPort(newRawUpstream(t, func(int, net.Conn) {}).addr())
+	port := acceptingPort(t)
 	ctx := context.Background()
 	dialN := func(t *testing.T, cfg *Config, addr string, n int) {
 		t.Helper()
@@ -113,14 +137,14 @@ func TestDialUpstream(t *testing.T) {
 			t.Fatalf("Dial got %v", got.Load())
 		}
 	})
-	t.Run("Dial with DialPrep gets addresses", func(t *testing.T) {
+	t.Run("Dial with DialAddrs gets addresses", func(t *testing.T) {
 		var got atomic.Value
 		var n atomic.Int32
 		cfg := &Config{Dial: func(ctx context.Context, _, addr string) (net.Conn, error) {
 			got.Store(addr)
 			var d net.Dialer
 			return d.DialContext(ctx, "tcp", addr)
-		}, DialPrep: func(int, netip.AddrPort) (func(), error) { return nil, nil },
+		}, DialAddrs: true,
 			Resolve: countingResolve(&n, []string{"127.0.0.1"}, nil)}
 		dialN(t, cfg, uniqueHost("prep", port), 1)
 		if got.Load() != "127.0.0.1:"+port {
@@ -166,7 +190,7 @@ func TestNameCacheForgets(t *testing.T) {
 	upstreamNames.sweep = time.Time{} // earlier tests scheduled the next sweep a minute out
 	upstreamNames.mu.Unlock()
 	t.Cleanup(func() { nameIdle, nameSweep = idle, sweep })
-	_, port, _ := net.SplitHostPort(newRawUpstream(t, func(int, net.Conn) {}).addr())
+	port := acceptingPort(t)
 	var n atomic.Int32
 	gone, kept := uniqueHost("gone", port), uniqueHost("kept", port)
 	short := &Config{ResolveTTL: time.Nanosecond, Resolve: countingResolve(&n, []string{"127.0.0.1"}, nil)}

@@ -1,4 +1,4 @@
-package proxy
+package exchange
 
 import (
 	"context"
@@ -10,20 +10,36 @@ import (
 	"time"
 )
 
+// Upstream host names are looked up by Config.Resolve and their
+// addresses kept for Config.ResolveTTL, by the event loops (each its own)
+// and by DialUpstream (one cache for the process). A lookup that fails
+// while addresses are known keeps using them and is retried after
+// ResolveRetry: a DNS outage does not take the upstream down.
+
+// DefaultResolveTTL is Config.ResolveTTL's default (Go's resolver gives
+// no record TTLs).
+const DefaultResolveTTL = 5 * time.Second
+
+// ResolveRetry is how soon a failed lookup is retried while the last
+// addresses are still in use.
+const ResolveRetry = time.Second
+
+// ErrNoAddresses: a lookup answered without a usable address.
+var ErrNoAddresses = errors.New("no addresses")
+
 // DialUpstream opens a TCP connection to addr for the paths outside the
-// event loops (HTTP/2, TLS passthrough). An IP literal is dialled as is;
-// a host name is looked up through a process-wide cache, as the loops
-// look up theirs (Resolve, ResolveTTL; one lookup at a time per name, the
-// last addresses kept while lookups fail), and its addresses are dialled
-// in turn until one connects. Dial (or a net.Dialer) opens each
-// connection. Under the rule the loops follow, a Dial without DialPrep
-// gets addr unchanged: such a dialer may map names itself.
+// event loops (HTTP/2, TLS passthrough, within ctx's deadline). An IP
+// literal is dialled as is; a host name is looked up through a
+// process-wide cache, as the loops look up theirs (Resolve, ResolveTTL;
+// one lookup at a time per name, the last addresses kept while lookups
+// fail), and its addresses are dialled in turn until one connects. Dial
+// (or a net.Dialer) opens each connection; a Dial without DialAddrs gets
+// addr unchanged.
 func (c *Config) DialUpstream(ctx context.Context, addr string) (net.Conn, error) {
 	dial := c.Dial
 	if dial == nil {
-		var d net.Dialer
-		dial = d.DialContext
-	} else if c.DialPrep == nil {
+		dial = defaultDialer.DialContext
+	} else if !c.DialAddrs {
 		return dial(ctx, "tcp", addr)
 	}
 	host, port, err := net.SplitHostPort(addr)
@@ -70,6 +86,9 @@ type nameEntry struct {
 }
 
 var upstreamNames = nameCache{m: map[string]*nameEntry{}}
+
+// defaultDialer opens upstream connections when Config.Dial is nil.
+var defaultDialer net.Dialer
 
 // lookup returns host's addresses: cached while fresh, else from the
 // lookup in flight or a new one (by cfg.Resolve), or the last ones when
@@ -126,7 +145,7 @@ func (nc *nameCache) resolve(ctx context.Context, host string, e *nameEntry, cfg
 		}
 	}
 	if err == nil && len(ips) == 0 {
-		err = errNoAddrs
+		err = ErrNoAddresses
 	}
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
@@ -134,11 +153,11 @@ func (nc *nameCache) resolve(ctx context.Context, host string, e *nameEntry, cfg
 	e.busy = nil
 	switch {
 	case err == nil:
-		e.ips, e.until = ips, time.Now().Add(durOr(cfg.ResolveTTL, DefaultResolveTTL))
+		e.ips, e.until = ips, time.Now().Add(DurationOr(cfg.ResolveTTL, DefaultResolveTTL))
 		return ips, nil
-	case len(e.ips) > 0 && !errors.Is(err, errNoAddrs) && ctx.Err() == nil:
-		e.until = time.Now().Add(resolveRetry) // keep the last addresses a while
-		cfg.logger().Warn("upstream lookup failed; using its last addresses", "host", host, "addresses", len(e.ips), "err", err)
+	case len(e.ips) > 0 && !errors.Is(err, ErrNoAddresses) && ctx.Err() == nil:
+		e.until = time.Now().Add(ResolveRetry) // keep the last addresses a while
+		cfg.Log().Warn("upstream lookup failed; using its last addresses", "host", host, "addresses", len(e.ips), "err", err)
 		return e.ips, nil
 	}
 	return nil, err

@@ -1,4 +1,4 @@
-package proxy
+package exchange
 
 import (
 	"net"
@@ -8,12 +8,13 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/sniff"
 )
 
-// Handoff serves connections whose first bytes are not HTTP/1.x. It is the
-// proxy's one protocol dispatch point: with Config.Handoff set, the first
-// bytes of every connection (read within the service's header timeout)
-// are classified by pkg/sniff; HTTP/1.x stays on the proxy's own path, and
-// the other kinds go to the Handoff when it Takes them (else to the
-// HTTP/1.x path, which answers what it cannot parse with 400 and closes).
+// Handoff serves connections whose first bytes are not HTTP/1.x. It is
+// the event loops' one protocol dispatch point: with proxy.Config.Handoff
+// set, the first bytes of every connection (read within the service's
+// header timeout) are classified by pkg/sniff; HTTP/1.x stays on the
+// loops, and the other kinds go to the Handoff when it Takes them (else
+// to the HTTP/1.x path, which answers what it cannot parse with 400 and
+// closes).
 type Handoff interface {
 	// Takes reports whether ServeConn serves connections of kind for svc.
 	// It must not block.
