@@ -18,11 +18,6 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 )
 
-// hopByHop are the fields that never cross the proxy (RFC 9110 7.6.1);
-// HTTP/2 forbids them on the wire (RFC 9113 8.2.2). HTTP2-Settings
-// belongs only to an h2c upgrade, which the proxy never performs.
-var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Te", "Trailer", "Http2-Settings"}
-
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // forward sends an admitted stream upstream and relays the response, both
@@ -159,8 +154,7 @@ func outHeader(r *http.Request, st *stream, d *exchange.Decision) http.Header {
 	if d != nil {
 		fwd = d.Forward
 	}
-	if r.Header != nil && !svc.XForwardedFor && !svc.XForwardedProto && !svc.Forwarded && !svc.XRealIP &&
-		len(fwd) == 0 && !hasHopByHop(r.Header) {
+	if r.Header != nil && !svc.AddsForwarding() && len(fwd) == 0 && !hasHopByHop(r.Header) {
 		return r.Header
 	}
 	out := make(http.Header, len(r.Header)+len(fwd)+2)
@@ -169,30 +163,17 @@ func outHeader(r *http.Request, st *stream, d *exchange.Decision) http.Header {
 			out[k] = vs[:len(vs):len(vs)]
 		}
 	}
-	ip := st.h.remote.Addr().Unmap()
-	if svc.XForwardedFor {
-		v := ip.String()
-		if prior := out.Values("X-Forwarded-For"); len(prior) > 0 {
+	var vb [64]byte
+	for _, ff := range exchange.ForwardFields {
+		if !svc.Adds(ff) {
+			continue
+		}
+		k := ff.Key()
+		v := string(ff.AppendValue(vb[:0], st.h.remote.Addr()))
+		if prior := out[k]; ff.AppendsPrior() && len(prior) > 0 {
 			v = strings.Join(prior, ", ") + ", " + v
 		}
-		out.Set("X-Forwarded-For", v)
-	}
-	if svc.XForwardedProto {
-		out.Set("X-Forwarded-Proto", "http")
-	}
-	if svc.Forwarded {
-		v := "for=" + ip.String()
-		if ip.Is6() {
-			v = `for="[` + ip.String() + `]"`
-		}
-		v += ";proto=http"
-		if prior := out.Values("Forwarded"); len(prior) > 0 {
-			v = strings.Join(prior, ", ") + ", " + v
-		}
-		out.Set("Forwarded", v)
-	}
-	if svc.XRealIP {
-		out.Set("X-Real-Ip", ip.String())
+		out[k] = []string{v}
 	}
 	addForward(out, fwd)
 	return out
@@ -219,11 +200,16 @@ func addForward(h http.Header, fwd []httpparse.Header) {
 	}
 }
 
-// isHopByHop reports whether the client's field k (values vs) stays off
-// the upstream request: one of hopByHop, but a TE whose first value is
-// "trailers".
+// isHopByHop reports whether the client's field k (a canonical key,
+// values vs) stays off the upstream request: exchange.HopByHop (which
+// HTTP/2 forbids on the wire, RFC 9113 8.2.2) and HTTP2-Settings, but a
+// TE whose first value is "trailers" (RFC 9113 8.2.2 allows that one,
+// and gRPC needs it).
 func isHopByHop(k string, vs []string) bool {
-	if !slices.Contains(hopByHop, k) {
+	if k == exchange.HTTP2Settings {
+		return true
+	}
+	if !exchange.IsHopByHop(k) {
 		return false
 	}
 	return k != "Te" || len(vs) == 0 || !strings.EqualFold(vs[0], "trailers")
@@ -240,9 +226,10 @@ func (st *stream) relay(w http.ResponseWriter, r *http.Request, res *http.Respon
 		hdr[k] = vs
 	}
 	dropConnectionFields(hdr)
-	for _, k := range hopByHop {
+	for _, k := range exchange.HopByHop {
 		delete(hdr, k)
 	}
+	delete(hdr, exchange.HTTP2Settings)
 	if d != nil {
 		for _, f := range d.Header {
 			hdr.Add(string(f.Name), string(f.Value))
@@ -327,7 +314,6 @@ func (st *stream) fail(w http.ResponseWriter, status int) {
 	st.answer(w, status, nil, []byte(strconv.Itoa(status)+" "+http.StatusText(status)+"\n"), "text/plain; charset=utf-8")
 }
 
-// hasHopByHop reports whether outHeader would leave a field of h out.
 // dropConnectionFields deletes the fields h's Connection values name: an
 // HTTP/1.1 upstream's connection-specific fields (RFC 9110 7.6.1), never
 // the message's. One pass over the values, one map delete per option.
@@ -343,11 +329,13 @@ func dropConnectionFields(h http.Header) {
 	}
 }
 
+// hasHopByHop reports whether outHeader would leave a field of h out.
 func hasHopByHop(h http.Header) bool {
-	for _, k := range hopByHop {
+	for _, k := range exchange.HopByHop {
 		if vs, ok := h[k]; ok && isHopByHop(k, vs) {
 			return true
 		}
 	}
-	return false
+	_, ok := h[exchange.HTTP2Settings]
+	return ok
 }

@@ -71,7 +71,7 @@ func FuzzForwardHead(f *testing.F) {
 			t.Fatalf("expect/upgrade: %q", out)
 		}
 		for _, f := range h2.Headers {
-			if isHopByHop(f.Name) && !(h.Upgrade && (httpparse.EqualFold(f.Name, "upgrade") || httpparse.EqualFold(f.Name, "connection"))) &&
+			if exchange.IsHopByHop(f.Name) && !(h.Upgrade && (httpparse.EqualFold(f.Name, "upgrade") || httpparse.EqualFold(f.Name, "connection"))) &&
 				!(h.Chunked && httpparse.EqualFold(f.Name, "transfer-encoding")) {
 				t.Fatalf("hop-by-hop %q forwarded: %q", f.Name, out)
 			}

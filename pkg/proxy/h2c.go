@@ -1,6 +1,9 @@
 package proxy
 
-import "github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
+import (
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
+	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
+)
 
 // upgradeIsH2C reports whether a request asks to upgrade to HTTP/2 over
 // cleartext (Upgrade: h2c). The proxy never lets that upgrade happen: the
@@ -23,7 +26,7 @@ func upgradeIsH2C(h *httpparse.Request) bool {
 // common case) costs one length compare per field.
 func dropHTTP2Settings(h *httpparse.Request) {
 	i := 0
-	for i < len(h.Headers) && !isHTTP2Settings(h.Headers[i].Name) {
+	for i < len(h.Headers) && !exchange.IsHTTP2Settings(h.Headers[i].Name) {
 		i++
 	}
 	if i == len(h.Headers) {
@@ -31,14 +34,10 @@ func dropHTTP2Settings(h *httpparse.Request) {
 	}
 	kept := h.Headers[:i]
 	for _, f := range h.Headers[i:] {
-		if !isHTTP2Settings(f.Name) {
+		if !exchange.IsHTTP2Settings(f.Name) {
 			kept = append(kept, f)
 		}
 	}
 	clear(h.Headers[len(kept):]) // no stale slices into the buffer past the end
 	h.Headers = kept
-}
-
-func isHTTP2Settings(name []byte) bool {
-	return len(name) == len("http2-settings") && httpparse.EqualFold(name, "http2-settings")
 }

@@ -9,29 +9,11 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 )
 
-// isHopByHop reports the fields RFC 9110 7.6.1 defines as connection
-// specific, which a proxy never forwards.
-func isHopByHop(name []byte) bool {
-	switch len(name) {
-	case 2:
-		return httpparse.EqualFold(name, "te")
-	case 7:
-		return httpparse.EqualFold(name, "trailer") || httpparse.EqualFold(name, "upgrade")
-	case 10:
-		return httpparse.EqualFold(name, "connection") || httpparse.EqualFold(name, "keep-alive")
-	case 16:
-		return httpparse.EqualFold(name, "proxy-connection")
-	case 17:
-		return httpparse.EqualFold(name, "transfer-encoding")
-	}
-	return false
-}
-
 // connDrop holds the field names a head's Connection fields list (RFC 9110
 // 7.6.1: the sender's connection-specific fields, never forwarded),
 // collected once per head so that each field costs a comparison per
 // option instead of a scan of every Connection field. Options naming
-// fields isHopByHop drops anyway are left out: the common
+// fields exchange.IsHopByHop drops anyway are left out: the common
 // "Connection: keep-alive" leaves nothing to compare.
 type connDrop struct {
 	buf  [httpparse.MaxConnectionOptions][]byte
@@ -44,7 +26,7 @@ func (d *connDrop) init(hs []httpparse.Header) {
 	d.slow = !ok
 	n := 0
 	for _, o := range list {
-		if !isHopByHop(o) {
+		if !exchange.IsHopByHop(o) {
 			d.buf[n] = o
 			n++
 		}
@@ -82,21 +64,22 @@ func appendHeaderBytes(b, name, value []byte) []byte {
 // appendRequestHead serialises the head sent upstream: the request line in
 // HTTP/1.1 with an origin-form target, exactly one Host (the one admission
 // saw), the client's end-to-end fields, the forwarding fields the service
-// asks for, and exactly one framing field chosen by the proxy.
+// asks for (exchange.ForwardFields, naming client), and exactly one
+// framing field chosen by the proxy.
 // Dropped: hop-by-hop fields and every field named in Connection (except
 // the routing and framing fields, which Connection cannot remove),
 // Content-Length/Transfer-Encoding (re-emitted), Expect (the proxy answers
 // 100 Continue itself after admission), and the forwarding fields the
 // proxy rewrites, and the fields of add, which are appended instead. On an
 // upgrade, Upgrade and "Connection: upgrade" pass.
-func appendRequestHead(b []byte, h *httpparse.Request, svc *exchange.Service, remote netip.AddrPort, add []httpparse.Header) []byte {
+func appendRequestHead(b []byte, h *httpparse.Request, svc *exchange.Service, client netip.AddrPort, add []httpparse.Header) []byte {
 	b = append(b, h.Method...)
 	b = append(b, ' ')
 	b = appendOriginTarget(b, h)
 	b = append(b, " HTTP/1.1\r\n"...)
 	var conn connDrop
 	conn.init(h.Headers)
-	var xff, fwd bool
+	var prior uint8 // bit f: the client sent forwarding field f the service appends to
 	// RFC 9112 3.2.2: the authority of an absolute-form target replaces
 	// the Host field; h.Host is that authority or the Host field, the
 	// value the Hook matched and rendered. HTTP/1.0 without Host: the
@@ -109,7 +92,7 @@ func appendRequestHead(b []byte, h *httpparse.Request, svc *exchange.Service, re
 	for i := range h.Headers {
 		f := &h.Headers[i]
 		n := f.Name
-		if isHopByHop(n) || !routing(n) && conn.names(h.Headers, n) || len(add) > 0 && named(add, n) {
+		if exchange.IsHopByHop(n) || !routing(n) && conn.names(h.Headers, n) || len(add) > 0 && named(add, n) {
 			continue
 		}
 		switch len(n) {
@@ -121,27 +104,14 @@ func appendRequestHead(b []byte, h *httpparse.Request, svc *exchange.Service, re
 			if httpparse.EqualFold(n, "expect") {
 				continue
 			}
-		case 9:
-			if svc.XRealIP && httpparse.EqualFold(n, "x-real-ip") {
-				continue
-			}
-			if svc.Forwarded && httpparse.EqualFold(n, "forwarded") {
-				fwd = true
-				continue
-			}
 		case 14:
 			if httpparse.EqualFold(n, "content-length") {
 				continue
 			}
-		case 15:
-			if svc.XForwardedFor && httpparse.EqualFold(n, "x-forwarded-for") {
-				xff = true
-				continue
-			}
-		case 17:
-			if svc.XForwardedProto && httpparse.EqualFold(n, "x-forwarded-proto") {
-				continue
-			}
+		}
+		if ff := exchange.ForwardFieldOf(n); ff != 0 && svc.Adds(ff) {
+			prior |= 1 << ff
+			continue
 		}
 		b = appendHeaderBytes(b, n, f.Value)
 	}
@@ -151,38 +121,17 @@ func appendRequestHead(b []byte, h *httpparse.Request, svc *exchange.Service, re
 			b = append(b, "Connection: upgrade\r\n"...)
 		}
 	}
-	ip := remote.Addr().Unmap()
-	if svc.XForwardedFor {
-		b = append(b, "X-Forwarded-For: "...)
-		if xff {
-			b = appendJoined(b, h.Headers, "x-forwarded-for")
+	for _, ff := range exchange.ForwardFields {
+		if !svc.Adds(ff) {
+			continue
+		}
+		b = append(b, ff.Name()...)
+		b = append(b, ':', ' ')
+		if ff.AppendsPrior() && prior&(1<<ff) != 0 {
+			b = appendJoined(b, h.Headers, ff.Name())
 			b = append(b, ", "...)
 		}
-		b = ip.AppendTo(b)
-		b = append(b, '\r', '\n')
-	}
-	if svc.XForwardedProto {
-		b = append(b, "X-Forwarded-Proto: http\r\n"...)
-	}
-	if svc.Forwarded {
-		b = append(b, "Forwarded: "...)
-		if fwd {
-			b = appendJoined(b, h.Headers, "forwarded")
-			b = append(b, ", "...)
-		}
-		b = append(b, "for="...)
-		if ip.Is6() {
-			b = append(b, `"[`...)
-			b = ip.AppendTo(b)
-			b = append(b, `]"`...)
-		} else {
-			b = ip.AppendTo(b)
-		}
-		b = append(b, ";proto=http\r\n"...)
-	}
-	if svc.XRealIP {
-		b = append(b, "X-Real-IP: "...)
-		b = ip.AppendTo(b)
+		b = ff.AppendValue(b, client.Addr())
 		b = append(b, '\r', '\n')
 	}
 	for i := range add {
@@ -249,7 +198,8 @@ func named(hs []httpparse.Header, name []byte) bool {
 	return false
 }
 
-// appendJoined appends the values of every field named name, joined by ", ".
+// appendJoined appends the non-empty values of every field named name
+// (any case), joined by ", ".
 func appendJoined(b []byte, hs []httpparse.Header, name string) []byte {
 	first := true
 	for i := range hs {
@@ -301,7 +251,7 @@ func appendResponseHead(b []byte, r *httpparse.Response, extra []httpparse.Heade
 	for i := range r.Headers {
 		f := &r.Headers[i]
 		n := f.Name
-		if isHopByHop(n) || conn.names(r.Headers, n) {
+		if exchange.IsHopByHop(n) || conn.names(r.Headers, n) {
 			continue
 		}
 		b = appendHeaderBytes(b, n, f.Value)
