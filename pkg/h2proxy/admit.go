@@ -2,7 +2,6 @@ package h2proxy
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -138,7 +137,7 @@ func (st *stream) giveUp(w http.ResponseWriter, r *http.Request) {
 func (st *stream) admissionTimedOut(w http.ResponseWriter) {
 	h := st.h
 	d := h.cfg.AdmissionTimeoutFor(h.svc)
-	st.res.AdmissionErr = fmt.Errorf("admission: no decision from the hook within %v: %w", d, context.DeadlineExceeded)
+	st.res.AdmissionErr = exchange.AdmissionTimeoutError(d)
 	h.cfg.ReportReject(h.svc, h.remote, "admission-timeout", http.StatusServiceUnavailable)
 	h.cfg.Log().Debug("http2 admission timed out", "service", h.svc.Name, "remote", h.remote, "timeout", d)
 	st.fail(w, http.StatusServiceUnavailable)

@@ -2,6 +2,7 @@ package h2proxy_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -144,8 +145,8 @@ func TestAdmissionTimeout(t *testing.T) {
 				t.Fatalf("Done %d times", len(dones))
 			}
 			res := dones[0]
-			if res.AdmissionErr == nil || res.ClientAborted || res.Status != tc.status {
-				t.Errorf("Result: AdmissionErr %v, ClientAborted %v, Status %d", res.AdmissionErr, res.ClientAborted, res.Status)
+			if !errors.Is(res.AdmissionErr, exchange.ErrAdmissionTimeout) || res.ClientAborted || res.Status != tc.status {
+				t.Errorf("Result: AdmissionErr %v (want exchange.ErrAdmissionTimeout), ClientAborted %v, Status %d", res.AdmissionErr, res.ClientAborted, res.Status)
 			}
 			if h.noDL.Load() != 0 {
 				t.Error("Admit's context had no deadline")

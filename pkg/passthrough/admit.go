@@ -2,7 +2,6 @@ package passthrough
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
@@ -43,7 +42,7 @@ func (c *conn) admit(hook exchange.Hook) bool {
 	}
 	c.res = exchange.Result{}
 	if ctx.Err() != nil { // only the deadline ends ctx
-		c.res.AdmissionErr = fmt.Errorf("admission: no decision from the hook within %v: %w", d, context.DeadlineExceeded)
+		c.res.AdmissionErr = exchange.AdmissionTimeoutError(d)
 		return false
 	}
 	return c.dec.Allow

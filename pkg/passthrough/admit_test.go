@@ -3,6 +3,7 @@ package passthrough
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
@@ -103,15 +104,15 @@ func TestAdmissionTimeout(t *testing.T) {
 				h.releaseAll()
 			}
 			e := ev.wait(t)
-			if e.Action != AdmissionTimeout || !e.Admitted || e.Err == nil || string(e.SNI) != "a.example" || e.BytesOut != 0 {
+			if e.Action != AdmissionTimeout || !e.Admitted || !errors.Is(e.Err, exchange.ErrAdmissionTimeout) || string(e.SNI) != "a.example" || e.BytesOut != 0 {
 				t.Fatalf("event %+v", e)
 			}
 			dones, _ = h.results()
 			if len(dones) != 1 {
 				t.Fatalf("Done %d times", len(dones))
 			}
-			if r := dones[0]; r.AdmissionErr == nil || r.ClientAborted || r.Status != 0 || r.BytesOut != 0 {
-				t.Errorf("Result %+v", r)
+			if r := dones[0]; !errors.Is(r.AdmissionErr, exchange.ErrAdmissionTimeout) || r.ClientAborted || r.Status != 0 || r.BytesOut != 0 {
+				t.Errorf("Result %+v, want an AdmissionErr that is exchange.ErrAdmissionTimeout", r)
 			}
 			if h.noDL.Load() != 0 {
 				t.Error("Admit's context had no deadline")

@@ -2,8 +2,9 @@ package proxy
 
 import (
 	"context"
-	"fmt"
 	"time"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
 
 // The admission deadline (Config.AdmissionTimeout). A Hook that never
@@ -31,7 +32,7 @@ func (c *lconn) admitTimeout() {
 		return // the Decision is being acted on
 	}
 	d := r.cfg.AdmissionTimeoutFor(r.svc)
-	r.res.AdmissionErr = fmt.Errorf("admission: no decision from the hook within %v: %w", d, errLoopTimeout)
+	r.res.AdmissionErr = exchange.AdmissionTimeoutError(d)
 	r.cfg.Log().Debug("admission timed out", "service", r.svc.Name, "remote", c.remote, "timeout", d)
 	if !r.cancelled {
 		r.cancelled = true // at most once per Begin (AsyncHook)

@@ -113,8 +113,8 @@ func TestAdmissionTimeout(t *testing.T) {
 			c.expectClosed()
 			answer()
 			d := th.waitDone(t)
-			if d.status != 503 || d.clientAborted || d.admissionErr == nil || !isTimeout(d.admissionErr) {
-				t.Fatalf("done %+v, want status 503 with an AdmissionErr timeout", d)
+			if d.status != 503 || d.clientAborted || !errors.Is(d.admissionErr, exchange.ErrAdmissionTimeout) || !isTimeout(d.admissionErr) {
+				t.Fatalf("done %+v, want status 503 with an AdmissionErr that is exchange.ErrAdmissionTimeout", d)
 			}
 			if up.count() != 0 {
 				t.Fatal("a request whose admission timed out reached the upstream")
