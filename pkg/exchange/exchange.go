@@ -81,9 +81,16 @@ type Rejecter interface {
 
 // Request is what the Hook sees of one request.
 type Request struct {
-	Remote, Local netip.AddrPort // Local is the original destination (getsockname)
-	// Peer is the TCP peer when a PROXY header named another client
-	// (Service.AcceptProxy); zero when Remote is the peer.
+	// Remote is the client: the TCP peer, or the client a PROXY header
+	// named (Service.AcceptProxy), or the client a Hook read from a
+	// trusted peer's forwarding header (the policy's client_address: a
+	// Hook may set Remote and Peer while it admits, before Admit returns
+	// or Resume). The forwarding fields sent upstream name it
+	// (ForwardField.AppendValue). Local is the original destination
+	// (getsockname).
+	Remote, Local netip.AddrPort
+	// Peer is the TCP peer when Remote names another client; zero when
+	// Remote is the peer.
 	Peer        netip.AddrPort
 	Service     *Service // the service that owns the listener or port
 	Head        *httpparse.Request

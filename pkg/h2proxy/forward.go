@@ -140,7 +140,7 @@ func isHeadTimeout(err error) bool {
 
 // outHeader is the upstream request's header: the client's fields (the
 // connection-specific ones never get here: malformed.go) plus the forwarding
-// fields of the service and the hook's (d.Forward, replacing the
+// fields of the service (naming st.req.Remote, the client admission saw) and the hook's (d.Forward, replacing the
 // client's). When none of that changes anything, it is the client's
 // header itself, shared read-only (the codec does not touch it once the
 // handler runs, and the upstream side only reads it). Otherwise it is a
@@ -169,7 +169,7 @@ func outHeader(r *http.Request, st *stream, d *exchange.Decision) http.Header {
 			continue
 		}
 		k := ff.Key()
-		v := string(ff.AppendValue(vb[:0], st.h.remote.Addr()))
+		v := string(ff.AppendValue(vb[:0], st.req.Remote.Addr()))
 		if prior := out[k]; ff.AppendsPrior() && len(prior) > 0 {
 			v = strings.Join(prior, ", ") + ", " + v
 		}

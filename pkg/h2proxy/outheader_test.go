@@ -45,7 +45,9 @@ func TestOutHeader(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			st := &stream{h: &conn{svc: &tt.svc, remote: netip.MustParseAddrPort("192.0.2.1:5")}}
+			peer := netip.MustParseAddrPort("192.0.2.1:5")
+			st := &stream{h: &conn{svc: &tt.svc, remote: peer}}
+			st.req.Remote = peer
 			before := tt.in.Clone()
 			r := &http.Request{Header: tt.in}
 			got := outHeader(r, st, tt.d)
@@ -66,6 +68,43 @@ func TestOutHeader(t *testing.T) {
 			}
 			if !equalHeader(tt.in, before) {
 				t.Fatalf("client header changed: %v, was %v", tt.in, before)
+			}
+		})
+	}
+}
+
+// TestOutHeaderNamesClient: the forwarding fields name the stream's
+// Request.Remote, which a Hook set to the client a trusted balancer named
+// (client_address), not the TCP peer; X-Forwarded-For and Forwarded keep
+// the balancer's list in front.
+func TestOutHeaderNamesClient(t *testing.T) {
+	all := exchange.Service{XForwardedFor: true, XForwardedProto: true, Forwarded: true, XRealIP: true}
+	peer := netip.MustParseAddrPort("192.0.2.1:5")
+	for _, tc := range []struct {
+		name   string
+		client netip.AddrPort // zero: the peer is the client
+		in     http.Header
+		want   http.Header
+	}{
+		{"named by the hook", netip.MustParseAddrPort("203.0.113.7:0"),
+			http.Header{"X-Forwarded-For": {"203.0.113.7"}, "X-Real-Ip": {"10.9.9.9"}, "Forwarded": {"for=203.0.113.7"}, "X-Forwarded-Proto": {"https"}},
+			http.Header{"X-Forwarded-For": {"203.0.113.7, 203.0.113.7"}, "X-Forwarded-Proto": {"http"}, "X-Real-Ip": {"203.0.113.7"},
+				"Forwarded": {"for=203.0.113.7, for=203.0.113.7;proto=http"}}},
+		{"ipv6 named by the hook", netip.MustParseAddrPort("[2001:db8::7]:0"), http.Header{},
+			http.Header{"X-Forwarded-For": {"2001:db8::7"}, "X-Forwarded-Proto": {"http"}, "X-Real-Ip": {"2001:db8::7"},
+				"Forwarded": {`for="[2001:db8::7]";proto=http`}}},
+		{"the peer is the client", netip.AddrPort{}, http.Header{"X-Forwarded-For": {"198.51.100.1"}},
+			http.Header{"X-Forwarded-For": {"198.51.100.1, 192.0.2.1"}, "X-Forwarded-Proto": {"http"}, "X-Real-Ip": {"192.0.2.1"},
+				"Forwarded": {"for=192.0.2.1;proto=http"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &stream{h: &conn{svc: &all, remote: peer}}
+			st.req.Remote = peer
+			if tc.client.IsValid() {
+				st.req.Remote, st.req.Peer = tc.client, peer
+			}
+			if got := outHeader(&http.Request{Header: tc.in}, st, &exchange.Decision{Allow: true}); !equalHeader(got, tc.want) {
+				t.Fatalf("got %v, want %v", got, tc.want)
 			}
 		})
 	}

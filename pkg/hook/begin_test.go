@@ -105,6 +105,7 @@ func TestViaBegin(t *testing.T) {
 		{"TestAllowPassesUpstreamRateLimitUnchanged", TestAllowPassesUpstreamRateLimitUnchanged},
 		{"TestClientAbortNoReport", TestClientAbortNoReport},
 		{"TestClientAbortUnprotectedReportNoReport", TestClientAbortUnprotectedReportNoReport},
+		{"TestClientAddressNamesRequestRemote", TestClientAddressNamesRequestRemote},
 		{"TestClientAbortWaitingForUpstreamNoReport", TestClientAbortWaitingForUpstreamNoReport},
 		{"TestDebugDecisionLog", TestDebugDecisionLog},
 		{"TestDenyAnswer", TestDenyAnswer},

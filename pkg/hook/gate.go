@@ -296,8 +296,9 @@ func (g *Gate) prepare(r *exchange.Request) (*state, *admission.Service) {
 // clientFrom names the request's client from the service's forwarding
 // header when the peer is trusted: st.areq.Remote becomes the client and
 // st.areq.Peer the TCP peer ({remote_addr}, {peer_addr}, the access
-// line). It does not allocate once st.hv has grown to the header's
-// line count.
+// line), and so do r.Remote and r.Peer (the forwarding fields the proxy
+// sends upstream name r.Remote). It does not allocate once st.hv has
+// grown to the header's line count.
 func (st *state) clientFrom(ca *admission.ClientAddress, r *exchange.Request) {
 	name := ca.Header()
 	hv := st.hv[:0]
@@ -306,8 +307,9 @@ func (st *state) clientFrom(ca *admission.ClientAddress, r *exchange.Request) {
 			hv = append(hv, h.Value)
 		}
 	}
-	if client := ca.Resolve(r.Remote, hv); client != r.Remote {
-		st.areq.Remote, st.areq.Peer = client, r.Remote
+	if client, peer := ca.Resolve(r.Remote, hv), r.Remote; client != peer {
+		st.areq.Remote, st.areq.Peer = client, peer
+		r.Remote, r.Peer = client, peer
 	}
 	clear(hv) // the values alias the request's buffer
 	st.hv = hv[:0]

@@ -37,7 +37,7 @@ func (c *lconn) upReady(u *lup) {
 		c.s.Write(continue100)
 		r.sent100 = true
 	}
-	b := appendRequestHead(c.ls.scratch[:0], h, r.svc, c.remote, r.dec.Forward)
+	b := appendRequestHead(c.ls.scratch[:0], h, r.svc, r.req.Remote, r.dec.Forward)
 	var body []byte
 	switch h.BodyMode() {
 	case httpparse.BodyLength:
