@@ -17,7 +17,7 @@ import (
 
 // admitDeadline arms the admission deadline of c's request; a blocking
 // Hook's Admit context carries it.
-func (c *lconn) admitDeadline(cfg *Config) {
+func (c *clientConn) admitDeadline(cfg *Config) {
 	d := cfg.AdmissionTimeoutFor(c.r.svc)
 	c.setDeadline(c.ls.l.Now() + int64(d))
 	if _, ok := c.r.hook.(AsyncHook); !ok {
@@ -26,7 +26,7 @@ func (c *lconn) admitDeadline(cfg *Config) {
 }
 
 // admitTimeout: no Decision within the admission timeout.
-func (c *lconn) admitTimeout() {
+func (c *clientConn) admitTimeout() {
 	r := c.r
 	if !r.pending {
 		return // the Decision is being acted on
@@ -51,7 +51,7 @@ func (c *lconn) admitTimeout() {
 // lateDecision: the Decision of a request whose admission timed out came
 // back (admitDone). It is not acted on; Done reports the request once the
 // 503 is out (finishRequest then left it pending), at once if it is.
-func (c *lconn) lateDecision() {
+func (c *clientConn) lateDecision() {
 	r := c.r
 	switch c.state {
 	case lcFlush, lcAdmit:

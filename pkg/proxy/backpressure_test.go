@@ -114,7 +114,7 @@ func TestClientReadAfterBodyUnderBackpressure(t *testing.T) {
 		// paused before its body, or (as it used to be) after it.
 		testkit.WaitFor(t, "the client to be paused", func() bool {
 			paused := false
-			loopConn(p, func(c *lconn) { paused = c.state == lcExchange && c.paused && c.r.up.s.Pending() > loopMaxPending })
+			loopConn(p, func(c *clientConn) { paused = c.state == lcExchange && c.paused && c.r.up.s.Pending() > loopMaxPending })
 			return paused
 		})
 		close(read) // the upstream reads: the queue drains
@@ -145,7 +145,7 @@ func TestClientReadAfterBufferedBodySent(t *testing.T) {
 		c.send("POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 20480\r\n\r\n" + body)
 		testkit.WaitFor(t, "the client to be paused with its body buffered", func() bool {
 			paused := false
-			loopConn(p, func(c *lconn) { paused = c.state == lcUpstream && c.paused })
+			loopConn(p, func(c *clientConn) { paused = c.state == lcUpstream && c.paused })
 			return paused
 		})
 		if err := c.c.(*net.TCPConn).CloseWrite(); err != nil {
@@ -187,7 +187,7 @@ func TestPipelinedRequestsBoundedDuringLargeResponse(t *testing.T) {
 		var held, size int
 		testkit.WaitFor(t, "the client to be paused with its buffer full", func() bool {
 			paused := false
-			loopConn(p, func(c *lconn) {
+			loopConn(p, func(c *clientConn) {
 				if c.state == lcExchange && c.paused && c.r.bodyDone && !c.canRead() {
 					paused, held, size = true, c.buf.w-c.buf.r, len(c.buf.b)
 				}

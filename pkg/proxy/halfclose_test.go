@@ -29,7 +29,7 @@ func recvWithin[T any](t *testing.T, ch <-chan T, what string) T {
 
 // loopConn runs fn on the loop thread of every client connection of p
 // and waits for it.
-func loopConn(p *Proxy, fn func(c *lconn)) {
+func loopConn(p *Proxy, fn func(c *clientConn)) {
 	p.lg.each(func(ls *loopState) {
 		for c := ls.conns.head; c != nil; c = c.next {
 			fn(c)
@@ -42,7 +42,7 @@ func waitConnState(t *testing.T, p *Proxy, state uint8) {
 	t.Helper()
 	testkit.WaitFor(t, "the client connection's state", func() bool {
 		ok := false
-		loopConn(p, func(c *lconn) { ok = ok || c.state == state })
+		loopConn(p, func(c *clientConn) { ok = ok || c.state == state })
 		return ok
 	})
 }

@@ -8,7 +8,7 @@ import (
 )
 
 // TestIdleConnSize guards the memory an idle keep-alive connection holds
-// on a loop: its lconn and its evloop.Sock (no buffer, no request state;
+// on a loop: its clientConn and its evloop.Sock (no buffer, no request state;
 // the budget is 1 KiB of RSS per idle connection, and the Go heap
 // roughly doubles what is live). A field added to either must fit the
 // size class or pay for itself elsewhere.
@@ -17,7 +17,7 @@ func TestIdleConnSize(t *testing.T) {
 		name      string
 		size, max uintptr
 	}{
-		{"lconn", unsafe.Sizeof(lconn{}), 288},
+		{"clientConn", unsafe.Sizeof(clientConn{}), 288},
 		{"evloop.Sock", unsafe.Sizeof(evloop.Sock{}), 176},
 	} {
 		if tc.size > tc.max {

@@ -28,6 +28,26 @@ import (
 // A blocking Hook runs on a worker goroutine (loopadmit.go) and its
 // Decision is posted back to the loop; an upgraded connection and a
 // handed-off one leave the loop for a goroutine (loophand.go).
+//
+// The loop types, by job:
+//   - loopGroup: the loops of one Proxy and what they share (attached
+//     LoopAttachers, admission workers, detached connections).
+//   - loopState: what one loop owns (its connections, free lists,
+//     upstream pools, scratch buffer), touched only on its thread.
+//   - clientConn: one client connection and its state machine
+//     (loopconn.go; the states are the lc* constants).
+//   - connBuf: a connection's read buffer, lent from the loop's free
+//     list while bytes are unread or a request is in flight.
+//   - reqState: one request in flight, from its head to the end of its
+//     response (loopadmit.go); idle connections hold none.
+//   - upstreamConn: one upstream connection (loopup.go), serving one
+//     request at a time, idling in its pool in between.
+//   - upstreamPool: a loop's idle connections to one upstream address.
+//   - hostAddrs: a loop's addresses of an upstream named by host name
+//     (loopresolve.go).
+// Config.HoldP lets an idle io_uring loop wait inside the kernel holding
+// its P (evloop.Config.HoldP) when nothing the loops wait for runs on a
+// goroutine.
 
 // loopReadSize is the receive buffer of the loops: the most one OnRead
 // delivers. A connection's buffer keeps at least this much free space

@@ -11,11 +11,11 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 )
 
-// lreq is the state of one request in flight on a loop, taken from the
+// reqState is the state of one request in flight on a loop, taken from the
 // loop's free list for the request's lifetime (idle connections hold
 // none).
-type lreq struct {
-	c    *lconn
+type reqState struct {
+	c    *clientConn
 	cfg  *Config
 	svc  *exchange.Service
 	hook exchange.Hook
@@ -30,8 +30,8 @@ type lreq struct {
 	async    AsyncHook
 	chunk    httpparse.ChunkedDecoder
 	rchunk   httpparse.ChunkedDecoder
-	up       *lup      // upstream connection of the exchange
-	upStart  time.Time // start of the upstream exchange (Result.UpstreamTTFB)
+	up       *upstreamConn // upstream connection of the exchange
+	upStart  time.Time     // start of the upstream exchange (Result.UpstreamTTFB)
 
 	bodyLeft int64 // Content-Length body bytes still to send
 	bodyIn   int64 // chunked body bytes decoded
@@ -57,10 +57,10 @@ type lreq struct {
 	splIn        bool // ... the request body, from the client to r.up
 }
 
-func (r *lreq) reset() {
+func (r *reqState) reset() {
 	hs, ch, rch := r.head.Headers, r.chunk, r.rchunk
 	fn, afn := r.resumeFn, r.asyncFn
-	*r = lreq{resumeFn: fn, asyncFn: afn, chunk: ch, rchunk: rch}
+	*r = reqState{resumeFn: fn, asyncFn: afn, chunk: ch, rchunk: rch}
 	r.head.Headers = hs
 	r.head.Reset()
 }
@@ -68,7 +68,7 @@ func (r *lreq) reset() {
 // admit asks the Hook: an AsyncHook through Begin (its Resume comes back
 // to the loop through Post), a blocking Hook on a worker goroutine whose
 // Decision comes back the same way.
-func (c *lconn) admit() {
+func (c *clientConn) admit() {
 	r := c.r
 	r.admitted = true
 	r.pending = true
@@ -86,26 +86,26 @@ func (c *lconn) admit() {
 }
 
 // Resume implements Resumer for AsyncHook.Begin; any goroutine.
-func (r *lreq) Resume() { r.c.ls.l.Post(r.asyncFn) }
+func (r *reqState) Resume() { r.c.ls.l.Post(r.asyncFn) }
 
 // ResumeOnLoop implements LoopResumer: the loop's thread, outside the
 // proxy's own calls.
-func (r *lreq) ResumeOnLoop() { r.asyncResume() }
+func (r *reqState) ResumeOnLoop() { r.asyncResume() }
 
 // asyncResume runs on the loop when an AsyncHook resumed r.
-func (r *lreq) asyncResume() {
+func (r *reqState) asyncResume() {
 	r.pending = false
 	r.c.admitDone()
 }
 
 // runAdmit runs on a worker goroutine.
-func (r *lreq) runAdmit() {
+func (r *reqState) runAdmit() {
 	r.dec = r.hook.Admit(&r.actx, &r.req)
 	r.c.ls.l.Post(r.resumeFn)
 }
 
 // resume runs on the loop when the Decision is back.
-func (r *lreq) resume() {
+func (r *reqState) resume() {
 	r.c.ls.lg.workers.busy.Add(-1)
 	r.pending = false
 	r.c.admitDone()
@@ -113,7 +113,7 @@ func (r *lreq) resume() {
 
 // cancelAdmit tells the Hook that the client went away; the Decision
 // still comes back (resume or asyncResume) before r is reused.
-func (r *lreq) cancelAdmit() {
+func (r *reqState) cancelAdmit() {
 	if r.async != nil {
 		r.async.Cancel(&r.req)
 		return
@@ -122,7 +122,7 @@ func (r *lreq) cancelAdmit() {
 }
 
 // admitDone acts on the Hook's Decision.
-func (c *lconn) admitDone() {
+func (c *clientConn) admitDone() {
 	r := c.r
 	if r.res.AdmissionErr != nil {
 		c.lateDecision()
@@ -149,13 +149,13 @@ const admitWorkerIdle = 10 * time.Second
 // worker exits after idleTimeout; Shutdown ends them all.
 type admitWorkers struct {
 	mu          sync.Mutex
-	idle        []chan *lreq
+	idle        []chan *reqState
 	closed      bool
 	busy        atomic.Int64 // admissions handed out and not resumed yet
 	idleTimeout time.Duration
 }
 
-func (w *admitWorkers) run(r *lreq) {
+func (w *admitWorkers) run(r *reqState) {
 	w.busy.Add(1)
 	w.mu.Lock()
 	if n := len(w.idle); n > 0 {
@@ -167,12 +167,12 @@ func (w *admitWorkers) run(r *lreq) {
 		return
 	}
 	w.mu.Unlock()
-	ch := make(chan *lreq, 1)
+	ch := make(chan *reqState, 1)
 	go w.loop(ch)
 	ch <- r
 }
 
-func (w *admitWorkers) loop(ch chan *lreq) {
+func (w *admitWorkers) loop(ch chan *reqState) {
 	t := time.NewTimer(w.idleTimeout)
 	defer t.Stop()
 	for {
@@ -217,7 +217,7 @@ func (w *admitWorkers) close() {
 }
 
 // deny answers the Decision's status, fields and body.
-func (c *lconn) deny() {
+func (c *clientConn) deny() {
 	r := c.r
 	h := &r.head
 	d := &r.dec
@@ -269,7 +269,7 @@ func (c *lconn) deny() {
 }
 
 // answer writes a short plain-text answer from the proxy itself.
-func (c *lconn) answer(status int, extra string) {
+func (c *clientConn) answer(status int, extra string) {
 	b := c.ls.scratch[:0]
 	b = appendStatusLine(b, status, nil)
 	text := statusBody(status)
@@ -289,7 +289,7 @@ func (c *lconn) answer(status int, extra string) {
 }
 
 // reject answers a parse error with its status and closes.
-func (c *lconn) reject(cfg *Config, svc *exchange.Service, err error) {
+func (c *clientConn) reject(cfg *Config, svc *exchange.Service, err error) {
 	status := 400
 	rule := "malformed"
 	var pe *httpparse.Error
@@ -301,7 +301,7 @@ func (c *lconn) reject(cfg *Config, svc *exchange.Service, err error) {
 
 // rejectRule answers status for a violated rule, logs and reports it,
 // and closes the connection gracefully.
-func (c *lconn) rejectRule(cfg *Config, svc *exchange.Service, rule string, status int) {
+func (c *clientConn) rejectRule(cfg *Config, svc *exchange.Service, rule string, status int) {
 	cfg.Log().Debug("request rejected", "service", svc.Name, "rule", rule, "status", status, "remote", c.remote)
 	cfg.ReportReject(svc, c.remote, rule, status)
 	c.answer(status, "Connection: close\r\n")
@@ -315,7 +315,7 @@ func (c *lconn) rejectRule(cfg *Config, svc *exchange.Service, rule string, stat
 
 // upstreamFail answers 502 (504 on a timeout) when nothing was sent to
 // the client yet, and closes the client connection.
-func (c *lconn) upstreamFail(err error) {
+func (c *clientConn) upstreamFail(err error) {
 	r := c.r
 	r.res.UpstreamErr = err
 	status := 502

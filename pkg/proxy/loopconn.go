@@ -28,23 +28,23 @@ const (
 // lingerMax bounds what a lingering close reads and discards.
 const lingerMax = 256 << 10
 
-// lconn is one client connection on a loop. Idle, it holds no buffer and
-// no request state (see lreq): only what identifies it.
-type lconn struct {
+// clientConn is one client connection on a loop. Idle, it holds no buffer and
+// no request state (see reqState): only what identifies it.
+type clientConn struct {
 	ls    *loopState
 	timer evloop.Timer
-	lconnVars
+	clientConnVars
 }
 
-type lconnVars struct {
+type clientConnVars struct {
 	s             *evloop.Sock
 	pick          func(*Config, netip.AddrPort) *exchange.Service
 	remote, local netip.AddrPort
-	buf           lbuf
-	r             *lreq      // the request in flight
-	pinned        *lup       // idle upstream connection of this client (PROXY header)
-	tun           *tunnelJob // lcUpgrading: the tunnel to detach
-	prev, next    *lconn
+	buf           connBuf
+	r             *reqState     // the request in flight
+	pinned        *upstreamConn // idle upstream connection of this client (PROXY header)
+	tun           *tunnelJob    // lcUpgrading: the tunnel to detach
+	prev, next    *clientConn
 
 	state      uint8
 	paused     bool  // reading paused (buffer full, or upstream backpressure)
@@ -64,7 +64,7 @@ type lconnVars struct {
 }
 
 // opened starts serving a just-accepted connection.
-func (c *lconn) opened() {
+func (c *clientConn) opened() {
 	cfg := c.ls.p.cfg.Load()
 	svc := c.pick(cfg, c.local)
 	if svc == nil {
@@ -87,7 +87,7 @@ func (c *lconn) opened() {
 // timer is moved only when at is earlier than where it stands: a later
 // deadline is found when it fires (onTimer re-arms), so most requests
 // change no timer.
-func (c *lconn) setDeadline(at int64) {
+func (c *clientConn) setDeadline(at int64) {
 	c.deadline = at
 	if c.timerAt == 0 || at < c.timerAt {
 		c.timerAt = at
@@ -95,7 +95,7 @@ func (c *lconn) setDeadline(at int64) {
 	}
 }
 
-func (c *lconn) onTimer() {
+func (c *clientConn) onTimer() {
 	c.timerAt = 0
 	if c.deadline == 0 || c.state == lcFree {
 		return
@@ -117,7 +117,7 @@ func (c *lconn) onTimer() {
 }
 
 // timeout ends the state whose deadline passed.
-func (c *lconn) timeout() {
+func (c *clientConn) timeout() {
 	switch c.state {
 	case lcIdle, lcClosing:
 		c.close()
@@ -153,7 +153,7 @@ func (c *lconn) timeout() {
 }
 
 // OnRead handles client bytes.
-func (c *lconn) OnRead(_ *evloop.Sock, b []byte) {
+func (c *clientConn) OnRead(_ *evloop.Sock, b []byte) {
 	switch c.state {
 	case lcIdle, lcHead:
 		if c.buf.b == nil {
@@ -183,7 +183,7 @@ func (c *lconn) OnRead(_ *evloop.Sock, b []byte) {
 // (body bytes before the upstream is ready, pipelined requests); reading
 // pauses while the buffer cannot take another read (one OnRead brings at
 // most loopReadSize), and resumes only once it can (see flow).
-func (c *lconn) bufferIn(b []byte) {
+func (c *clientConn) bufferIn(b []byte) {
 	if c.buf.b == nil {
 		c.buf.get(c.ls, bufSize)
 	}
@@ -193,7 +193,7 @@ func (c *lconn) bufferIn(b []byte) {
 	}
 }
 
-func (c *lconn) pause() {
+func (c *clientConn) pause() {
 	if !c.paused && c.s != nil {
 		c.paused = true
 		c.s.PauseRead()
@@ -203,7 +203,7 @@ func (c *lconn) pause() {
 // resume reads the client again, unless its bytes would go to a buffer
 // without room for a full read: then it stays paused until the buffered
 // requests are served (flow).
-func (c *lconn) resume() {
+func (c *clientConn) resume() {
 	if c.paused && c.s != nil && c.canRead() {
 		c.paused = false
 		c.s.ResumeRead()
@@ -213,7 +213,7 @@ func (c *lconn) resume() {
 // canRead reports whether a full read can be taken: a request body
 // streaming upstream takes any read (clientData); otherwise the bytes go
 // to the buffer, which needs room for loopReadSize.
-func (c *lconn) canRead() bool {
+func (c *clientConn) canRead() bool {
 	if c.state == lcExchange && c.r != nil && !c.r.bodyDone {
 		return true
 	}
@@ -224,7 +224,7 @@ func (c *lconn) canRead() bool {
 // and resumes it once it can; while a request body streams upstream, the
 // exchange paces reading (clientData, pumpChunked, the upstream's
 // OnDrained).
-func (c *lconn) flow() {
+func (c *clientConn) flow() {
 	switch c.state {
 	case lcIdle, lcHead, lcAdmit, lcUpstream, lcFlush:
 	case lcExchange:
@@ -242,7 +242,7 @@ func (c *lconn) flow() {
 }
 
 // headTooBig answers a head that does not fit in the buffer.
-func (c *lconn) headTooBig() {
+func (c *clientConn) headTooBig() {
 	cfg := c.ls.p.cfg.Load()
 	if svc := c.pick(cfg, c.local); svc != nil {
 		c.reject(cfg, svc, httpparse.ErrHeaderTooBig)
@@ -258,7 +258,7 @@ func (c *lconn) headTooBig() {
 // exchange dropped, nothing is reported. Once the whole answer is queued
 // (lcFlush) the request is complete: the answer goes out, then the
 // connection closes.
-func (c *lconn) OnEOF(*evloop.Sock) {
+func (c *clientConn) OnEOF(*evloop.Sock) {
 	c.eof = true
 	switch c.state {
 	case lcIdle, lcClosing:
@@ -274,7 +274,7 @@ func (c *lconn) OnEOF(*evloop.Sock) {
 // with part of a request head buffered: no request exists yet (nothing
 // to log or report), so it is counted as the rejection "client-abort"
 // with status 0 (nothing answered) and the connection closed.
-func (c *lconn) headAbort() {
+func (c *clientConn) headAbort() {
 	cfg := c.ls.p.cfg.Load()
 	if svc := c.pick(cfg, c.local); svc != nil {
 		cfg.ReportReject(svc, c.remote, "client-abort", 0)
@@ -283,13 +283,13 @@ func (c *lconn) headAbort() {
 }
 
 // OnError: the client connection failed (reset); the loop closes it.
-func (c *lconn) OnError(*evloop.Sock, error) {
+func (c *clientConn) OnError(*evloop.Sock, error) {
 	c.s = nil
 	c.abort()
 }
 
 // OnDrained: every queued byte reached the kernel.
-func (c *lconn) OnDrained(*evloop.Sock) {
+func (c *clientConn) OnDrained(*evloop.Sock) {
 	switch c.state {
 	case lcFlush:
 		c.finishRequest()
@@ -308,12 +308,12 @@ func (c *lconn) OnDrained(*evloop.Sock) {
 }
 
 // OnConnect is not used for client connections.
-func (c *lconn) OnConnect(*evloop.Sock, error) {}
+func (c *clientConn) OnConnect(*evloop.Sock, error) {}
 
 // serveBuffered parses and serves the requests buffered on c, one after
 // another, until one has to wait; then reading goes on if the buffer can
 // take a full read, or pauses until it can.
-func (c *lconn) serveBuffered() {
+func (c *clientConn) serveBuffered() {
 	if c.inServe {
 		return
 	}
@@ -323,7 +323,7 @@ func (c *lconn) serveBuffered() {
 	c.flow()
 }
 
-func (c *lconn) serveLoop() {
+func (c *clientConn) serveLoop() {
 	for {
 		switch c.state {
 		case lcIdle:
@@ -342,7 +342,7 @@ func (c *lconn) serveLoop() {
 	}
 }
 
-func (c *lconn) beginHead() {
+func (c *clientConn) beginHead() {
 	c.state = lcHead
 	c.headStart = c.ls.l.Now()
 	c.start = c.ls.now(c.ls.p.cfg.Load())
@@ -353,7 +353,7 @@ func (c *lconn) beginHead() {
 }
 
 // goIdle waits for the next request without a buffer.
-func (c *lconn) goIdle() {
+func (c *clientConn) goIdle() {
 	c.state = lcIdle
 	c.buf.put(c.ls)
 	c.resume()
@@ -372,7 +372,7 @@ func (c *lconn) goIdle() {
 
 // parseHead parses the buffered head; it reports whether the state
 // changed (false: the head is incomplete, wait for more bytes).
-func (c *lconn) parseHead() bool {
+func (c *clientConn) parseHead() bool {
 	cfg := c.ls.p.cfg.Load()
 	svc := c.pick(cfg, c.local)
 	if svc == nil {
@@ -413,8 +413,8 @@ func (c *lconn) parseHead() bool {
 
 // growBuf moves the buffered bytes to a buffer of need bytes (limits
 // beyond the default head size).
-func (c *lconn) growBuf(need int) {
-	var nb lbuf
+func (c *clientConn) growBuf(need int) {
+	var nb connBuf
 	nb.get(c.ls, need)
 	nb.add(c.buf.unread())
 	c.buf.put(c.ls)
@@ -422,7 +422,7 @@ func (c *lconn) growBuf(need int) {
 }
 
 // startRequest begins the exchange of the head just parsed.
-func (c *lconn) startRequest(cfg *Config, svc *exchange.Service) {
+func (c *clientConn) startRequest(cfg *Config, svc *exchange.Service) {
 	r := c.r
 	h := &r.head
 	if h.Upgrade && upgradeIsH2C(h) {
@@ -471,7 +471,7 @@ func (c *lconn) startRequest(cfg *Config, svc *exchange.Service) {
 
 // keepClient reports whether the client connection may carry another
 // request after this one.
-func (c *lconn) keepClient() bool {
+func (c *clientConn) keepClient() bool {
 	h := &c.r.head
 	if h.Close || h.Minor == 0 || c.ls.p.shutdown.Load() || c.eof {
 		return false
@@ -483,7 +483,7 @@ func (c *lconn) keepClient() bool {
 // complete ends the request in flight (or a connection-level answer when
 // none is): once the answer reached the kernel, finishRequest reports it
 // and the connection goes on (keep) or closes.
-func (c *lconn) complete(keep bool) {
+func (c *clientConn) complete(keep bool) {
 	if c.r != nil {
 		c.r.keep = keep
 	} else if !keep {
@@ -501,7 +501,7 @@ func (c *lconn) complete(keep bool) {
 
 // finishRequest reports the request to the Hook and serves the next one
 // or closes.
-func (c *lconn) finishRequest() {
+func (c *clientConn) finishRequest() {
 	r := c.r
 	if r.pending {
 		c.closeGraceful() // the admission timed out: lateDecision reports it
@@ -531,7 +531,7 @@ func (c *lconn) finishRequest() {
 // may still be sending (c.linger, or unread bytes), it half-closes and
 // discards what arrives for a bounded time so that the answer is not
 // destroyed by a reset.
-func (c *lconn) closeGraceful() {
+func (c *clientConn) closeGraceful() {
 	if c.s == nil {
 		c.close()
 		return
@@ -558,7 +558,7 @@ func (c *lconn) closeGraceful() {
 }
 
 // close closes the connection at once and gives everything back.
-func (c *lconn) close() {
+func (c *clientConn) close() {
 	if c.state == lcFree {
 		return
 	}
@@ -582,7 +582,7 @@ func (c *lconn) close() {
 	c.release()
 }
 
-func (c *lconn) release() {
+func (c *clientConn) release() {
 	c.timer.Stop()
 	if c.proxied {
 		delete(c.ls.peers, c)
@@ -601,7 +601,7 @@ func (c *lconn) release() {
 // admission or before its body arrived, or a forced shutdown): the
 // request in flight is marked ClientAborted and its upstream exchange
 // cancelled.
-func (c *lconn) abort() {
+func (c *clientConn) abort() {
 	if r := c.r; r != nil {
 		r.res.ClientAborted = r.res.AdmissionErr == nil // else the proxy answered already
 		if c.state == lcExchange || c.state == lcFlush {

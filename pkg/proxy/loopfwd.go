@@ -18,7 +18,7 @@ const (
 
 // forward sends the admitted request upstream: first an upstream
 // connection (pooled, or connecting), then upReady.
-func (c *lconn) forward() {
+func (c *clientConn) forward() {
 	r := c.r
 	h := &r.head
 	r.canRetry = r.bodyDone && h.BodyMode() != httpparse.BodyChunked && idempotent(h.Method)
@@ -29,7 +29,7 @@ func (c *lconn) forward() {
 }
 
 // upReady sends the request on u, which is connected.
-func (c *lconn) upReady(u *lup) {
+func (c *clientConn) upReady(u *upstreamConn) {
 	r := c.r
 	h := &r.head
 	r.up, u.c = u, c
@@ -71,7 +71,7 @@ func (c *lconn) upReady(u *lup) {
 
 // clientData handles client bytes during the exchange: body bytes go
 // upstream, later ones wait in the buffer (pipelining).
-func (c *lconn) clientData(b []byte) {
+func (c *clientConn) clientData(b []byte) {
 	r := c.r
 	if r.bodyDone {
 		c.bufferIn(b)
@@ -118,7 +118,7 @@ func (c *lconn) clientData(b []byte) {
 
 // bodySent: the whole request is upstream; the response head is due
 // within the upstream timeout.
-func (c *lconn) bodySent() {
+func (c *clientConn) bodySent() {
 	if c.r.rp == rpHead {
 		c.setDeadline(c.ls.l.Now() + int64(c.r.svc.UpstreamTimeoutOrDefault()))
 	}
@@ -126,7 +126,7 @@ func (c *lconn) bodySent() {
 
 // pumpChunked decodes the buffered chunked body and sends it upstream
 // re-encoded (extensions and trailers dropped).
-func (c *lconn) pumpChunked() {
+func (c *clientConn) pumpChunked() {
 	r := c.r
 	u := r.up
 	o := c.ls.scratch[:0]
@@ -180,7 +180,7 @@ func (c *lconn) pumpChunked() {
 // proxy's own would land inside the relayed body: the upstream is
 // dropped, the client closed (its response ends short), and the result
 // keeps the relayed status with the cause in UpstreamErr.
-func (c *lconn) requestFail(err error) {
+func (c *clientConn) requestFail(err error) {
 	r := c.r
 	r.upDrop()
 	rule, status := rejectStatus(err)
@@ -209,7 +209,7 @@ func rejectStatus(err error) (string, int) {
 }
 
 // exchangeTimeout: no progress within the exchange's deadline.
-func (c *lconn) exchangeTimeout() {
+func (c *clientConn) exchangeTimeout() {
 	r := c.r
 	if c.spliceProgress() {
 		return
@@ -231,7 +231,7 @@ func (c *lconn) exchangeTimeout() {
 
 // toClient writes response bytes to the client; above the bound the
 // upstream stops being read until the client drained.
-func (c *lconn) toClient(a, b []byte) {
+func (c *clientConn) toClient(a, b []byte) {
 	r := c.r
 	c.ls.write2(c.s, a, b)
 	r.res.BytesOut += int64(len(a) + len(b))
@@ -241,7 +241,7 @@ func (c *lconn) toClient(a, b []byte) {
 // upBackpressure pauses reading the upstream while more than
 // loopMaxPending bytes wait to be written to the client; its OnDrained
 // resumes it.
-func (c *lconn) upBackpressure() {
+func (c *clientConn) upBackpressure() {
 	if u := c.r.up; u != nil && !u.paused && c.s.Pending() > loopMaxPending {
 		u.paused = true
 		u.s.PauseRead()
@@ -249,7 +249,7 @@ func (c *lconn) upBackpressure() {
 }
 
 // upData handles response bytes from u.
-func (c *lconn) upData(u *lup, b []byte) {
+func (c *clientConn) upData(u *upstreamConn, b []byte) {
 	r := c.r
 	r.upBytes = true
 	src := b
@@ -300,7 +300,7 @@ const (
 // consumeResponse relays what src holds of the response; it returns the
 // bytes consumed and whether u still serves this exchange (false: it was
 // released or closed, and c moved on).
-func (c *lconn) consumeResponse(u *lup, src []byte) (int, bool) {
+func (c *clientConn) consumeResponse(u *upstreamConn, src []byte) (int, bool) {
 	r := c.r
 	n := 0
 	for {
@@ -374,7 +374,7 @@ func (c *lconn) consumeResponse(u *lup, src []byte) (int, bool) {
 
 // relayInterim passes a 1xx response on to an HTTP/1.1 client, except a
 // second 100 after the proxy's own.
-func (c *lconn) relayInterim(resp *httpparse.Response) {
+func (c *clientConn) relayInterim(resp *httpparse.Response) {
 	r := c.r
 	if r.head.Minor != 1 || resp.Status == 100 && r.sent100 {
 		return
@@ -383,7 +383,7 @@ func (c *lconn) relayInterim(resp *httpparse.Response) {
 }
 
 // extraHeaders are the Decision's fields added to an upstream response.
-func (r *lreq) extraHeaders() []httpparse.Header {
+func (r *reqState) extraHeaders() []httpparse.Header {
 	if r.hook == nil {
 		return nil
 	}
@@ -392,7 +392,7 @@ func (r *lreq) extraHeaders() []httpparse.Header {
 
 // responseHead writes the final response head with the body bytes that
 // follow it in rest, and sets the body phase.
-func (c *lconn) responseHead(u *lup, rest []byte) (int, bool) {
+func (c *clientConn) responseHead(u *upstreamConn, rest []byte) (int, bool) {
 	r := c.r
 	resp := &u.resp
 	bm := resp.BodyMode()
@@ -455,7 +455,7 @@ func tunnelAnswer(method []byte, status int) bool {
 // relayChunks decodes chunked response bytes from src and writes them to
 // the client, re-encoded when the client speaks HTTP/1.1. It returns the
 // bytes consumed and whether the body ended.
-func (c *lconn) relayChunks(src []byte) (int, bool, error) {
+func (c *clientConn) relayChunks(src []byte) (int, bool, error) {
 	r := c.r
 	o := c.ls.scratch[:0]
 	n := 0
@@ -504,7 +504,7 @@ func (c *lconn) relayChunks(src []byte) (int, bool, error) {
 
 // endResponse: the response was relayed completely; stray says bytes
 // followed it (they poison u). u goes back to its pool or is closed.
-func (c *lconn) endResponse(u *lup, stray bool) {
+func (c *clientConn) endResponse(u *upstreamConn, stray bool) {
 	r := c.r
 	r.up, u.c = nil, nil
 	if !stray {
@@ -523,7 +523,7 @@ func (c *lconn) endResponse(u *lup, stray bool) {
 
 // upEOF: u ended (EOF, or an error when err is not nil) during the
 // exchange.
-func (c *lconn) upEOF(u *lup, err error) {
+func (c *clientConn) upEOF(u *upstreamConn, err error) {
 	r := c.r
 	if err == nil {
 		err = io.ErrUnexpectedEOF
@@ -557,13 +557,13 @@ func (c *lconn) upEOF(u *lup, err error) {
 }
 
 // upFail closes u and answers the upstream failure.
-func (c *lconn) upFail(u *lup, err error) {
+func (c *clientConn) upFail(u *upstreamConn, err error) {
 	c.r.upDrop()
 	c.upstreamFail(err)
 }
 
 // upDrop closes the exchange's upstream connection (never pooled).
-func (r *lreq) upDrop() {
+func (r *reqState) upDrop() {
 	if u := r.up; u != nil {
 		r.up = nil
 		u.c = nil

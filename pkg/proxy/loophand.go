@@ -26,7 +26,7 @@ import (
 // classifies the first bytes of a connection; it reports whether the
 // HTTP/1.x path goes on (false: waiting for more bytes, refused, or
 // handed off).
-func (c *lconn) sniff(cfg *Config, svc *exchange.Service) bool {
+func (c *clientConn) sniff(cfg *Config, svc *exchange.Service) bool {
 	if svc.AcceptProxy != nil && !c.proxied {
 		if done, ok := c.proxyHeader(cfg, svc); !done || !ok {
 			return false // more bytes needed, or refused and closed
@@ -56,7 +56,7 @@ func (c *lconn) sniff(cfg *Config, svc *exchange.Service) bool {
 // refused from any other. done is false while more bytes are needed (the
 // header timeout bounds the wait); ok is false when the connection was
 // refused and closed (counted as a rejection with status 0).
-func (c *lconn) proxyHeader(cfg *Config, svc *exchange.Service) (done, ok bool) {
+func (c *clientConn) proxyHeader(cfg *Config, svc *exchange.Service) (done, ok bool) {
 	b := c.buf.unread()
 	h, n, err := proxyproto.Parse(b)
 	trusted := svc.AcceptProxy.Contains(c.remote.Addr())
@@ -90,7 +90,7 @@ func (c *lconn) proxyHeader(cfg *Config, svc *exchange.Service) (done, ok bool) 
 	c.proxied = true
 	if !h.Local && h.Src.IsValid() {
 		if c.ls.peers == nil {
-			c.ls.peers = map[*lconn]netip.AddrPort{}
+			c.ls.peers = map[*clientConn]netip.AddrPort{}
 		}
 		c.ls.peers[c] = c.remote
 		c.remote = netip.AddrPortFrom(h.Src.Addr().Unmap(), h.Src.Port())
@@ -100,7 +100,7 @@ func (c *lconn) proxyHeader(cfg *Config, svc *exchange.Service) (done, ok bool) 
 
 // peer is the TCP peer when a PROXY header named another client, else
 // zero (Request.Peer).
-func (c *lconn) peer() netip.AddrPort {
+func (c *clientConn) peer() netip.AddrPort {
 	if !c.proxied {
 		return netip.AddrPort{}
 	}
@@ -110,7 +110,7 @@ func (c *lconn) peer() netip.AddrPort {
 // sniffTimeout ends a connection whose first bytes did not decide its
 // protocol within the header timeout: a would-be HTTP/1.x request gets
 // 408, anything else is closed.
-func (c *lconn) sniffTimeout(cfg *Config, svc *exchange.Service) {
+func (c *clientConn) sniffTimeout(cfg *Config, svc *exchange.Service) {
 	if b := c.buf.unread(); len(b) > 0 && b[0] != 0x16 {
 		c.rejectRule(cfg, svc, "header-timeout", 408)
 		return
@@ -121,7 +121,7 @@ func (c *lconn) sniffTimeout(cfg *Config, svc *exchange.Service) {
 }
 
 // handoff gives the connection to cfg.Handoff on a goroutine.
-func (c *lconn) handoff(cfg *Config, svc *exchange.Service, kind sniff.Kind) {
+func (c *clientConn) handoff(cfg *Config, svc *exchange.Service, kind sniff.Kind) {
 	c.state = lcDetached
 	c.deadline = 0
 	if c.r != nil {
@@ -146,7 +146,7 @@ func (c *lconn) handoff(cfg *Config, svc *exchange.Service, kind sniff.Kind) {
 }
 
 // serveHandoff runs on its own goroutine.
-func (c *lconn) serveHandoff(fd int, hc *exchange.HandoffConn, to exchange.Handoff) {
+func (c *clientConn) serveHandoff(fd int, hc *exchange.HandoffConn, to exchange.Handoff) {
 	lg := c.ls.lg
 	defer lg.offLoop.Add(-1)
 	nc, err := fileConn(fd)
@@ -176,8 +176,8 @@ func fileConn(fd int) (net.Conn, error) {
 
 // tunnelJob relays an upgraded connection's bytes both ways.
 type tunnelJob struct {
-	c        *lconn
-	u        *lup
+	c        *clientConn
+	u        *upstreamConn
 	cfd, ufd int
 	got      int
 	cIn, uIn []byte // bytes the loop received from each side before the detach
@@ -188,7 +188,7 @@ type tunnelJob struct {
 
 // upgrade answers a 101 and hands both connections to a tunnel once the
 // bytes queued for them reached the kernel (lcUpgrading until then).
-func (c *lconn) upgrade(u *lup, rest []byte) {
+func (c *clientConn) upgrade(u *upstreamConn, rest []byte) {
 	r := c.r
 	resp := &u.resp
 	if !r.head.Upgrade || !resp.Upgrade {
@@ -228,7 +228,7 @@ const upgradingProbe = time.Second
 // upgradingPeerGone ends the connection when a peer's socket was reset
 // (TCP state CLOSE) and reports whether it did. A peer that only shut
 // its write side is still a tunnel peer: the tunnel relays that.
-func (c *lconn) upgradingPeerGone() bool {
+func (c *clientConn) upgradingPeerGone() bool {
 	if err := sockGone(c.s); err != nil {
 		c.abort()
 		return true
@@ -262,9 +262,9 @@ const tcpClose = 7
 
 // detachTunnel detaches both connections when nothing is queued on
 // either: a Detach waits for its queued bytes without a bound, so the
-// wait happens here, under the lconn's deadline (tunnelStall), and the
+// wait happens here, under the clientConn's deadline (tunnelStall), and the
 // OnDrained of either side calls again.
-func (c *lconn) detachTunnel() {
+func (c *clientConn) detachTunnel() {
 	t, u := c.tun, c.tun.u
 	if c.s.Pending() > 0 || u.s.Pending() > 0 {
 		return
@@ -281,7 +281,7 @@ func (c *lconn) detachTunnel() {
 
 // tunnelStall: a side did not take the bytes queued for it (the 101, or
 // the client's early tunnel bytes) within the tunnel's idle bound.
-func (c *lconn) tunnelStall() {
+func (c *clientConn) tunnelStall() {
 	if c.s.Pending() > 0 {
 		c.abort()
 		return

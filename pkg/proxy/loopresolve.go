@@ -33,7 +33,7 @@ type hostAddrs struct {
 	next  int   // where the next connection starts in addrs (round robin)
 
 	resolving bool
-	waiting   []*lup // connections waiting for the lookup
+	waiting   []*upstreamConn // connections waiting for the lookup
 }
 
 // newHostAddrs returns the resolution state of addr ("host:port" with a
@@ -75,7 +75,7 @@ func (h *hostAddrs) set(ips []netip.Addr, now int64, ttl time.Duration) {
 
 // connectHost opens u to its pool's host name: at once when its
 // addresses are fresh, else once the lookup answered.
-func (u *lup) connectHost(cfg *Config, timeout time.Duration) {
+func (u *upstreamConn) connectHost(cfg *Config, timeout time.Duration) {
 	h := u.pool.h
 	if u.ls.l.Now() < h.until && len(h.addrs) > 0 {
 		u.startHost(cfg.DialPrep)
@@ -89,7 +89,7 @@ func (u *lup) connectHost(cfg *Config, timeout time.Duration) {
 }
 
 // startHost starts u's connect at the host's next address in turn.
-func (u *lup) startHost(prep func(int, netip.AddrPort) (func(), error)) {
+func (u *upstreamConn) startHost(prep func(int, netip.AddrPort) (func(), error)) {
 	h := u.pool.h
 	u.hostFirst, u.hostTries = h.next, 0
 	h.next++
@@ -100,7 +100,7 @@ func (u *lup) startHost(prep func(int, netip.AddrPort) (func(), error)) {
 
 // connectNextHost starts a connect to the first of the host's addresses
 // u has not tried; the error when none could start.
-func (u *lup) connectNextHost(prep func(int, netip.AddrPort) (func(), error)) error {
+func (u *upstreamConn) connectNextHost(prep func(int, netip.AddrPort) (func(), error)) error {
 	h := u.pool.h
 	err := fmt.Errorf("dial upstream %s: %w", u.pool.addr, exchange.ErrNoAddresses)
 	for u.hostTries < len(h.addrs) {
@@ -115,7 +115,7 @@ func (u *lup) connectNextHost(prep func(int, netip.AddrPort) (func(), error)) er
 
 // retryHost, after u's connect failed, starts one to the host's next
 // address; false when u has no client or no address is left.
-func (u *lup) retryHost() bool {
+func (u *upstreamConn) retryHost() bool {
 	h := u.pool.h
 	if h == nil || u.c == nil || u.c.r == nil || u.c.r.up != u || u.hostTries >= len(h.addrs) {
 		return false

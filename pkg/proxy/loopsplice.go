@@ -38,7 +38,7 @@ func (c *Config) spliceMin() int64 {
 
 // maybeSplice hands the rest of the response body to a splice when it is
 // large; u holds no unread byte (what it read went to the client).
-func (c *lconn) maybeSplice(u *lup) {
+func (c *clientConn) maybeSplice(u *upstreamConn) {
 	r := c.r
 	least := r.cfg.spliceMin()
 	if least == 0 || r.splicing || u.s == nil {
@@ -62,7 +62,7 @@ func (c *lconn) maybeSplice(u *lup) {
 // maybeSpliceBody hands the rest of a Content-Length request body to a
 // splice from the client to u when it is large; c holds no unread byte
 // (what it read went upstream).
-func (c *lconn) maybeSpliceBody(u *lup) {
+func (c *clientConn) maybeSpliceBody(u *upstreamConn) {
 	r := c.r
 	least := r.cfg.spliceMin()
 	// Not for an Upgrade request: a 101 turns the exchange into a tunnel
@@ -80,7 +80,7 @@ func (c *lconn) maybeSpliceBody(u *lup) {
 
 // OnSpliced: the spliced part of the request body reached the upstream's
 // socket, or the splice ended early.
-func (c *lconn) OnSpliced(_ *evloop.Sock, moved int64, err error) {
+func (c *clientConn) OnSpliced(_ *evloop.Sock, moved int64, err error) {
 	r := c.r
 	if r == nil || !r.splicing || !r.splIn {
 		return // the exchange ended meanwhile (its upstream closed)
@@ -103,7 +103,7 @@ func (c *lconn) OnSpliced(_ *evloop.Sock, moved int64, err error) {
 
 // OnSpliced: the spliced part of the body reached the client's socket,
 // or the splice ended early.
-func (u *lup) OnSpliced(_ *evloop.Sock, moved int64, err error) {
+func (u *upstreamConn) OnSpliced(_ *evloop.Sock, moved int64, err error) {
 	c := u.c
 	if c == nil || c.r == nil || c.r.up != u {
 		u.close() // never serves an exchange it is not part of
@@ -132,7 +132,7 @@ func (u *lup) OnSpliced(_ *evloop.Sock, moved int64, err error) {
 // spliceProgress extends the exchange's idle deadline when its splice
 // moved bytes since the deadline was set: a splice delivers no upData to
 // do it.
-func (c *lconn) spliceProgress() bool {
+func (c *clientConn) spliceProgress() bool {
 	r := c.r
 	s := c.s // the source: the client for a request body, else the upstream
 	if !r.splIn && r.up != nil {

@@ -22,16 +22,17 @@ type loopState struct {
 	p  *Proxy
 	l  *evloop.Loop
 
-	conns    lconnList
-	freeConn []*lconn
-	freeReq  []*lreq
-	freeUp   []*lup
+	conns    clientConnList
+	freeConn []*clientConn
+	freeReq  []*reqState
+	freeUp   []*upstreamConn
 	freeBuf  []*bufArr
-	pools    map[string]*lpool
+	pools    map[string]*upstreamPool
 	// peers holds the TCP peer of each connection whose PROXY header
-	// named another client (lconn.proxied): kept beside the lconn, not in
-	// it, which would outgrow an idle connection's size class.
-	peers    map[*lconn]netip.AddrPort
+	// named another client (clientConn.proxied): kept beside the
+	// clientConn, not in it, which would outgrow an idle connection's
+	// size class.
+	peers    map[*clientConn]netip.AddrPort
 	scratch  *bufArr   // heads and re-encoded chunks are built here, then written (Write copies)
 	iov      [2][]byte // Write's arguments without a per-call slice
 	draining bool
@@ -42,7 +43,7 @@ type loopState struct {
 const loopFreeMax = 256
 
 func newLoopState(lg *loopGroup, l *evloop.Loop) *loopState {
-	return &loopState{lg: lg, p: lg.p, l: l, pools: map[string]*lpool{}, scratch: new(bufArr)}
+	return &loopState{lg: lg, p: lg.p, l: l, pools: map[string]*upstreamPool{}, scratch: new(bufArr)}
 }
 
 // now is the time a request's timing points record: Config.Now's when
@@ -82,17 +83,17 @@ func (ls *loopState) write2(s *evloop.Sock, a, b []byte) {
 	ls.iov[0], ls.iov[1] = nil, nil
 }
 
-// lbuf is a connection's read buffer on a loop: an array from the loop's
+// connBuf is a connection's read buffer on a loop: an array from the loop's
 // free list while it holds bytes (or a head in use), none otherwise. The
 // unread window is b[r:w]; floor is where compaction may move it (the end
 // of the head of the request in flight, whose fields point into b).
-type lbuf struct {
+type connBuf struct {
 	arr         *bufArr // the loop's array while held (put gives it back)
 	b           []byte  // arr[:], or a larger heap buffer (a head beyond bufArr, Limits beyond the default)
 	r, w, floor int
 }
 
-func (b *lbuf) get(ls *loopState, need int) {
+func (b *connBuf) get(ls *loopState, need int) {
 	if b.b != nil {
 		return
 	}
@@ -105,18 +106,18 @@ func (b *lbuf) get(ls *loopState, need int) {
 }
 
 // put gives the array back (only when nothing in it is needed).
-func (b *lbuf) put(ls *loopState) {
+func (b *connBuf) put(ls *loopState) {
 	if b.arr != nil {
 		ls.putBuf(b.arr)
 	}
-	*b = lbuf{}
+	*b = connBuf{}
 }
 
-func (b *lbuf) unread() []byte { return b.b[b.r:b.w] }
-func (b *lbuf) empty() bool    { return b.r == b.w }
+func (b *connBuf) unread() []byte { return b.b[b.r:b.w] }
+func (b *connBuf) empty() bool    { return b.r == b.w }
 
 // compact moves the unread window down to floor.
-func (b *lbuf) compact() {
+func (b *connBuf) compact() {
 	if b.r == b.floor {
 		return
 	}
@@ -125,7 +126,7 @@ func (b *lbuf) compact() {
 }
 
 // room compacts when that helps and returns the free space after w.
-func (b *lbuf) room() int {
+func (b *connBuf) room() int {
 	if len(b.b)-b.w < loopReadSize && b.r > b.floor {
 		b.compact()
 	}
@@ -133,7 +134,7 @@ func (b *lbuf) room() int {
 }
 
 // add appends p (a buffer must be held); false when it does not fit.
-func (b *lbuf) add(p []byte) bool {
+func (b *connBuf) add(p []byte) bool {
 	if len(b.b)-b.w < len(p) {
 		b.compact()
 		if len(b.b)-b.w < len(p) {
@@ -146,7 +147,7 @@ func (b *lbuf) add(p []byte) bool {
 
 // addGrow appends p, moving the window to a larger buffer when it does
 // not fit (a handoff's bytes received before its detach).
-func (b *lbuf) addGrow(p []byte) {
+func (b *connBuf) addGrow(p []byte) {
 	if b.b != nil && b.add(p) {
 		return
 	}
@@ -157,10 +158,10 @@ func (b *lbuf) addGrow(p []byte) {
 	// b.arr stays with b until put gives it back to the loop
 }
 
-// lconnList is an intrusive list of a loop's client connections.
-type lconnList struct{ head *lconn }
+// clientConnList is an intrusive list of a loop's client connections.
+type clientConnList struct{ head *clientConn }
 
-func (ls *loopState) link(c *lconn) {
+func (ls *loopState) link(c *clientConn) {
 	c.prev, c.next = nil, ls.conns.head
 	if c.next != nil {
 		c.next.prev = c
@@ -168,7 +169,7 @@ func (ls *loopState) link(c *lconn) {
 	ls.conns.head = c
 }
 
-func (ls *loopState) unlink(c *lconn) {
+func (ls *loopState) unlink(c *clientConn) {
 	if c.prev != nil {
 		c.prev.next = c.next
 	} else if ls.conns.head == c {
@@ -180,34 +181,34 @@ func (ls *loopState) unlink(c *lconn) {
 	c.prev, c.next = nil, nil
 }
 
-func (ls *loopState) getConn() *lconn {
+func (ls *loopState) getConn() *clientConn {
 	if n := len(ls.freeConn); n > 0 {
 		c := ls.freeConn[n-1]
 		ls.freeConn[n-1] = nil
 		ls.freeConn = ls.freeConn[:n-1]
 		return c
 	}
-	c := &lconn{ls: ls}
+	c := &clientConn{ls: ls}
 	c.timer.Init(ls.l, c.onTimer)
 	return c
 }
 
-func (ls *loopState) putConn(c *lconn) {
+func (ls *loopState) putConn(c *clientConn) {
 	c.timer.Stop()
-	c.lconnVars = lconnVars{}
+	c.clientConnVars = clientConnVars{}
 	if len(ls.freeConn) < loopFreeMax {
 		ls.freeConn = append(ls.freeConn, c)
 	}
 }
 
-func (ls *loopState) getReq(c *lconn) *lreq {
-	var r *lreq
+func (ls *loopState) getReq(c *clientConn) *reqState {
+	var r *reqState
 	if n := len(ls.freeReq); n > 0 {
 		r = ls.freeReq[n-1]
 		ls.freeReq[n-1] = nil
 		ls.freeReq = ls.freeReq[:n-1]
 	} else {
-		r = &lreq{}
+		r = &reqState{}
 		r.resumeFn = r.resume
 		r.asyncFn = r.asyncResume
 		r.head.Reset()
@@ -217,7 +218,7 @@ func (ls *loopState) getReq(c *lconn) *lreq {
 	return r
 }
 
-func (ls *loopState) putReq(r *lreq) {
+func (ls *loopState) putReq(r *reqState) {
 	ls.lg.inFlight[ls.l.ID()].Add(-1)
 	r.reset()
 	if len(ls.freeReq) < loopFreeMax {

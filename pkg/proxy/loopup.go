@@ -16,16 +16,16 @@ import (
 	"github.com/rl-tproxy/rl-tproxy/pkg/proxyproto"
 )
 
-// lup is one upstream connection of a loop. While it idles in its pool
+// upstreamConn is one upstream connection of a loop. While it idles in its pool
 // (or pinned to its client) it stays registered: any byte or EOF then is
 // a stray response or a close, and discards it at once.
-type lup struct {
+type upstreamConn struct {
 	ls        *loopState
 	s         *evloop.Sock
-	pool      *lpool
-	c         *lconn // the client whose exchange it serves (nil while idle)
-	owner     *lconn // pinned: the client connection it belongs to
-	buf       lbuf
+	pool      *upstreamPool
+	c         *clientConn // the client whose exchange it serves (nil while idle)
+	owner     *clientConn // pinned: the client connection it belongs to
+	buf       connBuf
 	resp      httpparse.Response
 	idleSince int64
 	idx       int // position in pool.idle, -1 when not there
@@ -39,15 +39,15 @@ type lup struct {
 	afterConnect func()
 }
 
-// lpool holds one loop's idle connections to one upstream address (LIFO).
-type lpool struct {
+// upstreamPool holds one loop's idle connections to one upstream address (LIFO).
+type upstreamPool struct {
 	ls      *loopState
 	addr    string
 	sa      unix.Sockaddr  // the address when it is an IP literal (else dialled by name)
 	ap      netip.AddrPort // the same, for Config.DialPrep
 	family  int
 	h       *hostAddrs // the addresses when it is a host name (else nil)
-	idle    []*lup
+	idle    []*upstreamConn
 	timer   evloop.Timer
 	timerAt int64
 	idleFor int64 // UpstreamIdleTimeout in ns
@@ -61,11 +61,11 @@ type lpool struct {
 // A variable for tests.
 var poolForget = time.Minute
 
-func (ls *loopState) pool(addr string) *lpool {
+func (ls *loopState) pool(addr string) *upstreamPool {
 	if pl := ls.pools[addr]; pl != nil {
 		return pl
 	}
-	pl := &lpool{ls: ls, addr: addr}
+	pl := &upstreamPool{ls: ls, addr: addr}
 	if ap, err := netip.ParseAddrPort(addr); err == nil {
 		pl.ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 		if a := ap.Addr().Unmap(); a.Is4() {
@@ -83,14 +83,14 @@ func (ls *loopState) pool(addr string) *lpool {
 	return pl
 }
 
-func (ls *loopState) getUp(pl *lpool) *lup {
-	var u *lup
+func (ls *loopState) getUp(pl *upstreamPool) *upstreamConn {
+	var u *upstreamConn
 	if n := len(ls.freeUp); n > 0 {
 		u = ls.freeUp[n-1]
 		ls.freeUp[n-1] = nil
 		ls.freeUp = ls.freeUp[:n-1]
 	} else {
-		u = &lup{ls: ls}
+		u = &upstreamConn{ls: ls}
 		u.resp.Reset()
 	}
 	u.pool, u.idx = pl, -1
@@ -98,7 +98,7 @@ func (ls *loopState) getUp(pl *lpool) *lup {
 	return u
 }
 
-func (ls *loopState) putUp(u *lup) {
+func (ls *loopState) putUp(u *upstreamConn) {
 	u.connDone()
 	if pl := u.pool; pl != nil {
 		if pl.conns--; pl.conns == 0 {
@@ -106,7 +106,7 @@ func (ls *loopState) putUp(u *lup) {
 		}
 	}
 	hs := u.resp.Headers
-	*u = lup{ls: ls}
+	*u = upstreamConn{ls: ls}
 	u.resp.Headers = hs
 	u.resp.Reset()
 	if len(ls.freeUp) < loopFreeMax {
@@ -116,7 +116,7 @@ func (ls *loopState) putUp(u *lup) {
 
 // getUpstream hands c an upstream connection for its request: an idle
 // one at once (upReady), or a new one when connected.
-func (c *lconn) getUpstream(fresh bool) {
+func (c *clientConn) getUpstream(fresh bool) {
 	r := c.r
 	svc := r.svc
 	if svc.ProxyProtocol != proxyproto.None {
@@ -157,7 +157,7 @@ func (c *lconn) getUpstream(fresh bool) {
 }
 
 // takePinned returns c's idle pinned connection when it may serve svc.
-func (c *lconn) takePinned(svc *exchange.Service, fresh bool) *lup {
+func (c *clientConn) takePinned(svc *exchange.Service, fresh bool) *upstreamConn {
 	u := c.pinned
 	if u == nil {
 		return nil
@@ -175,7 +175,7 @@ func (c *lconn) takePinned(svc *exchange.Service, fresh bool) *lup {
 // connectTo starts a non-blocking connection to sa (ap) on the loop,
 // prepared by prep (Config.DialPrep) when set; the error when it could
 // not start (u is then still the caller's).
-func (u *lup) connectTo(prep func(fd int, dst netip.AddrPort) (func(), error), family int, sa unix.Sockaddr, ap netip.AddrPort) error {
+func (u *upstreamConn) connectTo(prep func(fd int, dst netip.AddrPort) (func(), error), family int, sa unix.Sockaddr, ap netip.AddrPort) error {
 	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("dial upstream %s: %w", u.pool.addr, err)
@@ -204,7 +204,7 @@ var defaultDialer = &net.Dialer{KeepAlive: 30 * time.Second}
 
 // dial opens the connection on a goroutine (Config.Dial, or a host name
 // to resolve) and posts the descriptor back to the loop.
-func (u *lup) dial(cfg *Config, timeout time.Duration) {
+func (u *upstreamConn) dial(cfg *Config, timeout time.Duration) {
 	dial := cfg.Dial
 	if dial == nil {
 		dial = defaultDialer.DialContext
@@ -258,7 +258,7 @@ func dupConnFD(nc net.Conn) (int, error) {
 }
 
 // dialed takes a dialled descriptor onto the loop.
-func (u *lup) dialed(fd int, err error) {
+func (u *upstreamConn) dialed(fd int, err error) {
 	u.dialing = false
 	if err == nil && u.c == nil {
 		unix.Close(fd) // the client went away meanwhile
@@ -278,7 +278,7 @@ func (u *lup) dialed(fd int, err error) {
 }
 
 // dialFailed gives u back and fails its client's request (if any).
-func (u *lup) dialFailed(err error) {
+func (u *upstreamConn) dialFailed(err error) {
 	c := u.c
 	u.s = nil
 	u.ls.putUp(u)
@@ -290,7 +290,7 @@ func (u *lup) dialFailed(err error) {
 
 // connDone runs Config.DialPrep's function once the connect attempt
 // finished (connected, failed, or abandoned).
-func (u *lup) connDone() {
+func (u *upstreamConn) connDone() {
 	if f := u.afterConnect; f != nil {
 		u.afterConnect = nil
 		f()
@@ -298,7 +298,7 @@ func (u *lup) connDone() {
 }
 
 // OnConnect: a connection opened by Connect is up (or failed).
-func (u *lup) OnConnect(s *evloop.Sock, err error) {
+func (u *upstreamConn) OnConnect(s *evloop.Sock, err error) {
 	u.connecting = false
 	u.connDone()
 	if err != nil {
@@ -321,7 +321,7 @@ func (u *lup) OnConnect(s *evloop.Sock, err error) {
 }
 
 // OnRead: response bytes, or stray bytes while u idles.
-func (u *lup) OnRead(_ *evloop.Sock, b []byte) {
+func (u *upstreamConn) OnRead(_ *evloop.Sock, b []byte) {
 	if u.c == nil {
 		u.discardIdle()
 		return
@@ -330,7 +330,7 @@ func (u *lup) OnRead(_ *evloop.Sock, b []byte) {
 }
 
 // OnEOF: the upstream closed its side.
-func (u *lup) OnEOF(*evloop.Sock) {
+func (u *upstreamConn) OnEOF(*evloop.Sock) {
 	if u.c == nil {
 		u.discardIdle()
 		return
@@ -339,7 +339,7 @@ func (u *lup) OnEOF(*evloop.Sock) {
 }
 
 // OnError: the connection failed; the loop closes it.
-func (u *lup) OnError(_ *evloop.Sock, err error) {
+func (u *upstreamConn) OnError(_ *evloop.Sock, err error) {
 	u.s = nil
 	if u.connecting {
 		u.connecting = false
@@ -359,7 +359,7 @@ func (u *lup) OnError(_ *evloop.Sock, err error) {
 
 // OnDrained: the request bytes queued for u are out; a client paused for
 // them reads again.
-func (u *lup) OnDrained(*evloop.Sock) {
+func (u *upstreamConn) OnDrained(*evloop.Sock) {
 	if c := u.c; c != nil && c.state == lcUpgrading {
 		c.detachTunnel()
 		return
@@ -376,7 +376,7 @@ func (u *lup) OnDrained(*evloop.Sock) {
 }
 
 // discardIdle closes an idle connection that received bytes or an EOF.
-func (u *lup) discardIdle() {
+func (u *upstreamConn) discardIdle() {
 	if u.owner != nil {
 		u.owner.pinned = nil
 		u.owner = nil
@@ -388,7 +388,7 @@ func (u *lup) discardIdle() {
 }
 
 // close closes u and gives it back (it must be out of its pool).
-func (u *lup) close() {
+func (u *upstreamConn) close() {
 	if u.dialing {
 		u.c = nil // dialed gives it back
 		return
@@ -402,7 +402,7 @@ func (u *lup) close() {
 
 // releaseUp pools u after a clean exchange, pins it to c (PROXY header),
 // or closes it; stray (unread bytes) counts it as discarded.
-func (c *lconn) releaseUp(u *lup, keep, stray bool) {
+func (c *clientConn) releaseUp(u *upstreamConn, keep, stray bool) {
 	if !keep || !u.buf.empty() {
 		if stray || !u.buf.empty() {
 			c.ls.p.discarded.Add(1)
@@ -425,7 +425,7 @@ func (c *lconn) releaseUp(u *lup, keep, stray bool) {
 }
 
 // take returns the most recently pooled connection not idle too long.
-func (pl *lpool) take(cfg *Config) *lup {
+func (pl *upstreamPool) take(cfg *Config) *upstreamConn {
 	now := pl.ls.l.Now()
 	idleFor := int64(exchange.DurationOr(cfg.UpstreamIdleTimeout, exchange.DefaultUpstreamIdleTimeout))
 	for n := len(pl.idle); n > 0; n = len(pl.idle) {
@@ -441,7 +441,7 @@ func (pl *lpool) take(cfg *Config) *lup {
 	return nil
 }
 
-func (pl *lpool) put(u *lup, cfg *Config) {
+func (pl *upstreamPool) put(u *upstreamConn, cfg *Config) {
 	maxIdle := cfg.MaxIdlePerUpstream
 	if maxIdle == 0 {
 		maxIdle = exchange.DefaultMaxIdlePerUpstream
@@ -462,7 +462,7 @@ func (pl *lpool) put(u *lup, cfg *Config) {
 	}
 }
 
-func (pl *lpool) remove(u *lup) {
+func (pl *upstreamPool) remove(u *upstreamConn) {
 	i := u.idx
 	if i < 0 || i >= len(pl.idle) || pl.idle[i] != u {
 		return
@@ -478,7 +478,7 @@ func (pl *lpool) remove(u *lup) {
 
 // emptied arms the timer to forget the pool once its last connection
 // is gone.
-func (pl *lpool) emptied() {
+func (pl *upstreamPool) emptied() {
 	pl.emptyAt = pl.ls.l.Now()
 	pl.timerAt = pl.emptyAt + int64(poolForget)
 	pl.timer.Reset(pl.timerAt)
@@ -486,7 +486,7 @@ func (pl *lpool) emptied() {
 
 // prune closes the connections idle too long and re-arms for the oldest;
 // a pool left without a connection for poolForget is dropped.
-func (pl *lpool) prune() {
+func (pl *upstreamPool) prune() {
 	pl.timerAt = 0
 	now := pl.ls.l.Now()
 	oldest := int64(0)
@@ -516,7 +516,7 @@ func (pl *lpool) prune() {
 	}
 }
 
-func (pl *lpool) closeAll() {
+func (pl *upstreamPool) closeAll() {
 	for len(pl.idle) > 0 {
 		u := pl.idle[len(pl.idle)-1]
 		pl.remove(u)

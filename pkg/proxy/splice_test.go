@@ -251,7 +251,7 @@ func TestSpliceIdleDeadlineSeesProgress(t *testing.T) {
 					c.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1073741824\r\n\r\n")
 					c.c.Write(spliceBody(1<<20, 7)) // then nothing more
 				}
-				splicing := func(lc *lconn) bool {
+				splicing := func(lc *clientConn) bool {
 					return lc != nil && lc.r != nil && lc.r.splicing && (lc.s.SpliceMoved() > 0 || lc.r.up.s.SpliceMoved() > 0)
 				}
 				testkit.WaitFor(t, "a splice moved bytes", func() bool {

@@ -48,7 +48,7 @@ func probeConn(p *Proxy) connProbe {
 			if c.buf.b != nil {
 				st.buffered = c.buf.w - c.buf.r
 			}
-			var u *lup
+			var u *upstreamConn
 			if c.tun != nil {
 				u = c.tun.u
 			} else if c.r != nil {
