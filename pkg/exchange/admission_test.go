@@ -3,6 +3,7 @@ package exchange
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -24,7 +25,9 @@ func TestAdmissionTimeoutError(t *testing.T) {
 	if !strings.Contains(err.Error(), "1.5s") {
 		t.Fatalf("%q does not name the bound", err)
 	}
-	if errors.Is(context.DeadlineExceeded, ErrAdmissionTimeout) || errors.Is(context.Canceled, ErrAdmissionTimeout) {
-		t.Fatal("another context error counts as an admission timeout")
+	for _, other := range []error{context.DeadlineExceeded, context.Canceled, fmt.Errorf("dial: %w", context.DeadlineExceeded)} {
+		if errors.Is(other, ErrAdmissionTimeout) {
+			t.Fatalf("%v counts as an admission timeout", other)
+		}
 	}
 }

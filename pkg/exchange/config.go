@@ -55,7 +55,7 @@ type Config struct {
 	// AdmissionTimeout bounds the wait for the Hook's Decision, from the
 	// end of the request head: Admit's context carries it as its
 	// deadline. When it passes, the admission is cancelled (Admit's
-	// context ends with context.DeadlineExceeded; an AsyncHook gets
+	// context ends with context.DeadlineExceeded; a proxy.AsyncHook gets
 	// Cancel, at most once per Begin), the client is answered 503 with
 	// Connection: close (the proxy does not know the Hook's failure
 	// policy) and the request is reported to a Rejecter as

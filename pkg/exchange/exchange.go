@@ -103,13 +103,14 @@ type Request struct {
 	// the ClientHello's server name and the client's first ALPN protocol.
 	SNI, ALPN []byte
 	// Loop is the event loop that owns the request's connection (nil for
-	// the HTTP/2 and passthrough paths). An AsyncHook's Begin and Cancel run on its
-	// thread, so a hook can keep per-loop state there (evloop's Watch,
-	// OnTurnEnd and Timer, registered on first use).
+	// the HTTP/2 and passthrough paths). A proxy.AsyncHook's Begin and
+	// Cancel run on its thread, so a hook can keep per-loop state there
+	// (evloop's Watch, OnTurnEnd and Timer, registered on first use).
 	Loop *evloop.Loop
-	// HookState is opaque to the proxy, as Decision.State: an AsyncHook
-	// may set it in Begin to find its pending admission in Cancel
-	// without a lookup shared by every loop. The proxy never reads it.
+	// HookState is opaque to the proxy, as Decision.State: a
+	// proxy.AsyncHook may set it in Begin to find its pending admission
+	// in Cancel without a lookup shared by every loop. The proxy never
+	// reads it.
 	HookState any
 }
 
