@@ -2,8 +2,10 @@ package admission
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly"
@@ -220,5 +222,29 @@ func BenchmarkRenderAllow(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		hs, buf = a.RenderAllow(hs[:0], buf[:0], &d)
+	}
+}
+
+// The most a request can carry: 32 zones with 64-byte names, each at
+// the largest numbers. Every zone is in both fields, whole.
+func TestRenderAllowManyZones(t *testing.T) {
+	spec := AnswerSpec{RateLimitHeaders: true, RateLimitOnAllow: true}
+	d := &Decision{}
+	for i := range MaxPerRequest {
+		spec.Zones = append(spec.Zones, AnswerZone{Name: fmt.Sprintf("%02d%s", i, strings.Repeat("z", 62)), Quota: 4294967295, Window: 4294967295 * time.Millisecond})
+		d.Zones = append(d.Zones, ZoneState{Remaining: 0, Known: true})
+		d.Req.Resources = append(d.Req.Resources, wire.Resource{Rate: 1, PeriodMs: 4294967295, Burst: 4294967295})
+	}
+	hs, buf := NewDenyAnswer(spec).RenderAllow(nil, make([]byte, 0, AnswerBufSize), d)
+	m := hdrMap(hs)
+	items := strings.Split(m["RateLimit"], ", ")
+	if len(hs) != 2 || len(items) != MaxPerRequest || len(strings.Split(m["RateLimit-Policy"], ", ")) != MaxPerRequest {
+		t.Fatalf("%d fields, %d RateLimit items", len(hs), len(items))
+	}
+	if want := `"31` + strings.Repeat("z", 62) + `";r=0;t=4294968`; items[31] != want {
+		t.Fatalf("last item %q, want %q", items[31], want)
+	}
+	if len(buf) > 4096 {
+		t.Fatalf("values took %d bytes", len(buf))
 	}
 }
