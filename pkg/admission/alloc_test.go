@@ -142,3 +142,28 @@ func TestGuardDenyNoAlloc(t *testing.T) {
 		t.Fatalf("guard deny allocates %v per request (kind %d)", n, d.DenyKind())
 	}
 }
+
+// Deciding an allow and rendering its RateLimit fields
+// (ratelimit_headers: all) allocate nothing once the buffers have grown.
+func TestDecideRenderAllowNoAlloc(t *testing.T) {
+	p := ptLoad(t, rlFieldsPolicy)
+	svc := rlFieldsService(t, p, "all")
+	e := &Engine{Checker: &scriptChecker{res: validResp(wire.StatusOK, true, nil, []wire.ResourceResult{{Remaining: 4}, {Remaining: 3}, {Remaining: 2}})}}
+	r := testRequest(hdrs{"x-key": "k"})
+	a := LocationAnswer(svc.Locations[1])
+	hs := make([]httpparse.Header, 0, 2)
+	buf := make([]byte, 0, AnswerBufSize)
+	var d Decision
+	ctx := context.Background()
+	run := func() {
+		e.Decide(ctx, p, svc, r, &d)
+		hs, buf = a.RenderAllow(hs[:0], buf[:0], &d)
+	}
+	run()
+	if n := testing.AllocsPerRun(200, run); n != 0 {
+		t.Fatalf("Decide+RenderAllow allocate %v per request", n)
+	}
+	if len(hs) != 2 || string(hs[1].Value) != `"per_client";r=3;t=4, "no_burst";r=2;t=20` {
+		t.Fatalf("fields %v", hdrMap(hs))
+	}
+}

@@ -1,10 +1,12 @@
 package admission
 
 import (
+	"math"
 	"strconv"
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
+	"github.com/rl-tproxy/rl-tproxy/pkg/ratelimitly/wire"
 )
 
 // Answer header names (shared, never written to).
@@ -20,6 +22,11 @@ type AnswerZone struct {
 	Name   string
 	Quota  uint32
 	Window time.Duration
+	// Unannounced leaves the zone out of both fields: its quota differs
+	// per request (a tiered rate), so there is no single value to
+	// announce. It keeps its place, so that AnswerSpec.Zones stays
+	// indexed like the location's zones and their decision states.
+	Unannounced bool
 }
 
 // AnswerSpec configures a location's deny answer.
@@ -28,9 +35,13 @@ type AnswerSpec struct {
 	// RateLimitHeaders adds the IETF httpapi RateLimit-Policy and RateLimit
 	// fields (draft-ietf-httpapi-ratelimit-headers) to deny answers.
 	RateLimitHeaders bool
+	// RateLimitOnAllow adds them to allowed responses too (RenderAllow).
+	RateLimitOnAllow bool
 	JSON             bool   // JSON body instead of text
 	Message          string // "" = "rate limit exceeded"
-	Zones            []AnswerZone
+	// Zones are the location's zones, in its order (the order of a
+	// decision's Zones).
+	Zones []AnswerZone
 	// GuardRetryAfter is the Retry-After of a deny latency guards caused
 	// (rounded up to whole seconds; 0 = DefaultGuardRetryAfter).
 	GuardRetryAfter time.Duration
@@ -42,9 +53,10 @@ const (
 	FailCloseMessage = "rate limit check failed (fail: close)"
 )
 
-// DenyAnswer is a location's deny response, precomputed at policy load so
-// that answering a request only formats the numbers that vary (Retry-After,
-// remaining and reset per zone) into a caller buffer.
+// DenyAnswer is a location's deny response, and the RateLimit fields of
+// its allowed responses, precomputed at policy load so that answering a
+// request only formats the numbers that vary (Retry-After, remaining and
+// reset per zone) into a caller buffer.
 type DenyAnswer struct {
 	Status      int
 	ContentType string
@@ -52,9 +64,12 @@ type DenyAnswer struct {
 	GuardBody   []byte // a guard deny's (DenyGuard)
 	FailBody    []byte // a fail: close deny's (DenyFailClose)
 	guardRetry  uint32 // seconds
-	headers     bool
-	policy      []byte   // RateLimit-Policy value
-	names       [][]byte // per zone, the sf-string `"name"`
+	headers     bool   // on deny answers
+	onAllow     bool   // on allowed responses
+	policy      []byte // RateLimit-Policy value ("" when no zone is announced)
+	// names holds, per zone of the location (indexed like a decision's
+	// Zones), its sf-string `"name"`; nil for a zone left unannounced.
+	names [][]byte
 }
 
 // DefaultDenyStatus is the deny status when a location sets none.
@@ -62,7 +77,7 @@ const DefaultDenyStatus = 429
 
 // NewDenyAnswer precomputes the answer of spec.
 func NewDenyAnswer(spec AnswerSpec) *DenyAnswer {
-	a := &DenyAnswer{Status: spec.Status, headers: spec.RateLimitHeaders}
+	a := &DenyAnswer{Status: spec.Status, headers: spec.RateLimitHeaders, onAllow: spec.RateLimitHeaders && spec.RateLimitOnAllow}
 	if a.Status == 0 {
 		a.Status = DefaultDenyStatus
 	}
@@ -82,10 +97,14 @@ func NewDenyAnswer(spec AnswerSpec) *DenyAnswer {
 		gr = DefaultGuardRetryAfter
 	}
 	a.guardRetry = uint32(max(1, (gr+time.Second-1)/time.Second))
+	a.names = make([][]byte, len(spec.Zones))
 	for i, z := range spec.Zones {
+		if z.Unannounced {
+			continue
+		}
 		name := appendSFString(nil, z.Name)
-		a.names = append(a.names, name)
-		if i > 0 {
+		a.names[i] = name
+		if len(a.policy) > 0 {
 			a.policy = append(a.policy, ", "...)
 		}
 		a.policy = append(a.policy, name...)
@@ -215,13 +234,13 @@ func (a *DenyAnswer) render(hdrs []httpparse.Header, buf []byte, zones []ZoneSta
 	start := len(buf)
 	buf = strconv.AppendUint(buf, uint64(retry), 10)
 	hdrs = append(hdrs, httpparse.Header{Name: hdrRetryAfter, Value: buf[start:len(buf):len(buf)]})
-	if !a.headers || len(a.names) == 0 {
+	if !a.headers || len(a.policy) == 0 {
 		return hdrs, buf
 	}
 	hdrs = append(hdrs, httpparse.Header{Name: hdrRateLimitPolicy, Value: a.policy})
 	short := false
-	for i, z := range zones {
-		short = short || i < len(a.names) && z.Known && z.RetryAfterMs > 0
+	for _, z := range zones {
+		short = short || z.Known && z.RetryAfterMs > 0
 	}
 	if !short {
 		// No zone ran out (a guard deny, fail: close): remaining quota
@@ -231,27 +250,82 @@ func (a *DenyAnswer) render(hdrs []httpparse.Header, buf []byte, zones []ZoneSta
 	start = len(buf)
 	n := 0
 	for i, z := range zones {
-		if i >= len(a.names) || !z.Known {
+		if i >= len(a.names) || a.names[i] == nil || !z.Known {
 			continue
 		}
-		if n > 0 {
-			buf = append(buf, ", "...)
-		}
+		buf = a.appendItem(buf, n, i, z.Remaining, ceilSeconds(uint64(z.RetryAfterMs)))
 		n++
-		buf = append(buf, a.names[i]...)
-		buf = append(buf, ";r="...)
-		buf = strconv.AppendUint(buf, uint64(z.Remaining), 10)
-		buf = append(buf, ";t="...)
-		t := z.RetryAfterMs / 1000
-		if z.RetryAfterMs%1000 != 0 {
-			t++
-		}
-		buf = strconv.AppendUint(buf, uint64(t), 10)
 	}
 	if n > 0 {
 		hdrs = append(hdrs, httpparse.Header{Name: hdrRateLimit, Value: buf[start:len(buf):len(buf)]})
 	}
 	return hdrs, buf
+}
+
+// appendItem appends zone i's RateLimit item `"name";r=R;t=T`, after a
+// separator unless it is the field's first (n == 0).
+func (a *DenyAnswer) appendItem(buf []byte, n, i int, remaining uint32, t uint64) []byte {
+	if n > 0 {
+		buf = append(buf, ", "...)
+	}
+	buf = append(buf, a.names[i]...)
+	buf = append(buf, ";r="...)
+	buf = strconv.AppendUint(buf, uint64(remaining), 10)
+	buf = append(buf, ";t="...)
+	return strconv.AppendUint(buf, t, 10)
+}
+
+func ceilSeconds(ms uint64) uint64 { return (ms + 999) / 1000 }
+
+// RenderAllow appends the RateLimit-Policy and RateLimit fields of the
+// allowed request d to hdrs when the location's service sends them on
+// allowed responses (ratelimit_headers: all), formatting values into
+// buf. The values are those of the decision: RateLimitly's answer for
+// the zones the request consumed (or the local buckets' under
+// fail: local), so no check is added. Per announced zone with a known
+// state, r is what remains after the request and t the seconds until the
+// zone's bucket is full again (its rendered rate, period and capacity).
+// With no zone state known (fail: open) only RateLimit-Policy is added; a
+// shadow location adds nothing (a dry run does not change responses). It
+// allocates nothing when hdrs and buf have the capacity (2 headers,
+// AnswerBufSize bytes for 32 zones of short names).
+func (a *DenyAnswer) RenderAllow(hdrs []httpparse.Header, buf []byte, d *Decision) ([]httpparse.Header, []byte) {
+	if !a.onAllow || len(a.policy) == 0 || d.Shadow {
+		return hdrs, buf
+	}
+	hdrs = append(hdrs, httpparse.Header{Name: hdrRateLimitPolicy, Value: a.policy})
+	start := len(buf)
+	n := 0
+	for i, z := range d.Zones {
+		if i >= len(a.names) || a.names[i] == nil || !z.Known {
+			continue
+		}
+		t := ceilSeconds(uint64(z.RetryAfterMs))
+		if z.RetryAfterMs == 0 && i < len(d.Req.Resources) {
+			t = refillSeconds(&d.Req.Resources[i], z.Remaining)
+		}
+		buf = a.appendItem(buf, n, i, z.Remaining, t)
+		n++
+	}
+	if n > 0 {
+		hdrs = append(hdrs, httpparse.Header{Name: hdrRateLimit, Value: buf[start:len(buf):len(buf)]})
+	}
+	return hdrs, buf
+}
+
+// refillSeconds is how long, in whole seconds rounded up, the bucket of
+// res takes to refill from remaining tokens to its capacity (burst, or
+// rate when burst is 0) at rate tokens per period.
+func refillSeconds(res *wire.Resource, remaining uint32) uint64 {
+	capacity := res.Burst
+	if capacity == 0 {
+		capacity = res.Rate
+	}
+	if remaining >= capacity || res.Rate == 0 {
+		return 0
+	}
+	ms := min(math.Ceil(float64(capacity-remaining)*float64(res.PeriodMs)/float64(res.Rate)), math.MaxUint32)
+	return ceilSeconds(uint64(ms))
 }
 
 // PolicyField is the precomputed RateLimit-Policy value ("" when off).
@@ -268,13 +342,12 @@ func (a *DenyAnswer) PolicyField() string {
 func LocationAnswer(loc *Location) *DenyAnswer {
 	spec := AnswerSpec{Status: loc.Deny.Status, JSON: loc.Deny.Format == DenyJSON, GuardRetryAfter: loc.Deny.GuardRetryAfter}
 	if loc.Service != nil {
-		spec.RateLimitHeaders = loc.Service.RateLimitHeaders
+		spec.RateLimitHeaders = loc.Service.RateLimitHeaders != RateLimitFieldsOff
+		spec.RateLimitOnAllow = loc.Service.RateLimitHeaders == RateLimitFieldsAll
 	}
 	for _, z := range loc.Limits {
-		if z.RateTier != nil {
-			continue // the quota differs per request: no single value to announce
-		}
-		spec.Zones = append(spec.Zones, AnswerZone{Name: z.Name, Quota: z.Rate, Window: time.Duration(z.PeriodMs) * time.Millisecond})
+		spec.Zones = append(spec.Zones, AnswerZone{Name: z.Name, Quota: z.Rate, Window: time.Duration(z.PeriodMs) * time.Millisecond,
+			Unannounced: z.RateTier != nil}) // a tiered quota differs per request
 	}
 	return NewDenyAnswer(spec)
 }

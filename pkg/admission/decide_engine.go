@@ -60,7 +60,9 @@ type Decision struct {
 	Local, LocalAllowed bool
 	// Admission is the time spent deciding (render, check, local fallback).
 	Admission time.Duration
-	// Zones is what the decision says about each resource (deny answers).
+	// Zones is what the decision says about each resource, indexed like
+	// the location's Limits (the RateLimit fields of answers); unknown
+	// when no valid answer came and no local bucket decided.
 	Zones  []ZoneState
 	Req    wire.RateRequest
 	Result CheckResult
@@ -286,12 +288,14 @@ func (e *Engine) resolve(p *Policy, d *Decision) {
 		}
 		d.Local, d.LocalAllowed = true, allowed
 		d.Outcome, d.Action = LocalOutcome(allowed, d.Shadow)
-	case d.Verdict == VerdictDeny && d.Result.Valid:
+	case d.Verdict != VerdictNone && d.Result.Valid:
+		// A decision's answer for every zone: the deny answer's RateLimit
+		// field, and an allowed response's (ratelimit_headers: all).
 		d.Zones = grow(d.Zones, len(d.Result.Resp.Resources))
 		for i, rr := range d.Result.Resp.Resources {
 			d.Zones[i] = ZoneState{Remaining: rr.Remaining, RetryAfterMs: rr.RetryAfterMs, Known: true}
 		}
-		if d.Action == ActionDeny && loc.GuardProbe != nil && d.DenyKind() == DenyGuard && loc.GuardProbe.Take(e.now()) {
+		if d.Verdict == VerdictDeny && d.Action == ActionDeny && loc.GuardProbe != nil && d.DenyKind() == DenyGuard && loc.GuardProbe.Take(e.now()) {
 			d.Outcome, d.Action = OutcomeGuardProbe, ActionAdmit
 		}
 	default:

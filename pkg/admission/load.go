@@ -42,7 +42,7 @@ const (
 	DefaultMaxRequestLine     = 8 << 10
 	DefaultMaxHeaderBytes     = 16 << 10
 	DefaultMaxHeaders         = 100
-	DefaultRateLimitHeaders   = true
+	DefaultRateLimitHeaders   = RateLimitFieldsDeny
 	DefaultSteerLoopback      = true
 	implicitLocationName      = "*"
 	embeddedTenant            = "embedded"
@@ -114,7 +114,8 @@ type serviceSettings struct {
 	admissionTimeout                            *time.Duration
 	maxRequestLine, maxHeaderBytes, maxHeaders  *int64
 	maxBodyBytes, maxRequestsPerConn            *int64
-	rateLimitHeaders, steerLoopback             *bool
+	steerLoopback                               *bool
+	rateLimitHeaders                            *RateLimitFields
 	clientAddr                                  *ClientAddress
 	denyStatus                                  *int64
 	denyFormat                                  *DenyFormat

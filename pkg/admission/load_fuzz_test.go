@@ -32,6 +32,7 @@ func FuzzLoad(f *testing.F) {
 		"services: [\n",
 		"ratelimitly: {embedded: true, request_policy: {name: single_round, unit: 2s}}\ndefaults:\n  timeouts: {admission: 3s}\n" + ptService + "    timeouts: {admission: 2s}\n",
 		tierPolicy,
+		rlFieldsPolicy,
 	} {
 		f.Add([]byte(s))
 	}
@@ -74,7 +75,13 @@ func FuzzLoad(f *testing.F) {
 				t.Fatalf("service %s: accepted admission timeout %v (horizon %v)", s.Name, a, p.RateLimitly.Horizon)
 			}
 			_ = s.Match(r)
+			if s.RateLimitHeaders > RateLimitFieldsAll {
+				t.Fatalf("service %s: ratelimit_headers %d", s.Name, s.RateLimitHeaders)
+			}
 			for _, l := range s.Locations {
+				if a := LocationAnswer(l); len(a.names) != len(l.Limits) {
+					t.Fatalf("location %s: answer names %d zones, the location has %d", l.Name, len(a.names), len(l.Limits))
+				}
 				if len(l.Limits) > MaxPerRequest || len(l.Guards) > MaxPerRequest || l.Deny.Status < 400 || l.Deny.Status > 599 {
 					t.Fatalf("location %+v out of limits", l)
 				}

@@ -3,6 +3,7 @@ package admission
 import (
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -92,8 +93,8 @@ func (l *loader) serviceSetting(e kv, ctx string, s *serviceSettings) bool {
 			}
 		}
 	case "ratelimit_headers":
-		if b, ok := l.boolean(e.v, c); ok {
-			s.rateLimitHeaders = b
+		if f, ok := l.rateLimitFields(e.v, c); ok {
+			s.rateLimitHeaders = &f
 		}
 	case "steer_loopback":
 		if b, ok := l.boolean(e.v, c); ok {
@@ -109,6 +110,31 @@ func (l *loader) serviceSetting(e kv, ctx string, s *serviceSettings) bool {
 		return false
 	}
 	return true
+}
+
+// rateLimitFields parses ratelimit_headers: true (deny answers), false
+// (none) or all (deny answers and allowed responses).
+func (l *loader) rateLimitFields(v *yaml.Node, ctx string) (RateLimitFields, bool) {
+	const want = "true, false or all"
+	if !l.scalar(v, ctx, want, "!!bool", "!!str") {
+		return 0, false
+	}
+	switch strings.ToLower(v.Value) {
+	case "true":
+		if v.Tag == "!!bool" {
+			return RateLimitFieldsDeny, true
+		}
+	case "false":
+		if v.Tag == "!!bool" {
+			return RateLimitFieldsOff, true
+		}
+	case "all":
+		if v.Tag == "!!str" {
+			return RateLimitFieldsAll, true
+		}
+	}
+	l.errorf(v, "%s: want %s, got %s", ctx, want, kindName(v))
+	return 0, false
 }
 
 // admissionTimeout parses timeouts.admission: a duration up to

@@ -118,7 +118,7 @@ func TestLoadErrors(t *testing.T) {
 			[]string{"5: ratelimitly.request_policy: request policy custom: horizon 120ms exceeds the credential's max_horizon 100ms (credential key_id 4 in "}},
 
 		// Wrong types, durations, names.
-		{"bool as string", ptEmbedded + ptService + "    ratelimit_headers: \"yes\"\n", "", []string{`6: services[0] (web).ratelimit_headers: want true or false, got string "yes"`}},
+		{"bool as string", ptEmbedded + ptService + "    ratelimit_headers: \"yes\"\n", "", []string{`6: services[0] (web).ratelimit_headers: want true, false or all, got string "yes"`}},
 		{"bad duration", ptEmbedded + ptService + "    timeouts: {header: 10 seconds}\n", "", []string{`6: services[0] (web).timeouts.header: bad duration "10 seconds"`}},
 		{"duration without unit", ptEmbedded + ptService + "    timeouts: {idle: 30}\n", "", []string{"6: services[0] (web).timeouts.idle: bad duration 30: add a unit"}},
 		{"port out of range", ptEmbedded + "services:\n  - name: web\n    port: 70000\n    upstream: 127.0.0.1:80\n", "", []string{"4: services[0] (web).port: want an integer from 1 to 65535, got 70000"}},

@@ -235,6 +235,35 @@ const (
 	EscapedSlashesDecode = "decode" // match the path with them decoded
 )
 
+// RateLimitFields says which answers of a service carry the IETF
+// RateLimit-Policy and RateLimit fields (ratelimit_headers).
+type RateLimitFields uint8
+
+// Values of Service.RateLimitHeaders.
+const (
+	// RateLimitFieldsOff: no answer carries them (ratelimit_headers: false).
+	RateLimitFieldsOff RateLimitFields = iota
+	// RateLimitFieldsDeny: deny answers only (ratelimit_headers: true).
+	RateLimitFieldsDeny
+	// RateLimitFieldsAll: deny answers and allowed responses, the latter
+	// with what the decision said about the zones the request consumed
+	// (ratelimit_headers: all).
+	RateLimitFieldsAll
+)
+
+// String is the policy's spelling of f.
+func (f RateLimitFields) String() string {
+	switch f {
+	case RateLimitFieldsOff:
+		return "false"
+	case RateLimitFieldsDeny:
+		return "true"
+	case RateLimitFieldsAll:
+		return "all"
+	}
+	return "unknown"
+}
+
 // DefaultGuardRetryAfter is a guard deny's Retry-After when deny sets
 // none: long enough for a few reports to reach the tracker, short
 // against its 60 s window.
@@ -252,8 +281,8 @@ type Service struct {
 	Forward          ForwardHeaders
 	Timeouts         Timeouts
 	Limits           Limits
-	RateLimitHeaders bool
-	SteerLoopback    bool // steered mode: connections from the node itself are steered too
+	RateLimitHeaders RateLimitFields // which answers carry the IETF RateLimit fields
+	SteerLoopback    bool            // steered mode: connections from the node itself are steered too
 	// ClientAddress, when set, names the request's client from a
 	// forwarding header of a trusted peer ({remote_addr}, the access
 	// line's remote); nil: the TCP peer is the client.

@@ -80,7 +80,7 @@ services:
 	if in.Limits.MaxHeaders != 50 || in.Limits.MaxBodyBytes != 1<<20 || in.Limits.MaxHeaderBytes != DefaultMaxHeaderBytes || in.Limits.MaxRequestsPerConn != 0 {
 		t.Errorf("inherits limits %+v", in.Limits)
 	}
-	if in.RateLimitHeaders || !in.SteerLoopback || in.Deny != (Deny{503, DenyText, DefaultDenyGRPCStatus, DefaultGuardRetryAfter}) {
+	if in.RateLimitHeaders != RateLimitFieldsOff || !in.SteerLoopback || in.Deny != (Deny{503, DenyText, DefaultDenyGRPCStatus, DefaultGuardRetryAfter}) {
 		t.Errorf("inherits flags: ratelimit_headers %v steer_loopback %v deny %+v", in.RateLimitHeaders, in.SteerLoopback, in.Deny)
 	}
 	ov := svc["overrides"]
@@ -90,7 +90,7 @@ services:
 	if ov.Timeouts.Header != 5*time.Second || ov.Timeouts.Idle != 7*time.Second {
 		t.Errorf("overrides timeouts %+v", ov.Timeouts)
 	}
-	if !ov.RateLimitHeaders || ov.SteerLoopback || ov.Deny != (Deny{429, DenyText, DefaultDenyGRPCStatus, DefaultGuardRetryAfter}) {
+	if ov.RateLimitHeaders != RateLimitFieldsDeny || ov.SteerLoopback || ov.Deny != (Deny{429, DenyText, DefaultDenyGRPCStatus, DefaultGuardRetryAfter}) {
 		t.Errorf("overrides flags %v %v %+v", ov.RateLimitHeaders, ov.SteerLoopback, ov.Deny)
 	}
 	// Nothing set anywhere: built-in defaults, unset flags false.
@@ -164,7 +164,7 @@ func TestUnsetFlagsStayFalse(t *testing.T) {
 	if s.Limits != (Limits{MaxRequestLine: DefaultMaxRequestLine, MaxHeaderBytes: DefaultMaxHeaderBytes, MaxHeaders: DefaultMaxHeaders}) {
 		t.Fatalf("limits %+v", s.Limits)
 	}
-	if !s.RateLimitHeaders || !s.SteerLoopback || s.Deny != (Deny{429, DenyJSON, DefaultDenyGRPCStatus, DefaultGuardRetryAfter}) {
+	if s.RateLimitHeaders != RateLimitFieldsDeny || !s.SteerLoopback || s.Deny != (Deny{429, DenyJSON, DefaultDenyGRPCStatus, DefaultGuardRetryAfter}) {
 		t.Fatalf("documented defaults: %v %v %+v", s.RateLimitHeaders, s.SteerLoopback, s.Deny)
 	}
 	l := s.Locations[0]

@@ -58,6 +58,44 @@ func TestAdmitDoneNoAlloc(t *testing.T) {
 	}
 }
 
+// An allow that carries the RateLimit fields (ratelimit_headers: all)
+// allocates nothing either, through Admit and through Begin.
+func TestAdmitDoneRateLimitFieldsNoAlloc(t *testing.T) {
+	g, r := quietGate(t, "close", allowOneLeft)
+	g.Swap(allPolicy(t, "close", "127.0.0.1:9"))
+	ctx := context.Background()
+	res := &exchange.Result{Status: 200, End: time.Now()}
+	var d exchange.Decision
+	run := func() {
+		d = g.Admit(ctx, r)
+		if len(d.Header) != 2 {
+			t.Fatalf("allow carries %d fields, want RateLimit-Policy and RateLimit", len(d.Header))
+		}
+		g.Done(r, &d, res)
+	}
+	run()
+	if n := testing.AllocsPerRun(200, run); n != 0 {
+		t.Errorf("Admit+Done allocate %v per request", n)
+	}
+	f := startAsyncFake(t, allowOneLeft)
+	g.SetChecker(f, nil)
+	w := &chanResumer{ch: make(chan struct{}, 1)}
+	run = func() {
+		if g.Begin(r, &d, w) {
+			t.Fatal("a protected request decided without its check")
+		}
+		<-w.ch
+		if len(d.Header) != 2 || string(d.Header[1].Value) != `"per_key";r=1;t=1` {
+			t.Fatalf("allow fields %q", d.Header)
+		}
+		g.Done(r, &d, res)
+	}
+	run()
+	if n := testing.AllocsPerRun(200, run); n != 0 {
+		t.Errorf("Begin+Done allocate %v per request", n)
+	}
+}
+
 // asyncFake is an asyncChecker that answers with fn on its own
 // goroutine, like the rlclient Client's receive goroutine.
 type asyncFake struct {

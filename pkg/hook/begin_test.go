@@ -103,6 +103,7 @@ func TestViaBegin(t *testing.T) {
 		{"TestAccessLineDenied", TestAccessLineDenied},
 		{"TestAdmissionTimeoutIsInternalError", TestAdmissionTimeoutIsInternalError},
 		{"TestAllowPassesUpstreamRateLimitUnchanged", TestAllowPassesUpstreamRateLimitUnchanged},
+		{"TestAllowRateLimitFieldsThroughProxy", TestAllowRateLimitFieldsThroughProxy},
 		{"TestClientAbortNoReport", TestClientAbortNoReport},
 		{"TestClientAbortUnprotectedReportNoReport", TestClientAbortUnprotectedReportNoReport},
 		{"TestClientAddressNamesRequestRemote", TestClientAddressNamesRequestRemote},

@@ -206,7 +206,7 @@ type state struct {
 	svc    string
 	areq   admission.Request
 	dec    admission.Decision
-	hdrs   [4]httpparse.Header // the deny answer's 3 fields and the request id
+	hdrs   [4]httpparse.Header // the deny answer's 3 fields and the request id, or an allow's 2 RateLimit fields
 	fwd    []httpparse.Header  // fields added upstream (a generated request id)
 	rid    []byte              // the request id ("" when none)
 	buf    []byte
@@ -331,7 +331,11 @@ func (g *Gate) decision(st *state) exchange.Decision {
 	}
 	switch st.dec.Action {
 	case admission.ActionAdmit:
-		return exchange.Decision{Allow: true, Forward: st.fwd, State: st}
+		// The RateLimit fields of ratelimit_headers: all, appended to
+		// the upstream's response (none otherwise).
+		hs, buf := st.info.answer.RenderAllow(st.hdrs[:0], st.buf[:0], &st.dec)
+		st.buf = buf
+		return exchange.Decision{Allow: true, Header: hs, Forward: st.fwd, State: st}
 	case admission.ActionDeny:
 		a := st.info.answer
 		hs, buf, body := a.RenderDecision(st.hdrs[:0], st.buf[:0], &st.dec)

@@ -10,6 +10,11 @@
 #   unprotected rl-tproxy listener mode, location without admission -> backend
 #   admission   rl-tproxy listener mode, every request admitted by the
 #               embedded RateLimitly server on loopback (zone never denies)
+#   admission_xff  the admission row with `client_address: {from:
+#               x-forwarded-for, trusted: [127.0.0.1/32]}`, wrk sending
+#               `X-Forwarded-For: 203.0.113.7` (the client the zone keys
+#               on): the cost of naming the client behind a balancer
+#               (ONLY="admission admission_xff" compares the two)
 #   pkgproxy    test/bench/proxy/proxy: pkg/proxy alone, no hook (what the
 #               rl-tproxy rows add on top: policy match, hook, abort watcher)
 #   pkghook     the same with an allow-all Hook (-hook): the hook plumbing and
@@ -175,7 +180,7 @@ proxy_loc='proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header C
         proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;'
 
 BACKEND=$(free_port); NGXPROXY=$(free_port); NGXLIMIT=$(free_port); HAPROXY=$(free_port)
-RLOPEN=$(free_port); RLADM=$(free_port); RLADMIN=$(free_port); CADDY=$(free_port); EVP=$(free_port); EVU=$(free_port); EVPS=$(free_port); EVUS=$(free_port); PKGP=$(free_port); PKGH=$(free_port)
+RLOPEN=$(free_port); RLADM=$(free_port); RLXFF=$(free_port); RLADMIN=$(free_port); CADDY=$(free_port); EVP=$(free_port); EVU=$(free_port); EVPS=$(free_port); EVUS=$(free_port); PKGP=$(free_port); PKGH=$(free_port)
 
 nginx_conf "$work/backend" "server { listen 127.0.0.1:$BACKEND; root $work/www; open_file_cache max=16; location / { index index.html; } }"
 nginx_conf "$work/nproxy" "upstream backend { server 127.0.0.1:$BACKEND; keepalive 64; }
@@ -240,7 +245,7 @@ services:
 $1
 EOF
 }
-rl_services() { # $1 unprotected port, $2 admission port
+rl_services() { # $1 unprotected port, $2 admission port, [$3 admission_xff port]
   echo "  - name: open
     listen: 127.0.0.1:$1
     upstream: 127.0.0.1:$BACKEND
@@ -252,8 +257,16 @@ rl_services() { # $1 unprotected port, $2 admission port
     locations:
       - name: adm
         limit: [huge]"
+  [ -n "${3:-}" ] && echo "  - name: adm_xff
+    listen: 127.0.0.1:$3
+    upstream: 127.0.0.1:$BACKEND
+    client_address: {from: x-forwarded-for, trusted: [127.0.0.1/32]}
+    locations:
+      - name: adm
+        limit: [huge]"
+  return 0
 }
-rl_policy "$(rl_services "$RLOPEN" "$RLADM")" >"$work/policy.yaml"
+rl_policy "$(rl_services "$RLOPEN" "$RLADM" "$RLXFF")" >"$work/policy.yaml"
 "$BIN" check --policy "$work/policy.yaml" >/dev/null
 
 start() { # pinned server in the background; remember its pid (in $last)
@@ -261,7 +274,7 @@ start() { # pinned server in the background; remember its pid (in $last)
   last=$!
   pids+=("$last")
 }
-declare -A URL NS DESC PID
+declare -A URL NS DESC PID WRKARGS
 start nginx -p "$work/backend" -c "$work/backend/nginx.conf" -e "$work/backend/error.log"; PID[direct]=$last
 start nginx -p "$work/nproxy" -c "$work/nproxy/nginx.conf" -e "$work/nproxy/error.log"; PID[proxy_pass]=$last
 start nginx -p "$work/nlimit" -c "$work/nlimit/nginx.conf" -e "$work/nlimit/error.log"; PID[limit_req]=$last
@@ -269,7 +282,7 @@ start haproxy -db -f "$work/haproxy.cfg"; PID[haproxy]=$last
 start env HOME="$work/caddy" XDG_DATA_HOME="$work/caddy" XDG_CONFIG_HOME="$work/caddy" GOMAXPROCS=1 \
   caddy run --config "$work/caddy/Caddyfile" --adapter caddyfile; PID[caddy]=$last
 start env GOMAXPROCS=1 "$BIN" run --policy "$work/policy.yaml" --admin "127.0.0.1:$RLADMIN" --log-level warn --watch=false
-PID[unprotected]=$last; PID[admission]=$last
+PID[unprotected]=$last; PID[admission]=$last; PID[admission_xff]=$last
 if [ -n "$BIN_OLD" ]; then
   RLOPEN2=$(free_port); RLADM2=$(free_port); RLADMIN2=$(free_port)
   rl_policy "$(rl_services "$RLOPEN2" "$RLADM2")" >"$work/policy-old.yaml"
@@ -294,11 +307,12 @@ fi
 for port in "${ports[@]}"; do wait_http "http://127.0.0.1:$port/"; done
 wait_http "http://127.0.0.1:$RLADMIN/readyz"
 wait_http "http://127.0.0.1:$RLADM/"
+wait_http "http://127.0.0.1:$RLXFF/"
 if [ -n "$BIN_OLD" ]; then
   wait_http "http://127.0.0.1:$RLADMIN2/readyz"; wait_http "http://127.0.0.1:$RLOPEN2/"; wait_http "http://127.0.0.1:$RLADM2/"
 fi
 
-rows=(direct proxy_pass limit_req haproxy caddy unprotected admission pkgproxy pkghook pkgloop pkglhook)
+rows=(direct proxy_pass limit_req haproxy caddy unprotected admission admission_xff pkgproxy pkghook pkgloop pkglhook)
 URL[direct]="http://127.0.0.1:$BACKEND/";      DESC[direct]="nginx static backend, direct"
 URL[proxy_pass]="http://127.0.0.1:$NGXPROXY/"; DESC[proxy_pass]="nginx proxy_pass, upstream keepalive"
 URL[limit_req]="http://127.0.0.1:$NGXLIMIT/";  DESC[limit_req]="nginx proxy_pass + limit_req (never denies)"
@@ -306,6 +320,8 @@ URL[haproxy]="http://127.0.0.1:$HAPROXY/";     DESC[haproxy]="HAProxy, http mode
 URL[caddy]="http://127.0.0.1:$CADDY/";         DESC[caddy]="Caddy $(caddy version | awk '{print $1}') reverse_proxy, keep-alive to backend"
 URL[unprotected]="http://127.0.0.1:$RLOPEN/";  DESC[unprotected]="rl-tproxy, unprotected location"
 URL[admission]="http://127.0.0.1:$RLADM/";     DESC[admission]="rl-tproxy + admission (embedded RateLimitly)"
+URL[admission_xff]="http://127.0.0.1:$RLXFF/"; DESC[admission_xff]="rl-tproxy + admission, client_address from X-Forwarded-For (wrk sends one)"
+WRKARGS[admission_xff]="-H X-Forwarded-For:203.0.113.7"
 URL[pkgproxy]="http://127.0.0.1:$PKGP/"; DESC[pkgproxy]="pkg/proxy alone (test/bench/proxy/proxy: no hook, no policy)"
 URL[pkghook]="http://127.0.0.1:$PKGH/"; DESC[pkghook]="pkg/proxy with an allow-all hook (test/bench/proxy/proxy -hook)"
 URL[pkgloop]="http://127.0.0.1:$PKGL/"; DESC[pkgloop]="pkg/proxy on event loops, no hook (-event-loops 1)"
@@ -391,7 +407,8 @@ run_wrk() {
   [ -n "${NS[$row]:-}" ] && pre=(nsenter --net="/run/netns/${NS[$row]}")
   perf stat -x, -e raw_syscalls:sys_enter,task-clock,context-switches -p "$(pidlist "${PID[$row]}")" -o "$pf" &
   perfpid=$!
-  out=$("${pre[@]}" taskset -c "$CLIENT_CPU" wrk -t"$THREADS" -c"$conns" -d"$dur" --latency --timeout 10s "${URL[$row]}")
+  # shellcheck disable=SC2086 # WRKARGS: the row's extra wrk words
+  out=$("${pre[@]}" taskset -c "$CLIENT_CPU" wrk -t"$THREADS" -c"$conns" -d"$dur" --latency --timeout 10s ${WRKARGS[$row]:-} "${URL[$row]}")
   kill -INT "$perfpid"; wait "$perfpid" || true
   if grep -Eq 'Non-2xx|Socket errors' <<<"$out"; then
     echo "  $row: $(grep -E 'Non-2xx|Socket errors' <<<"$out" | sed 's/^ *//' | tr '\n' ' ')" >&2
@@ -533,18 +550,20 @@ done
 # paired ROW BASE: ROW's req/s over BASE's in each round (both measured in
 # the same round), and their median: the ratio least moved by the machine's
 # drift between rounds.
-paired() {
+paired() { # ROW BASE [COL NAME]: req/s (column 1) unless COL says
   [ -n "${RES[$1]:-}" ] && [ -n "${RES[$2]:-}" ] || return 0
-  local ratios
-  ratios=$(paste -d' ' <(tr ';' '\n' <<<"${RES[$1]}" | sed '/^$/d' | cut -d' ' -f1) \
-    <(tr ';' '\n' <<<"${RES[$2]}" | sed '/^$/d' | cut -d' ' -f1) | awk '{printf "%.2f\n", $1 / $2}')
-  echo "- $1 ÷ $2, per round: $(paste -sd, <<<"$ratios" | sed 's/,/, /g'); median $(sort -g <<<"$ratios" | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')"
+  local ratios col=${3:-1} what=${4:+ $4}
+  ratios=$(paste -d' ' <(tr ';' '\n' <<<"${RES[$1]}" | sed '/^$/d' | cut -d' ' -f"$col") \
+    <(tr ';' '\n' <<<"${RES[$2]}" | sed '/^$/d' | cut -d' ' -f"$col") | awk '{printf "%.3f\n", $1 / $2}')
+  echo "- $1 ÷ $2$what, per round: $(paste -sd, <<<"$ratios" | sed 's/,/, /g'); median $(sort -g <<<"$ratios" | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')"
 }
 pairs=""
-for pr in "unprotected proxy_pass" "admission limit_req" "unprotected unprotected_old" "admission admission_old"; do
+for pr in "unprotected proxy_pass" "admission limit_req" "unprotected unprotected_old" "admission admission_old" "admission_xff admission"; do
   # shellcheck disable=SC2086 # two row names
   l=$(paired $pr); [ -n "$l" ] && pairs+="$l"$'\n'
 done
+# The client_address bar is on CPU per request: paired like req/s.
+l=$(paired admission_xff admission 5 "CPU µs/req"); [ -n "$l" ] && pairs+="$l"$'\n'
 pairs=${pairs%$'\n'}
 [ -n "$pairs" ] && table+="
 
@@ -651,7 +670,7 @@ dirty=$(git status --porcelain -- cmd pkg internal 2>/dev/null | grep -q . && ec
   [ -n "$steer_note" ] && { echo "$steer_note"; echo; }
   echo "rl-tproxy admission outcomes over the whole run (\`rl_tproxy_requests_total\`; the rl-tproxy policies use \`fail: close\`, the default unit 20ms, horizon 60ms, so a check that gets no answer in time is a 429 and shows up as \`fail_close\` and in the errors column):"
   echo
-  echo "- listener mode (unprotected + admission rows): $listener_outcomes"
+  echo "- listener mode (unprotected + admission + admission_xff rows): $listener_outcomes"
   [ -n "${steered_outcomes:-}" ] && echo "- steered: $steered_outcomes"
   echo
   cat <<'EOF'
@@ -694,6 +713,12 @@ Rows:
   over loopback UDP (standard request policy, unit 20ms, sealed datagrams)
   before it is forwarded; the zone is so large that it always allows (the
   script prints the allow count from `/metrics`).
+- *admission, client_address from X-Forwarded-For*: the admission row's
+  location in a service with `client_address: {from: x-forwarded-for,
+  trusted: [127.0.0.1/32]}`; wrk sends `X-Forwarded-For: 203.0.113.7`, so
+  every request names its client from the header (the bucket is
+  `bench:203.0.113.7`). The paired CPU ratio against *admission* is the
+  cost of naming the client behind a balancer.
 - *steered*: nginx listens on :80 in a "node" namespace; `rl-tproxy run`
   with `port: 80` attaches the sk_lookup program there; wrk runs in a
   "client" namespace and connects to 10.213.0.1:80 over a veth. *veth
