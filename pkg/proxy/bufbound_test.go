@@ -32,7 +32,9 @@ func eachLoopBackend(t *testing.T, fn func(t *testing.T)) {
 				g.Close()
 			}
 			loopBackend = be
-			defer func() { loopBackend = evloop.Auto }()
+			// A cleanup registered before fn's runs after theirs, once
+			// the proxy fn started has stopped reading loopBackend.
+			t.Cleanup(func() { loopBackend = evloop.Auto })
 			fn(t)
 		})
 	}

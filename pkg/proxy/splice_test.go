@@ -295,6 +295,7 @@ func bodyUpstream(t *testing.T, got chan<- int) *rawUpstream {
 			}
 			if strings.HasPrefix(strings.Fields(head)[1], "/early") {
 				io.WriteString(c, "HTTP/1.1 413 Payload Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+				lingeringClose(c)
 				return
 			}
 			n, _ := strconv.Atoi(headerOf(head, "Content-Length"))
@@ -310,6 +311,20 @@ func bodyUpstream(t *testing.T, got chan<- int) *rawUpstream {
 			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(sum), sum)
 		}
 	})
+}
+
+// lingeringClose ends a connection the way an HTTP server that answered
+// before reading the whole request body must (RFC 9112 section 9.6, nginx's
+// lingering_close): it sends FIN, then reads and discards what the peer
+// still sends, for at most 10 seconds and 256 MiB, before it closes. A
+// plain close with unread bytes queued makes the kernel answer with RST,
+// and an RST that reaches the proxy before it read the answer discards
+// the answer from its receive queue: the proxy could then relay only a
+// 502, whatever it does.
+func lingeringClose(c net.Conn) {
+	c.(*net.TCPConn).CloseWrite()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	io.Copy(io.Discard, io.LimitReader(c, 256<<20))
 }
 
 func sumOf(b []byte) string { return fmt.Sprintf("%d %x", len(b), sha256.Sum256(b)) }
