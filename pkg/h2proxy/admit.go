@@ -27,8 +27,8 @@ import (
 // used either. Only the stream ends; the connection's other streams go on.
 
 // admission is a stream's Admit call. ch and fn are made once per pooled
-// stream (putStream keeps them), so an admission allocates only what
-// context.WithTimeout does.
+// stream (putStream keeps them), so an admission allocates only its
+// context and the goroutine.
 type admission struct {
 	hook exchange.Hook
 	ctx  context.Context // Admit's: the request's, with the deadline
@@ -65,20 +65,22 @@ func (st *stream) admit(hook exchange.Hook, w http.ResponseWriter, r *http.Reque
 	if _, ok := hook.(exchange.ContextBound); ok {
 		c := st.actx
 		if c == nil {
-			c = &deadlineCtx{}
+			c = &exchange.AdmitContext{}
 			st.actx = c
 		}
-		c.start(r.Context(), time.Now().Add(timeout))
+		c.Start(r.Context(), time.Now().Add(timeout))
 		st.dec = hook.Admit(c, &st.req)
 		err := c.Err()
-		c.finish()
+		c.Finish()
 		if err != nil {
 			st.giveUp(w, r)
 		}
 		return true
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), timeout)
-	defer cancel()
+	// A context per admission: the Admit goroutine may outlive this call.
+	ctx := new(exchange.AdmitContext)
+	ctx.Start(r.Context(), time.Now().Add(timeout))
+	defer ctx.Finish()
 	admitGoroutines.Add(1)
 	a := &st.adm
 	if a.fn == nil {

@@ -44,11 +44,11 @@ type stream struct {
 	dec   exchange.Decision
 	res   exchange.Result
 	grpc  bool
-	body  *bodyCount   // nil for a request without a body
-	arena []byte       // the bytes head's slices point into
-	adm   admission    // the Hook's Admit call (admit.go)
-	actx  *deadlineCtx // a ContextBound Hook's Admit context (admitctx.go), kept by putStream
-	wd    *idleWatch   // the stream's idle timeouts (idle.go), kept by putStream
+	body  *bodyCount             // nil for a request without a body
+	arena []byte                 // the bytes head's slices point into
+	adm   admission              // the Hook's Admit call (admit.go)
+	actx  *exchange.AdmitContext // a ContextBound Hook's Admit context, kept by putStream
+	wd    *idleWatch             // the stream's idle timeouts (idle.go), kept by putStream
 }
 
 // bodyCount counts a request body as the upstream reads it.

@@ -2,6 +2,7 @@ package passthrough
 
 import (
 	"context"
+	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 )
@@ -25,8 +26,9 @@ func (c *conn) admit(hook exchange.Hook) bool {
 	c.req = exchange.Request{Remote: hc.Remote, Local: hc.Local, Peer: hc.Peer, Service: hc.Service, Start: hc.Start,
 		Proto: exchange.ProtoTLSPassthrough, SNI: c.hello.SNI, ALPN: c.hello.FirstALPN()}
 	d := hc.Config.AdmissionTimeoutFor(hc.Service)
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
+	ctx := &c.actx
+	ctx.Start(context.Background(), time.Now().Add(d))
+	defer ctx.Finish()
 	c.expiring.Add(1)
 	stop := context.AfterFunc(ctx, c.expireAfter)
 	c.dec = hook.Admit(ctx, &c.req)

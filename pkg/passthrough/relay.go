@@ -87,7 +87,9 @@ type conn struct {
 	dec     exchange.Decision
 	res     exchange.Result
 	scratch *[sniff.MaxHello + 4]byte
-	// expiring is held while expire runs (admit.go).
+	// actx is Admit's context; expiring is held while expire runs
+	// (admit.go).
+	actx     exchange.AdmitContext
 	expiring sync.WaitGroup
 }
 

@@ -21,7 +21,10 @@ func (c *clientConn) admitDeadline(cfg *Config) {
 	d := cfg.AdmissionTimeoutFor(c.r.svc)
 	c.setDeadline(c.ls.l.Now() + int64(d))
 	if _, ok := c.r.hook.(AsyncHook); !ok {
-		c.r.actx.setDeadline(time.Now().Add(d))
+		if c.r.actx == nil {
+			c.r.actx = new(exchange.AdmitContext)
+		}
+		c.r.actx.Start(context.Background(), time.Now().Add(d))
 	}
 }
 
@@ -39,7 +42,7 @@ func (c *clientConn) admitTimeout() {
 		if r.async != nil {
 			r.async.Cancel(&r.req)
 		} else {
-			r.actx.cancelWith(context.DeadlineExceeded)
+			r.actx.Cancel(context.DeadlineExceeded)
 		}
 	}
 	r.cfg.ReportReject(r.svc, c.remote, "admission-timeout", 503)

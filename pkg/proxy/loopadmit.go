@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"strconv"
 	"sync"
@@ -23,7 +24,10 @@ type reqState struct {
 	req  exchange.Request
 	dec  exchange.Decision
 	res  exchange.Result
-	actx admitCtx // Admit's context (blocking Hooks)
+	// actx is a blocking Hook's Admit context, made on first use and kept
+	// by reset (its timer's function may still be running, finding
+	// nothing to do); admitDeadline starts it.
+	actx *exchange.AdmitContext
 
 	resumeFn func() // r.resume, made once
 	asyncFn  func() // r.asyncResume, made once
@@ -59,8 +63,8 @@ type reqState struct {
 
 func (r *reqState) reset() {
 	hs, ch, rch := r.head.Headers, r.chunk, r.rchunk
-	fn, afn := r.resumeFn, r.asyncFn
-	*r = reqState{resumeFn: fn, asyncFn: afn, chunk: ch, rchunk: rch}
+	fn, afn, actx := r.resumeFn, r.asyncFn, r.actx
+	*r = reqState{resumeFn: fn, asyncFn: afn, actx: actx, chunk: ch, rchunk: rch}
 	r.head.Headers = hs
 	r.head.Reset()
 }
@@ -81,7 +85,6 @@ func (c *clientConn) admit() {
 		}
 		return
 	}
-	r.actx.reset()
 	c.ls.lg.workers.run(r)
 }
 
@@ -100,7 +103,8 @@ func (r *reqState) asyncResume() {
 
 // runAdmit runs on a worker goroutine.
 func (r *reqState) runAdmit() {
-	r.dec = r.hook.Admit(&r.actx, &r.req)
+	r.dec = r.hook.Admit(r.actx, &r.req)
+	r.actx.Finish()
 	r.c.ls.l.Post(r.resumeFn)
 }
 
@@ -118,7 +122,7 @@ func (r *reqState) cancelAdmit() {
 		r.async.Cancel(&r.req)
 		return
 	}
-	r.actx.cancel()
+	r.actx.Cancel(context.Canceled)
 }
 
 // admitDone acts on the Hook's Decision.

@@ -1,6 +1,6 @@
 //go:build !race
 
-package h2proxy
+package exchange
 
 import (
 	"context"
@@ -8,18 +8,18 @@ import (
 	"time"
 )
 
-// TestAllocsDeadlineCtx: an admission whose Hook decides without waiting
+// TestAllocsAdmitContext: an admission whose Hook decides without waiting
 // (start, Err, finish) allocates nothing.
-func TestAllocsDeadlineCtx(t *testing.T) {
-	var c deadlineCtx
+func TestAllocsAdmitContext(t *testing.T) {
+	var c AdmitContext
 	parent, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if n := testing.AllocsPerRun(1000, func() {
-		c.start(parent, time.Now().Add(time.Second))
+		c.Start(parent, time.Now().Add(time.Second))
 		if c.Err() != nil {
 			t.Fatal("ended")
 		}
-		c.finish()
+		c.Finish()
 	}); n != 0 {
 		t.Fatalf("%v allocations per admission", n)
 	}
