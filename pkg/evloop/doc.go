@@ -90,6 +90,18 @@
 // garbage collector's workers) wait for the span's end. A signal (the runtime's
 // preemption, a stop-the-world) ends a kernel wait with EINTR; with
 // GODEBUG=asyncpreemptoff=1 a stop-the-world may wait for the span.
+//
+// A loop's turn runs on the thread the netpoller hands the P to, and the
+// thread that polled then stops (the loop goroutine is locked to its
+// own), so while a loop runs or waits in the kernel holding its P
+// another parked loop has nobody polling for it unless the runtime
+// starts a thread, which it sees no reason to do: its readiness waited
+// for sysmon's 10 ms poll or the first loop's next park. So a loop that
+// resumes from a park, parks, or starts a kernel wait while another loop
+// is in the other state wakes the group's kicker goroutine; the thread
+// the runtime starts for it then polls (kicker.go;
+// TestWokenLoopKicksForParkedLoop).
+//
 // Stats.Parks counts the parks that slept (the first check found nothing),
 // Stats.KernelWaits the kernel waits entered. Config.BlockingWait
 // restores the announced wait inside the system call (for measurements).
