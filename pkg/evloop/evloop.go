@@ -62,7 +62,7 @@ type Config struct {
 	// parking in the netpoller; for measurements). By default an idle
 	// loop parks in Go's netpoller, so other goroutines run at once.
 	BlockingWait bool
-	// HoldP, when set, lets an idle io_uring loop wait inside the system
+	// HoldP, when set, lets an idle loop wait inside the system
 	// call holding its P (for up to kernelSpan after each park) while it
 	// returns true, also when no P is spare (see kernelSpan). It is called
 	// before every wait, so it must be cheap, and it must return false
@@ -126,7 +126,7 @@ type driver interface {
 	poll(timeout int64) (bool, error)
 	// parkFD returns a new fd (the parker owns it) that is readable when
 	// the loop has work, and hooks to run around a parked wait.
-	parkFD() (fd int, before, after func(), err error)
+	parkFD() (fd int, before func() error, after func(), err error)
 	wake() // any goroutine
 	listen(ln *listener) error
 	unlisten(ln *listener)
@@ -443,10 +443,12 @@ func (l *Loop) loop() error {
 			if l.pk != nil {
 				if now := l.clock(); now < l.kernelUntil && l.mayHoldP() {
 					if left := l.kernelUntil - now; timeout < 0 || left <= timeout {
-						// The span's TIMEOUT ends this wait: no timer is
-						// armed per wait (see uring.spanAt).
+						// The span's end ends this wait: on io_uring one
+						// TIMEOUT per span, not a timer per wait (see
+						// uring.spanAt); on epoll, or where the kernel
+						// refused it, the wait's own timeout.
 						timeout = -1
-						if !l.ur.armSpan(l.kernelUntil, now) {
+						if l.ur == nil || !l.ur.armSpan(l.kernelUntil, now) {
 							timeout = left
 						}
 					}
@@ -469,7 +471,7 @@ func (l *Loop) loop() error {
 		case park:
 			err = l.pk.wait()
 			l.kernelUntil = 0
-			if l.ur != nil && l.mayHoldP() {
+			if l.mayHoldP() {
 				l.kernelUntil = l.now + kernelSpan
 			}
 		case l.inKernel.Load():
