@@ -99,10 +99,10 @@
 // another parked loop has nobody polling for it unless the runtime
 // starts a thread, which it sees no reason to do: its readiness waited
 // for sysmon's 10 ms poll or the first loop's next park. So a loop that
-// resumes from a park, parks, or starts a kernel wait while another loop
-// is in the other state wakes the group's kicker goroutine; the thread
-// the runtime starts for it then polls (kicker.go;
-// TestWokenLoopKicksForParkedLoop).
+// parks or starts a kernel wait while another loop is in the other
+// state, or stays busy for 200 µs after a park while another is parked,
+// wakes the group's kicker goroutine; the thread the runtime starts for
+// it then polls (kicker.go; TestWokenLoopKicksForParkedLoop).
 //
 // Stats.Parks counts the parks that slept (the first check found nothing),
 // Stats.KernelWaits the kernel waits entered. Config.BlockingWait

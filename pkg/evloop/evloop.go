@@ -282,7 +282,11 @@ type Loop struct {
 	inKernel atomic.Bool
 	// kernelUntil (loop clock) bounds the kernel waits after a park.
 	kernelUntil int64
-	rsa         unix.RawSockaddrAny // accept4's peer address
+	// kickAt (loop clock) is when a loop that resumed from a park and
+	// still holds its P kicks the netpoller for parked loops (kicker.go);
+	// 0: no kick due.
+	kickAt int64
+	rsa    unix.RawSockaddrAny // accept4's peer address
 
 	nSocks   atomic.Int64
 	nBufs    atomic.Int64
@@ -437,6 +441,12 @@ func (l *Loop) run(be Backend, ready chan<- error) {
 
 func (l *Loop) loop() error {
 	for !l.stop.Load() {
+		if l.kickAt != 0 && l.now >= l.kickAt {
+			l.kickAt = 0
+			if loopsParked.Load() > 0 {
+				l.g.kickNetpoll() // busy since a park ended: see kicker.go
+			}
+		}
 		timeout := l.timeout()
 		park := false
 		if timeout != 0 {
@@ -470,6 +480,9 @@ func (l *Loop) loop() error {
 		switch {
 		case park:
 			err = l.pk.wait()
+			if l.pk.slept {
+				l.kickAt = l.now + resumeKickAfter
+			}
 			l.kernelUntil = 0
 			if l.mayHoldP() {
 				l.kernelUntil = l.now + kernelSpan
@@ -482,6 +495,7 @@ func (l *Loop) loop() error {
 			if loopsParked.Load() > 0 {
 				l.g.kickNetpoll() // this P leaves the scheduler's sight: see kicker.go
 			}
+			l.kickAt = 0
 			loopsInKernel.Add(1)
 			_, err = l.drv.poll(timeout)
 			loopsInKernel.Add(-1)

@@ -66,12 +66,6 @@ func newParker(l *Loop, fd int) (*parker, error) {
 // was posted or the group closes (a Post wakes the parked loop through
 // its fd without a completion on io_uring).
 func (p *parker) poll(uintptr) bool {
-	if !p.first && loopsParked.Load() > 1 {
-		// Resumed from a sleep, before the turn's handlers run (they run
-		// in this check): the thread that polled for this loop stopped,
-		// and another loop is still parked (kicker.go).
-		p.l.g.kickNetpoll()
-	}
 	p.got, p.err = p.l.drv.poll(0)
 	ready := p.got || p.err != nil || p.l.stop.Load() || p.l.hasPosted()
 	if p.first {
