@@ -32,7 +32,7 @@ func newEpoll(l *Loop) (*epoll, error) {
 		unix.Close(epfd)
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
-	e := &epoll{l: l, epfd: epfd, evfd: evfd, rbuf: make([]byte, l.bufSize)}
+	e := &epoll{l: l, epfd: epfd, evfd: evfd, parkfd: -1, rbuf: make([]byte, l.bufSize)}
 	// Edge-triggered: every write to the eventfd is a new edge, so the
 	// counter is never read.
 	if err := e.ctl(unix.EPOLL_CTL_ADD, evfd, unix.EPOLLIN|unix.EPOLLET, udWake); err != nil {
