@@ -3,8 +3,8 @@ package node
 import "fmt"
 
 // KernelWait says when an idle event loop may wait for its next turn
-// inside io_uring_enter holding its P instead of parking in Go's
-// netpoller (`run --loop-kernel-wait`; docs/operations.md). A kernel wait
+// inside io_uring_enter or epoll_pwait2 holding its P instead of parking
+// in Go's netpoller (`run --loop-kernel-wait`; docs/operations.md). A kernel wait
 // is one system call and one sleep; a park is the netpoller's wait and two
 // hand-offs of the loop's locked thread. Either way the loop waits only
 // while no goroutine of the data path needs a P (proxy.Config.HoldP).

@@ -54,7 +54,7 @@ type Options struct {
 	// that serve HTTP/1.x (0: one per CPU).
 	EventLoops int
 	// LoopKernelWait says when idle event loops may wait inside
-	// io_uring_enter holding their P (up to 1 ms after each park) also
+	// io_uring_enter or epoll_pwait2 holding their P (up to 1 ms after each park) also
 	// when every P runs a loop, while the RateLimitly client runs on the
 	// loops and no connection is served by a goroutine
 	// (proxy.Config.HoldP). The zero value is KernelWaitLight.

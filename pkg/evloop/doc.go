@@ -41,10 +41,12 @@
 // A loop with nothing to do parks in Go's netpoller: a turn ends with a
 // non-blocking epoll_wait / io_uring_enter(GETEVENTS) and, when that
 // found nothing, the loop goroutine waits on a pollable fd that turns
-// readable when the loop has work (a duplicate of the epoll fd; for
-// io_uring an eventfd registered with the ring, disabled with
-// IORING_CQ_EVENTFD_DISABLED while the loop runs). The loop's P is then
-// free at once for the goroutines whose answers the loop waits for (an
+// readable when the loop has work (for epoll a second epoll set, the
+// park set, that holds the loop's set with interest in it only while the
+// loop parks; for io_uring an eventfd registered with the ring, disabled
+// with IORING_CQ_EVENTFD_DISABLED while the loop runs): neither wakes the
+// netpoller for a loop that runs or waits in the kernel. The loop's P is
+// then free at once for the goroutines whose answers the loop waits for (an
 // admission client's receiver, a blocking hook's worker); a wait inside
 // the system call would hold the P until the runtime's monitor retakes it
 // (20 µs to 10 ms with GOMAXPROCS=1). The goroutine stays locked to its
@@ -53,10 +55,11 @@
 //
 // No wake-up waits for a timer or a deferred kernel callback. With epoll
 // the socket's readiness wakes the netpoller's epoll_wait through the
-// nested epoll set. With io_uring a completion is task work of the loop
-// thread (COOP_TASKRUN, not DEFER_TASKRUN): the kernel wakes the thread
-// where it sleeps, the thread posts the completion and signals the
-// registered eventfd in its own context, and the netpoller wakes. (With
+// nested sets (the loop's set inside the park set). With io_uring a
+// completion is task work of the loop thread (COOP_TASKRUN, not
+// DEFER_TASKRUN): the kernel wakes the thread where it sleeps, the
+// thread posts the completion and signals the registered eventfd in its
+// own context, and the netpoller wakes. (With
 // DEFER_TASKRUN only the registered eventfd could wake a thread waiting
 // outside io_uring_enter, and the kernel signals it from an RCU callback,
 // 4-20 ms late.) TestParkedLoopWakesAtOnce holds a parked loop's echo to
@@ -77,10 +80,9 @@
 // millisecond is the CPU's next event: each reprograms the timer
 // device, on a virtual machine an exit each time, on the request's path
 // at one request at a time). A kernel that refuses the TIMEOUT is asked
-// once, logged, and its waits carry their own timeout. A loop waits
-// in the kernel only on io_uring (epoll's parker, a duplicate of the epoll
-// set in Go's netpoller, would wake the netpoller at every event) and
-// only while the process has a P that no loop holds
+// once, logged, and its waits carry their own timeout, as every epoll
+// wait in the span does. A loop waits in the kernel only while the
+// process has a P that no loop holds
 // (GOMAXPROCS above the number of running loops, e.g. rl-tproxy run
 // --event-loops below it) or Config.HoldP reports that no goroutine needs
 // one (checked before every wait): otherwise goroutines woken by the
@@ -90,6 +92,18 @@
 // garbage collector's workers) wait for the span's end. A signal (the runtime's
 // preemption, a stop-the-world) ends a kernel wait with EINTR; with
 // GODEBUG=asyncpreemptoff=1 a stop-the-world may wait for the span.
+//
+// A loop's turn runs on the thread the netpoller hands the P to, and the
+// thread that polled then stops (the loop goroutine is locked to its
+// own), so while a loop runs or waits in the kernel holding its P
+// another parked loop has nobody polling for it unless the runtime
+// starts a thread, which it sees no reason to do: its readiness waited
+// for sysmon's 10 ms poll or the first loop's next park. So a loop that
+// parks or starts a kernel wait while another loop is in the other
+// state, or stays busy for 200 µs after a park while another is parked,
+// wakes the group's kicker goroutine; the thread the runtime starts for
+// it then polls (kicker.go; TestWokenLoopKicksForParkedLoop).
+//
 // Stats.Parks counts the parks that slept (the first check found nothing),
 // Stats.KernelWaits the kernel waits entered. Config.BlockingWait
 // restores the announced wait inside the system call (for measurements).

@@ -12,7 +12,9 @@ type epoll struct {
 	l      *Loop
 	epfd   int
 	evfd   int
-	rbuf   []byte // the loop's scratch receive buffer
+	parkfd int             // the park set (parkFD), closed by the parker
+	parkEv unix.EpollEvent // the loop's set's interest in the park set
+	rbuf   []byte          // the loop's scratch receive buffer
 	events [256]unix.EpollEvent
 	ts     unix.Timespec
 	noNs   bool // epoll_pwait2 refused: millisecond timeouts
@@ -30,7 +32,7 @@ func newEpoll(l *Loop) (*epoll, error) {
 		unix.Close(epfd)
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
-	e := &epoll{l: l, epfd: epfd, evfd: evfd, rbuf: make([]byte, l.bufSize)}
+	e := &epoll{l: l, epfd: epfd, evfd: evfd, parkfd: -1, rbuf: make([]byte, l.bufSize)}
 	// Edge-triggered: every write to the eventfd is a new edge, so the
 	// counter is never read.
 	if err := e.ctl(unix.EPOLL_CTL_ADD, evfd, unix.EPOLLIN|unix.EPOLLET, udWake); err != nil {
@@ -50,14 +52,46 @@ func (e *epoll) close() {
 	unix.Close(e.epfd)
 }
 
-// parkFD is a duplicate of the epoll fd: the set is readable when one
-// of its fds has an event.
-func (e *epoll) parkFD() (int, func(), func(), error) {
-	fd, err := unix.FcntlInt(uintptr(e.epfd), unix.F_DUPFD_CLOEXEC, 0)
+// parkFD is the parker's fd: a second epoll set (the park set) that
+// holds only the loop's set, registered with interest in EPOLLIN while
+// the loop parks and with none otherwise (before and after). The
+// netpoller watches the park set, so it hears of the loop's events only
+// while the loop is parked: with interest, each event in the loop's set
+// wakes the park set's watchers (the netpoller's epoll_wait); without, the
+// wake-up stops at the park set (the kernel reports no EPOLLIN to an item
+// that asked for none). A loop waiting in epoll_pwait2 holding its P or
+// running a turn then never wakes a thread blocked in the netpoller.
+func (e *epoll) parkFD() (int, func() error, func(), error) {
+	fd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
-		return -1, nil, nil, fmt.Errorf("dup epoll fd: %w", err)
+		return -1, nil, nil, fmt.Errorf("epoll_create1 park set: %w", err)
 	}
-	return fd, nil, nil, nil
+	ev := unix.EpollEvent{}
+	if err := unix.EpollCtl(fd, unix.EPOLL_CTL_ADD, e.epfd, &ev); err != nil {
+		unix.Close(fd)
+		return -1, nil, nil, fmt.Errorf("add the loop's epoll set to the park set: %w", err)
+	}
+	e.parkfd = fd
+	return fd, e.armPark, e.disarmPark, nil
+}
+
+// armPark gives the loop's set interest in the park set: from here its
+// events wake the netpoller. A set that is readable already makes the
+// park set readable at once (EPOLL_CTL_MOD polls the item).
+func (e *epoll) armPark() error {
+	e.parkEv.Events = unix.EPOLLIN
+	if err := unix.EpollCtl(e.parkfd, unix.EPOLL_CTL_MOD, e.epfd, &e.parkEv); err != nil {
+		return fmt.Errorf("arm the park set: %w", err)
+	}
+	return nil
+}
+
+// disarmPark takes the interest away when the park ends. A failure
+// leaves it armed, which costs spurious netpoller wake-ups, not
+// correctness: ignored.
+func (e *epoll) disarmPark() {
+	e.parkEv.Events = 0
+	unix.EpollCtl(e.parkfd, unix.EPOLL_CTL_MOD, e.epfd, &e.parkEv)
 }
 
 func (e *epoll) wake() {

@@ -62,7 +62,7 @@ type Config struct {
 	// parking in the netpoller; for measurements). By default an idle
 	// loop parks in Go's netpoller, so other goroutines run at once.
 	BlockingWait bool
-	// HoldP, when set, lets an idle io_uring loop wait inside the system
+	// HoldP, when set, lets an idle loop wait inside the system
 	// call holding its P (for up to kernelSpan after each park) while it
 	// returns true, also when no P is spare (see kernelSpan). It is called
 	// before every wait, so it must be cheap, and it must return false
@@ -126,7 +126,7 @@ type driver interface {
 	poll(timeout int64) (bool, error)
 	// parkFD returns a new fd (the parker owns it) that is readable when
 	// the loop has work, and hooks to run around a parked wait.
-	parkFD() (fd int, before, after func(), err error)
+	parkFD() (fd int, before func() error, after func(), err error)
 	wake() // any goroutine
 	listen(ln *listener) error
 	unlisten(ln *listener)
@@ -282,7 +282,11 @@ type Loop struct {
 	inKernel atomic.Bool
 	// kernelUntil (loop clock) bounds the kernel waits after a park.
 	kernelUntil int64
-	rsa         unix.RawSockaddrAny // accept4's peer address
+	// kickAt (loop clock) is when a loop that resumed from a park and
+	// still holds its P kicks the netpoller for parked loops (kicker.go);
+	// 0: no kick due.
+	kickAt int64
+	rsa    unix.RawSockaddrAny // accept4's peer address
 
 	nSocks   atomic.Int64
 	nBufs    atomic.Int64
@@ -437,16 +441,24 @@ func (l *Loop) run(be Backend, ready chan<- error) {
 
 func (l *Loop) loop() error {
 	for !l.stop.Load() {
+		if l.kickAt != 0 && l.now >= l.kickAt {
+			l.kickAt = 0
+			if loopsParked.Load() > 0 {
+				l.g.kickNetpoll() // busy since a park ended: see kicker.go
+			}
+		}
 		timeout := l.timeout()
 		park := false
 		if timeout != 0 {
 			if l.pk != nil {
 				if now := l.clock(); now < l.kernelUntil && l.mayHoldP() {
 					if left := l.kernelUntil - now; timeout < 0 || left <= timeout {
-						// The span's TIMEOUT ends this wait: no timer is
-						// armed per wait (see uring.spanAt).
+						// The span's end ends this wait: on io_uring one
+						// TIMEOUT per span, not a timer per wait (see
+						// uring.spanAt); on epoll, or where the kernel
+						// refused it, the wait's own timeout.
 						timeout = -1
-						if !l.ur.armSpan(l.kernelUntil, now) {
+						if l.ur == nil || !l.ur.armSpan(l.kernelUntil, now) {
 							timeout = left
 						}
 					}
@@ -468,8 +480,11 @@ func (l *Loop) loop() error {
 		switch {
 		case park:
 			err = l.pk.wait()
+			if l.pk.slept {
+				l.kickAt = l.now + resumeKickAfter
+			}
 			l.kernelUntil = 0
-			if l.ur != nil && l.mayHoldP() {
+			if l.mayHoldP() {
 				l.kernelUntil = l.now + kernelSpan
 			}
 		case l.inKernel.Load():
@@ -480,6 +495,7 @@ func (l *Loop) loop() error {
 			if loopsParked.Load() > 0 {
 				l.g.kickNetpoll() // this P leaves the scheduler's sight: see kicker.go
 			}
+			l.kickAt = 0
 			loopsInKernel.Add(1)
 			_, err = l.drv.poll(timeout)
 			loopsInKernel.Add(-1)

@@ -23,15 +23,11 @@ func withKernelSpan(t *testing.T, d time.Duration) {
 
 // TestKernelWaitWakes: a loop that waits in the kernel (the span made
 // endless, so no timeout can hide a lost wake-up) is woken by its
-// sockets and by a Post from another goroutine (io_uring: epoll loops do
-// not wait in the kernel).
+// sockets and by a Post from another goroutine.
 func TestKernelWaitWakes(t *testing.T) {
 	withKernelSpan(t, time.Hour)
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // a P to spare
 	eachBackend(t, func(t *testing.T, be Backend) {
-		if be != IOUring {
-			return // epoll loops always park (TestKernelWaitNeedsSpareP)
-		}
 		g := startGroup(t, be, 1)
 		fd, addr := listenFD(t)
 		listenAll(t, g, fd, func() Handler { return &echo{limit: 64 << 10} })
@@ -82,10 +78,8 @@ func TestKernelWaitWakes(t *testing.T) {
 }
 
 // TestKernelWaitNeedsSpareP: a loop waits in the kernel, holding its P,
-// only on io_uring and only while the process has a P that no loop holds
-// (an epoll loop always parks: its parker would wake the netpoller at
-// every event); with GOMAXPROCS
-// equal to the number of loops it always parks (the test's own client
+// only while the process has a P that no loop holds, on either backend;
+// with GOMAXPROCS equal to the number of loops it always parks (the test's own client
 // goroutine shares the loop's P). With a spare P it waits in the kernel
 // between round trips and, once idle for longer than kernelSpan, parks.
 func TestKernelWaitNeedsSpareP(t *testing.T) {
@@ -108,9 +102,8 @@ func TestKernelWaitNeedsSpareP(t *testing.T) {
 					}
 				}
 				st := g.Stats()
-				kernel := tc.kernel && be == IOUring
-				if (st.KernelWaits > 0) != kernel {
-					t.Fatalf("stats %+v: want kernel waits %v", st, kernel)
+				if (st.KernelWaits > 0) != tc.kernel {
+					t.Fatalf("stats %+v: want kernel waits %v", st, tc.kernel)
 				}
 				// Idle, every loop parks. A park is counted when it ends
 				// after sleeping: one more round trip ends it. (Counting
@@ -143,8 +136,8 @@ func echoOnce(c net.Conn, data []byte) error {
 	return nil
 }
 
-// TestKernelWaitHoldP: without a spare P (GOMAXPROCS=1, one loop) an
-// io_uring loop waits in the kernel while Config.HoldP says no goroutine
+// TestKernelWaitHoldP: without a spare P (GOMAXPROCS=1, one loop) a
+// loop waits in the kernel while Config.HoldP says no goroutine
 // needs a P, and parks on every wait once it says one does (the test's
 // own client goroutine shares the loop's P, so each round trip also
 // shows that such a goroutine still runs: at the latest when the span
@@ -152,14 +145,15 @@ func echoOnce(c net.Conn, data []byte) error {
 func TestKernelWaitHoldP(t *testing.T) {
 	withKernelSpan(t, 200*time.Microsecond)
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	if err := probeUring(); err != nil {
-		testkit.Missing(t, "io_uring refused on this machine: %v", err)
-	}
+	eachBackend(t, testKernelWaitHoldP)
+}
+
+func testKernelWaitHoldP(t *testing.T, be Backend) {
 	var hold atomic.Bool
 	hold.Store(true)
-	g, err := Start(Config{Loops: 1, Backend: IOUring, Logger: quietLogger(), BufSize: 4096, HoldP: func(*Loop) bool { return hold.Load() }})
+	g, err := Start(Config{Loops: 1, Backend: be, Logger: quietLogger(), BufSize: 4096, HoldP: func(*Loop) bool { return hold.Load() }})
 	if err != nil {
-		t.Fatalf("start io_uring: %v", err)
+		t.Fatalf("start %s: %v", be, err)
 	}
 	t.Cleanup(func() {
 		if err := g.Close(); err != nil {

@@ -13,15 +13,11 @@ import (
 // kernel wait (inKernel set) and then found a posted function (timeout
 // forced to 0) must not count one: a chain of functions that each post
 // the next (a flood's read continuation does this every turn) would count
-// a "kernel wait" per turn while the loop never waits. io_uring only:
-// epoll loops never wait in the kernel (TestKernelWaitNeedsSpareP).
+// a "kernel wait" per turn while the loop never waits.
 func TestKernelWaitsCountOnlyWaits(t *testing.T) {
 	withKernelSpan(t, time.Hour)
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2)) // a P to spare
 	eachBackend(t, func(t *testing.T, be Backend) {
-		if be != IOUring {
-			return
-		}
 		g := startGroup(t, be, 1)
 		l := g.Loops()[0]
 		// Wake the loop out of its park (the span starts when a park ends)

@@ -14,8 +14,8 @@ import (
 
 // parker makes a loop wait for its next turn in Go's netpoller instead of
 // a blocking epoll_wait/io_uring_enter: the loop goroutine parks on a
-// pollable fd that turns readable when the loop has work (the epoll set
-// itself; for io_uring an eventfd registered with the ring), so its P is
+// pollable fd that turns readable when the loop has work (epoll: the park
+// set; io_uring: an eventfd registered with the ring), so its P is
 // free at once for the goroutines whose answers the loop waits for (a
 // RateLimitly client's receiver, a blocking Hook's worker). A blocking
 // wait holds the P as an announced system call, and with GOMAXPROCS=1
@@ -32,8 +32,10 @@ type parker struct {
 	first bool  // the next check is the wait's first
 	dl    int64 // deadline set on f, in the loop's clock; 0: none
 	// before runs ahead of the first non-blocking check of a wait, after
-	// when the wait ends (io_uring: enable and disable the eventfd).
-	before, after func()
+	// when the wait ends (io_uring: enable and disable the eventfd;
+	// epoll: arm and disarm the park set).
+	before func() error
+	after  func()
 }
 
 // newParker takes fd (it is closed with the parker) and registers it with
@@ -91,7 +93,9 @@ func (p *parker) wait() error {
 		p.dl = dl
 	}
 	if p.before != nil {
-		p.before()
+		if err := p.before(); err != nil {
+			return err
+		}
 	}
 	if loopsInKernel.Load() > 0 {
 		p.l.g.kickNetpoll() // an M must poll the network for this park (kicker.go)
@@ -151,7 +155,7 @@ func (l *Loop) mayHoldP() bool {
 // has a P to spare for goroutines (spareP: fewer loops than GOMAXPROCS)
 // or Config.HoldP says no goroutine needs one (rl-tproxy: no connection
 // served by a goroutine, no blocking Hook at work), checked before every
-// wait, and only on io_uring: epoll's parker is
-// a duplicate of the loop's epoll set, registered in Go's netpoller, so
-// every event during a kernel wait would also wake the netpoller.
+// wait. Neither backend's parker fd wakes the netpoller during a kernel
+// wait (epoll: the park set has no interest in the loop's set; io_uring:
+// the eventfd is disabled).
 var kernelSpan = int64(time.Millisecond) // a variable for the tests only

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
+	"golang.org/x/sys/unix"
 )
 
 // loopWaitState returns the scheduler state of the goroutine running
@@ -67,5 +68,56 @@ func TestIdleLoopParksInNetpoller(t *testing.T) {
 				waitStats(t, g, "sockets closed", func(s Stats) bool { return s.Sockets == 0 })
 			})
 		})
+	}
+}
+
+// TestEpollParkSetOnlyWhileParked: an epoll loop's parker fd (the park
+// set, which the netpoller watches) turns readable for the loop's events
+// only while the loop parks, so a loop that runs or waits in the kernel
+// holding its P never wakes a thread blocked in the netpoller. On the
+// loop's thread, with a watched eventfd signalled (an event pending in
+// the loop's set): the park set is not readable; armed as for a park it
+// is; disarmed again it is not.
+func TestEpollParkSetOnlyWhileParked(t *testing.T) {
+	g := startGroup(t, Epoll, 1)
+	l := g.Loops()[0]
+	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(efd)
+	var w *Watch
+	on(l, func() { w, err = l.Watch(efd, func() {}) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer on(l, w.Stop)
+	readable := func() bool {
+		pfd := []unix.PollFd{{Fd: int32(l.ep.parkfd), Events: unix.POLLIN}}
+		n, err := unix.Poll(pfd, 0)
+		if err != nil {
+			t.Fatalf("poll the park set: %v", err)
+		}
+		return n > 0 && pfd[0].Revents&unix.POLLIN != 0
+	}
+	var running, armed, disarmed bool
+	on(l, func() {
+		if _, err = unix.Write(efd, eventfdOne[:]); err != nil {
+			return
+		}
+		running = readable()
+		if err = l.ep.armPark(); err != nil {
+			return
+		}
+		armed = readable()
+		l.ep.disarmPark()
+		disarmed = readable()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if running || !armed || disarmed {
+		t.Fatalf("park set readable with an event pending: running %v, armed for a park %v, disarmed %v; want false, true, false",
+			running, armed, disarmed)
 	}
 }

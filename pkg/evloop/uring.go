@@ -147,7 +147,7 @@ func (u *uring) armWake() {
 // and the netpoller hands the loop goroutine its P back. It is signalled
 // only while the loop parks (IORING_CQ_EVENTFD_DISABLED otherwise), so a
 // busy loop does not wake the netpoller.
-func (u *uring) parkFD() (int, func(), func(), error) {
+func (u *uring) parkFD() (int, func() error, func(), error) {
 	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 	if err != nil {
 		return -1, nil, nil, fmt.Errorf("eventfd: %w", err)
@@ -158,7 +158,7 @@ func (u *uring) parkFD() (int, func(), func(), error) {
 	}
 	u.r.eventfdEnabled(false)
 	u.parkfd = fd
-	return fd, func() { u.r.eventfdEnabled(true) }, func() { u.r.eventfdEnabled(false) }, nil
+	return fd, func() error { u.r.eventfdEnabled(true); return nil }, func() { u.r.eventfdEnabled(false) }, nil
 }
 
 // wake ends the loop's wait: a parked loop through the parker's eventfd

@@ -6,8 +6,10 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"golang.org/x/sys/unix"
@@ -230,5 +232,113 @@ func TestParkBesideKernelWaitKicks(t *testing.T) {
 		}
 		on(l0, func() {})
 		testkit.WaitFor(t, "loop 0 parked", func() bool { return l0.asleep.Load() && !l0.inKernel.Load() })
+	}
+}
+
+// TestWokenLoopKicksForParkedLoop: when the netpoller hands a parked
+// loop its P back, the thread that polled stops (the loop's goroutine is
+// locked to its own thread), so a second loop still parked has nobody
+// polling for it while the first holds its P, busy turn after turn: the
+// runtime counts that as running and starts no thread. A loop that stays
+// busy after a park while another is parked therefore kicks the
+// netpoller (kicker.go). Each round both loops park (no HoldP, no spare
+// P: every idle wait parks) and a timerfd loop 0 watches fires while
+// every goroutine of the test waits on a channel, so no other thread
+// polls. Loop 0's callback posts to loop 1 and, in the busy rounds, then
+// runs turns of 20 µs each (a raw system call holding the thread and P,
+// then a Post of the next) for 30 ms. The kick comes resumeKickAfter
+// into that busy spell; beyond it, loop 1's function must run within 10x
+// its median in the rounds where loop 0 parks at once: unkicked it
+// waited for sysmon's 10 ms poll (10-17 ms against 0.04-0.12 ms direct;
+// kicked 0.36-0.46 ms). The bound is ten times the direct wake-up plus
+// the kick's designed delay, not a threshold on this machine's speed.
+func TestWokenLoopKicksForParkedLoop(t *testing.T) {
+	eachBackend(t, func(t *testing.T, be Backend) {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
+		g := startGroup(t, be, 2)
+		l0, l1 := g.Loops()[0], g.Loops()[1]
+		tfd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(tfd)
+		var busy atomic.Int64 // ns loop 0 stays busy after posting
+		res := make(chan time.Duration, 1)
+		var w *Watch
+		on(l0, func() {
+			w, err = l0.Watch(tfd, func() {
+				var b [8]byte
+				if n, _ := unix.Read(tfd, b[:]); n != len(b) {
+					return // not expired (a spurious readiness)
+				}
+				start := time.Now()
+				l1.Post(func() { res <- time.Since(start) })
+				until := start.Add(time.Duration(busy.Load()))
+				var turn func()
+				turn = func() {
+					if time.Now().Before(until) {
+						holdThread(20 * time.Microsecond)
+						l0.Post(turn) // from its own thread: the next turn, no wait
+					}
+				}
+				turn()
+			})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer on(l0, w.Stop)
+		parked := func(l *Loop) bool { return l.asleep.Load() && !l.inKernel.Load() }
+		const rounds = 9
+		var direct, held []time.Duration
+		kicks := g.nKicks.Load()
+		for i := range 2 * rounds {
+			h := time.Duration(0)
+			if i%2 == 1 {
+				h = 30 * time.Millisecond
+			}
+			busy.Store(int64(h))
+			testkit.WaitFor(t, "both loops parked", func() bool { return parked(l0) && parked(l1) })
+			if err := unix.TimerfdSettime(tfd, 0, &unix.ItimerSpec{Value: unix.NsecToTimespec(int64(2 * time.Millisecond))}, nil); err != nil {
+				t.Fatal(err)
+			}
+			var d time.Duration
+			select {
+			case d = <-res:
+			case <-time.After(testkit.WaitBound):
+				t.Fatal("loop 1 never ran the function loop 0 posted")
+			}
+			if h > 0 {
+				held = append(held, d)
+			} else {
+				direct = append(direct, d)
+			}
+		}
+		if g.nKicks.Load() == kicks {
+			t.Fatalf("loop 0 stayed busy after %d parks beside parked loop 1 and never kicked the netpoller", rounds)
+		}
+		slices.Sort(direct)
+		slices.Sort(held)
+		dMed, hMed := direct[rounds/2], held[rounds/2]
+		t.Logf("loop 1 ran a posted function after p50 %v (max %v) with loop 0 busy, %v (max %v) with loop 0 parking at once",
+			hMed, held[rounds-1], dMed, direct[rounds-1])
+		if hMed > 10*dMed+time.Duration(resumeKickAfter) {
+			t.Fatalf("a parked loop woke late beside a busy loop: median %v, %v when that loop parks at once (over 10x, beyond the kick's %v): nobody polled the network for it",
+				hMed, dMed, time.Duration(resumeKickAfter))
+		}
+	})
+}
+
+// holdThread keeps the calling thread, and its P, for d in raw system
+// calls the scheduler does not see: a loop's long turn, or a wait in the
+// kernel.
+func holdThread(d time.Duration) {
+	for end := time.Now().Add(d); ; {
+		left := time.Until(end)
+		if left <= 0 {
+			return
+		}
+		ts := unix.NsecToTimespec(int64(left))
+		unix.RawSyscall(unix.SYS_NANOSLEEP, uintptr(unsafe.Pointer(&ts)), 0, 0) // EINTR: the loop goes on
 	}
 }
