@@ -39,6 +39,18 @@ func TestZeroAllocs(t *testing.T) {
 	}); n != 0 {
 		t.Errorf("Response.Parse: %v allocs/op", n)
 	}
+	interim := []byte("HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n" + string(respBuf))
+	if n := testing.AllocsPerRun(100, func() {
+		var seen Interims
+		if err := rs.ParseUpstream(interim, []byte("GET"), &seen); err != nil || !rs.Interim() {
+			t.Fatal(err)
+		}
+		if err := rs.ParseUpstream(interim[rs.HeadLen:], []byte("GET"), &seen); err != nil || !rs.Reusable([]byte("GET")) {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Errorf("Response.ParseUpstream: %v allocs/op", n)
+	}
 	enc := []byte("5;x=y\r\nhello\r\n3\r\nabc\r\n0\r\nX-T: 1\r\n\r\n")
 	var d ChunkedDecoder
 	if n := testing.AllocsPerRun(100, func() {

@@ -92,4 +92,5 @@ var AllErrors = []*Error{
 	ErrBadContentLength, ErrContentLengthOverflow, ErrConflictingLength, ErrTEWithCL,
 	ErrTEUnsupported, ErrTERepeated, ErrTEHTTP10, ErrExpectUnsupported, ErrConnectionOptions,
 	ErrBadChunkSize, ErrChunkSizeOverflow, ErrBadChunkExt, ErrChunkLineTooLong, ErrChunkMissingCRLF, ErrChunkOverhead,
+	ErrTooManyInterims,
 }

@@ -356,7 +356,7 @@ func TestUpstreamReadBeyondHeldLine(t *testing.T) {
 
 // TestEndlessInterimToNonReadingClient: an upstream that answers with
 // 1xx responses without end, to a client that never reads: the proxy
-// relays maxInterims of them, then ends the exchange (502) and closes
+// relays httpparse.MaxInterims of them, then ends the exchange (502) and closes
 // both connections, so what it holds stays bounded.
 func TestEndlessInterimToNonReadingClient(t *testing.T) {
 	eachLoopBackend(t, func(t *testing.T) {

@@ -138,7 +138,7 @@ func TestTunnelBounded(t *testing.T) {
 			}
 		}, true, 101, false},
 		// 8 MiB of 1xx, then the 101, to a client that reads nothing: the
-		// proxy relays maxInterims of them and ends the exchange with 502,
+		// proxy relays httpparse.MaxInterims of them and ends the exchange with 502,
 		// so the 101 never arrives and nothing more is queued.
 		{"client-never-reads-interim", func(c net.Conn) {
 			for range (8 << 20) / len(interim) {

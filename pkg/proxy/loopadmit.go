@@ -43,6 +43,8 @@ type reqState struct {
 	splMark  int64 // bytes the body's splice had moved at the last deadline
 	rp       uint8 // response phase
 
+	interims httpparse.Interims // interim (1xx) responses received
+
 	bodyDone  bool // the request body was sent (or there is none)
 	keep      bool // the client connection stays after this request
 	upKeep    bool // the upstream connection may be pooled after the response
@@ -51,14 +53,11 @@ type reqState struct {
 	cancelled bool // Cancel (or the Admit context's cancel) was called
 	sent100   bool
 	canRetry  bool
-	interims  int // interim (1xx) responses received
-	// interimBytes counts their head bytes.
-	interimBytes int
-	retried      bool
-	upBytes      bool // a response byte arrived
-	chunkedRs    bool // the response body goes out re-encoded chunked
-	splicing     bool // a body goes by splice (loopsplice.go)
-	splIn        bool // ... the request body, from the client to r.up
+	retried   bool
+	upBytes   bool // a response byte arrived
+	chunkedRs bool // the response body goes out re-encoded chunked
+	splicing  bool // a body goes by splice (loopsplice.go)
+	splIn     bool // ... the request body, from the client to r.up
 }
 
 func (r *reqState) reset() {

@@ -285,17 +285,7 @@ func (c *clientConn) upData(u *upstreamConn, b []byte) {
 	}
 }
 
-var (
-	errHeadTooLarge    = errors.New("response head too large")
-	errTooManyInterims = fmt.Errorf("more than %d interim (1xx) responses or %d bytes of them", maxInterims, maxInterimBytes)
-)
-
-// Bounds of the interim (1xx) responses before the final head, as Go's
-// client bounds them: past either, the exchange fails with 502.
-const (
-	maxInterims     = 5
-	maxInterimBytes = bufSize
-)
+var errHeadTooLarge = errors.New("response head too large")
 
 // consumeResponse relays what src holds of the response; it returns the
 // bytes consumed and whether u still serves this exchange (false: it was
@@ -307,7 +297,7 @@ func (c *clientConn) consumeResponse(u *upstreamConn, src []byte) (int, bool) {
 		switch r.rp {
 		case rpHead:
 			resp := &u.resp
-			err := resp.Parse(src[n:], httpparse.Limits{}, r.head.Method)
+			err := resp.ParseUpstream(src[n:], r.head.Method, &r.interims)
 			if err == httpparse.ErrNeedMore {
 				if len(src)-n >= bufSize {
 					c.upFail(u, fmt.Errorf("read response head: %w", errHeadTooLarge))
@@ -320,13 +310,7 @@ func (c *clientConn) consumeResponse(u *upstreamConn, src []byte) (int, bool) {
 				return 0, false
 			}
 			n += resp.HeadLen
-			if resp.Status != 101 && resp.Informational() {
-				r.interims++
-				r.interimBytes += resp.HeadLen
-				if r.interims > maxInterims || r.interimBytes > maxInterimBytes {
-					c.upFail(u, fmt.Errorf("read response head: %w", errTooManyInterims))
-					return 0, false
-				}
+			if resp.Interim() {
 				c.relayInterim(resp)
 				continue
 			}
@@ -396,7 +380,7 @@ func (c *clientConn) responseHead(u *upstreamConn, rest []byte) (int, bool) {
 	r := c.r
 	resp := &u.resp
 	bm := resp.BodyMode()
-	r.upKeep = !resp.Close && resp.Minor == 1
+	r.upKeep = resp.Reusable(r.head.Method)
 	keep := c.keepClient() && bm != httpparse.BodyClose
 	if tunnelAnswer(r.head.Method, resp.Status) {
 		// Never reached while CONNECT is refused (startRequest); if it

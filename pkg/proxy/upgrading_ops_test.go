@@ -12,6 +12,7 @@ import (
 
 	"github.com/rl-tproxy/rl-tproxy/internal/testkit"
 	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
+	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 )
 
 // The lcUpgrading state: a 101 was relayed and the connection waits for
@@ -222,8 +223,8 @@ func TestUpgradingClientTakesNothing(t *testing.T) {
 }
 
 func clientTakesNothing(t *testing.T, end upgradingEnd) {
-	interim := "HTTP/1.1 102 Processing\r\nX-Pad: " + strings.Repeat("p", maxInterimBytes/maxInterims-40) + "\r\n\r\n"
-	const interims = maxInterims // just under maxInterimBytes: as much as the proxy relays, above the small buffers
+	interim := "HTTP/1.1 102 Processing\r\nX-Pad: " + strings.Repeat("p", httpparse.MaxInterimBytes/httpparse.MaxInterims-40) + "\r\n\r\n"
+	const interims = httpparse.MaxInterims // just under httpparse.MaxInterimBytes: as much as the proxy relays, above the small buffers
 	answer, vanish, stop := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	upGone := make(chan error, 1)
 	up := newRawUpstream(t, func(_ int, c net.Conn) {

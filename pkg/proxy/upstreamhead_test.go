@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
+	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 )
 
 // slowHead is a response head of 2,000 bytes: written a byte every 5ms,
@@ -63,7 +64,7 @@ func readAllFrom(t *testing.T, c *client) string {
 const earlyHints = "HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\n"
 
 // An upstream that sends interim responses without end is cut after
-// maxInterims of them (502): the client gets those, then the 502, and
+// httpparse.MaxInterims of them (502): the client gets those, then the 502, and
 // bytes_out counts every byte it got.
 func TestUpstreamInterimFloodCut(t *testing.T) {
 	sent := make(chan int, 1)
@@ -84,8 +85,8 @@ func TestUpstreamInterimFloodCut(t *testing.T) {
 	c := dialClient(t, addr)
 	c.send("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
 	got := readAllFrom(t, c)
-	if n := strings.Count(got, "HTTP/1.1 103 "); n != maxInterims {
-		t.Fatalf("the client got %d interim responses, want %d", n, maxInterims)
+	if n := strings.Count(got, "HTTP/1.1 103 "); n != httpparse.MaxInterims {
+		t.Fatalf("the client got %d interim responses, want %d", n, httpparse.MaxInterims)
 	}
 	if i := strings.LastIndex(got, "HTTP/1.1 "); !strings.HasPrefix(got[i:], "HTTP/1.1 502 ") {
 		t.Fatalf("final answer %q, want 502", got[i:min(len(got), i+40)])
