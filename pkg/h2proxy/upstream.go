@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
+	"github.com/rl-tproxy/rl-tproxy/pkg/h1client"
 )
 
 // Upstream protocols (exchange.Service.UpstreamProtocol).
@@ -20,8 +21,9 @@ const (
 
 // upstream is the pooled transport of one (address, protocol): an
 // h2cPool multiplexes streams over few HTTP/2 connections (opening
-// another when the upstream's stream limit is reached); an http.Transport
-// keeps HTTP/1.1 connections alive.
+// another when the upstream's stream limit is reached); an h1client.Pool
+// keeps HTTP/1.1 connections alive and reads their responses as strictly
+// as the HTTP/1.1 loops do.
 type upstream struct {
 	rt     http.RoundTripper
 	closer interface{ CloseIdleConnections() }
@@ -57,6 +59,9 @@ const upstreamHeaderTableSize = 1
 type upKey struct {
 	addr, proto string
 	timeout     time.Duration
+	// bodyIdle bounds an HTTP/1.1 upstream's silence mid-body (the
+	// service's idle timeout, as on the HTTP/1.1 loops).
+	bodyIdle time.Duration
 }
 
 type upstreams struct {
@@ -80,6 +85,9 @@ func (u *upstreams) get(svc *exchange.Service, cfg *exchange.Config) (*upstream,
 	}
 	timeout := durOr(svc.UpstreamTimeout, exchange.DefaultUpstreamTimeout)
 	key := upKey{addr: svc.Upstream, proto: proto, timeout: timeout}
+	if proto == ProtoHTTP1 {
+		key.bodyIdle = svc.IdleTimeoutOrDefault()
+	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if up := u.m[key]; up != nil {
@@ -135,19 +143,15 @@ func (u *upstreams) get(svc *exchange.Service, cfg *exchange.Config) (*upstream,
 		if maxIdle == 0 {
 			maxIdle = exchange.DefaultMaxIdlePerUpstream
 		}
-		var protos http.Protocols
-		protos.SetHTTP1(true)
-		t := &http.Transport{
-			Protocols:              &protos,
-			DialContext:            dialTimed,
-			DisableCompression:     true,
-			MaxIdleConnsPerHost:    max(maxIdle, 0),
-			DisableKeepAlives:      maxIdle < 0,
-			IdleConnTimeout:        idle,
-			ResponseHeaderTimeout:  timeout,
-			MaxResponseHeaderBytes: 1 << 20,
-		}
-		up = &upstream{rt: t, closer: t}
+		pool := h1client.New(h1client.Config{
+			Addr:        svc.Upstream,
+			Dial:        dialTimed,
+			HeadTimeout: timeout,
+			BodyIdle:    key.bodyIdle,
+			MaxIdle:     maxIdle, // negative: none, every request says Connection: close
+			IdleTimeout: idle,
+		})
+		up = &upstream{rt: pool, closer: pool}
 	}
 	up.used = true
 	u.m[key] = up

@@ -3,6 +3,7 @@ package h2proxy_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/rl-tproxy/rl-tproxy/pkg/exchange"
 	"github.com/rl-tproxy/rl-tproxy/pkg/h2proxy"
+	"github.com/rl-tproxy/rl-tproxy/pkg/httpparse"
 )
 
 // malformedResponses are upstream HTTP/1.1 responses every client
@@ -216,7 +218,7 @@ func h2Get(t *testing.T, cl *http.Client, addr, path string) verdictOutcome {
 // response cut (connection closed, stream reset) when it is in the body
 // and the head went out; the Result carries the upstream error; the
 // upstream connection is closed, never pooled; the next request is served
-// on a new connection.
+// on a new connection. Both paths name the same broken rule.
 func TestMalformedUpstreamResponseRefusedForEveryClient(t *testing.T) {
 	for _, tc := range malformedResponses {
 		t.Run(tc.name, func(t *testing.T) {
@@ -227,6 +229,7 @@ func TestMalformedUpstreamResponseRefusedForEveryClient(t *testing.T) {
 			_, addr := startListenerProxy(t, svc, h)
 			h2 := h2cClient()
 			defer h2.CloseIdleConnections()
+			var rules []*httpparse.Error // each client's verdict
 			for _, client := range []struct {
 				name string
 				get  func(path string) verdictOutcome
@@ -242,16 +245,20 @@ func TestMalformedUpstreamResponseRefusedForEveryClient(t *testing.T) {
 				case tc.bodyBad && (got.status != http.StatusOK || got.bodyErr == nil):
 					t.Errorf("%s client: %v; want the head (200), then the body cut", client.name, got)
 				}
-				if res.UpstreamErr == nil {
-					t.Errorf("%s client: Result.UpstreamErr not set (result %+v)", client.name, res)
-				} else {
-					t.Logf("%s client: %v; upstream error: %v", client.name, got, res.UpstreamErr)
+				var rule *httpparse.Error
+				if !errors.As(res.UpstreamErr, &rule) {
+					t.Errorf("%s client: Result.UpstreamErr %v, want an httpparse rule (result %+v)", client.name, res.UpstreamErr, res)
 				}
+				rules = append(rules, rule)
+				t.Logf("%s client: %v; upstream error: %v", client.name, got, res.UpstreamErr)
 				up.waitClosed(t, <-up.badOn)
 				if ok := client.get("/ok"); ok.status != 200 || ok.body != "ok" || ok.bodyErr != nil {
 					t.Errorf("%s client, the next request: %v", client.name, ok)
 				}
 				h.next(t)
+			}
+			if rules[0] != rules[1] {
+				t.Errorf("verdicts differ: %v for the HTTP/1.1 client, %v for the HTTP/2 client", rules[0], rules[1])
 			}
 			up.mu.Lock()
 			defer up.mu.Unlock()
