@@ -118,7 +118,8 @@ func (c *conn) roundTrip(req *http.Request) (*http.Response, error) {
 	chunked := hasBody && req.ContentLength <= 0
 	head, err := appendHead(c.wbuf[:0], req, hasBody, chunked, c.close)
 	if err != nil {
-		c.release(false)
+		// Nothing was sent: the connection stays as clean as it was.
+		c.unused()
 		closeReqBody(req)
 		return nil, err
 	}
@@ -239,6 +240,20 @@ func (c *conn) fill() error {
 		err = errors.New("empty read")
 	}
 	return err
+}
+
+// unused ends an exchange that sent nothing: c goes back to the pool.
+func (c *conn) unused() {
+	if c.stop != nil && !c.stop() {
+		c.stop = nil
+		c.release(false)
+		return
+	}
+	c.stop, c.ctx = nil, nil
+	readBufs.Put(c.rbufp)
+	c.rbufp, c.rbuf = nil, nil
+	c.reused = false
+	c.p.put(c)
 }
 
 // release ends the exchange: c goes back to the pool when clean says the

@@ -172,10 +172,8 @@ func (c *conn) sendBody(req *http.Request, head []byte, chunked bool) error {
 				return fmt.Errorf("read request body: %w", err)
 			}
 		}
-		if _, err := c.nc.Write(b); err != nil {
-			return err
-		}
-		// The body must end where its length says.
+		// The body must end where its length says, before its last
+		// bytes go out: the upstream answers only a whole request.
 		var one [1]byte
 		for {
 			n, err := req.Body.Read(one[:])
@@ -183,12 +181,14 @@ func (c *conn) sendBody(req *http.Request, head []byte, chunked bool) error {
 				return errBodyLong
 			}
 			if err == io.EOF {
-				return nil
+				break
 			}
 			if err != nil {
 				return fmt.Errorf("read request body: %w", err)
 			}
 		}
+		_, err := c.nc.Write(b)
+		return err
 	}
 	if _, err := c.nc.Write(b); err != nil {
 		return err
