@@ -42,7 +42,8 @@ type conn struct {
 	rbuf  []byte
 	r, w  int // unread bytes: rbuf[r:w]
 
-	wbuf []byte // request staging, kept for the connection's life
+	wbuf []byte   // request staging, kept for the connection's life
+	keys []string // scratch: the request's field names, sorted
 
 	resp  httpparse.Response
 	seen  httpparse.Interims
@@ -116,7 +117,7 @@ func (c *conn) roundTrip(req *http.Request) (*http.Response, error) {
 	c.begin(req)
 	hasBody := req.Body != nil && req.Body != http.NoBody
 	chunked := hasBody && req.ContentLength <= 0
-	head, err := appendHead(c.wbuf[:0], req, hasBody, chunked, c.close)
+	head, err := appendHead(c.wbuf[:0], &c.keys, req, hasBody, chunked, c.close)
 	if err != nil {
 		// Nothing was sent: the connection stays as clean as it was.
 		c.unused()

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"syscall"
@@ -611,6 +612,64 @@ func TestInvalidRequestRefused(t *testing.T) {
 		mod(req)
 		if _, err := p.RoundTrip(req); err == nil {
 			t.Errorf("request %v %q %v sent", req.Method, req.Host, req.Header)
+		}
+	}
+}
+
+// TestRequestHead: the exact bytes of request heads: origin-form target
+// with its escaping and query, or "*"; Host from the request; fields in
+// name order; the client's own framing and Connection fields never
+// passed on, its framing written from ContentLength.
+func TestRequestHead(t *testing.T) {
+	heads := make(chan string, 4)
+	u := startUpstream(t, func(_ int, c net.Conn, br *bufio.Reader) {
+		for {
+			var head strings.Builder
+			for {
+				line, err := br.ReadString('\n')
+				if err != nil {
+					return
+				}
+				head.WriteString(line)
+				if line == "\r\n" {
+					break
+				}
+			}
+			heads <- head.String()
+			if _, err := io.WriteString(c, okResponse("ok")); err != nil {
+				return
+			}
+		}
+	})
+	p := newPool(t, u.addr, h1client.Config{})
+	for _, tc := range []struct {
+		method, url, host string
+		header            http.Header
+		want              string
+	}{
+		{"GET", "http://x/a%2Fb/c?q=1&r", "svc.example", http.Header{"X-B": {"2"}, "X-A": {"1", "1b"}, "Content-Length": {"99"},
+			"Transfer-Encoding": {"chunked"}, "Connection": {"x"}, "Host": {"other"}},
+			"GET /a%2Fb/c?q=1&r HTTP/1.1\r\nHost: svc.example\r\nX-A: 1\r\nX-A: 1b\r\nX-B: 2\r\n\r\n"},
+		{"OPTIONS", "*", "svc.example", nil, "OPTIONS * HTTP/1.1\r\nHost: svc.example\r\n\r\n"},
+		{"POST", "http://x", "", nil, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"},
+	} {
+		req, err := http.NewRequest(tc.method, tc.url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tc.url == "*" {
+			req.URL = &url.URL{Opaque: "*"}
+		}
+		req.Host = tc.host
+		req.Header = tc.header
+		res, err := p.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", tc.method, tc.url, err)
+		}
+		_, _ = io.Copy(io.Discard, res.Body)
+		_ = res.Body.Close()
+		if got := <-heads; got != tc.want {
+			t.Errorf("%s %s: head\n%q, want\n%q", tc.method, tc.url, got, tc.want)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 
 	"golang.org/x/net/http/httpguts"
@@ -18,11 +19,12 @@ import (
 // client writes itself (Host, Content-Length, Transfer-Encoding,
 // Trailer, Connection), the body's framing from req.ContentLength
 // (chunked when the length is unknown, with a Trailer field naming
-// req.Trailer's keys) and Connection: close when asked. Anything that
+// req.Trailer's keys) and Connection: close when asked. keys is scratch
+// space for the field names. Anything that
 // cannot go on the wire as it is (a method that is not a token, a
 // control byte in the target, an invalid Host, field name or value) is
 // an error and nothing is sent.
-func appendHead(b []byte, req *http.Request, hasBody, chunked, close bool) ([]byte, error) {
+func appendHead(b []byte, keys *[]string, req *http.Request, hasBody, chunked, close bool) ([]byte, error) {
 	if !validMethod(req.Method) {
 		return b, fmt.Errorf("invalid method %q", req.Method)
 	}
@@ -42,11 +44,20 @@ func appendHead(b []byte, req *http.Request, hasBody, chunked, close bool) ([]by
 	}
 	b = append(b, host...)
 	b = append(b, '\r', '\n')
-	for k, vs := range req.Header {
+	// Fields in name order, as net/http writes them: the same request
+	// gives the same bytes.
+	ks := (*keys)[:0]
+	for k := range req.Header {
 		switch k {
 		case "Host", "Content-Length", "Transfer-Encoding", "Trailer", "Connection":
 			continue
 		}
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	*keys = ks
+	for _, k := range ks {
+		vs := req.Header[k]
 		if !httpguts.ValidHeaderFieldName(k) {
 			return b, fmt.Errorf("invalid field name %q", k)
 		}
