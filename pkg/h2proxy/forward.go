@@ -100,10 +100,12 @@ func (st *stream) upstreamRequest(r *http.Request, d *exchange.Decision) *http.R
 		}
 	}
 	// The client's stream context: a client that resets or goes away
-	// resets the upstream stream. The response head's timeout is the
-	// transport's (ResponseHeaderTimeout, from the end of the request
-	// body), and a relay that ends early closes the response body, which
-	// resets the upstream stream too.
+	// resets the upstream stream (or closes the HTTP/1.1 upstream
+	// connection). The response head's timeout is the transport's, from
+	// the end of the request body (the h2c transport's
+	// ResponseHeaderTimeout, h1client's HeadTimeout), and a relay that
+	// ends early closes the response body, which ends the upstream
+	// exchange too.
 	return tmpl.WithContext(r.Context())
 }
 
