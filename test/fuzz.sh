@@ -18,21 +18,28 @@
 # would run it: from the package's directory (so a failing input lands in
 # its testdata/fuzz) with the same corpus cache, $GOCACHE/fuzz/IMPORTPATH.
 # That saves a go command and a link per target; the fuzzing is the same.
+# FUZZJOBS packages (default 2) run at once: a short run is mostly start-up
+# (build, coordinator, workers, baseline coverage), which leaves a second
+# core idle if one package runs at a time.
 set -euo pipefail
 t=${1:-20000x}
 only=${2:-.}
+jobs=${FUZZJOBS:-2}
 cd "$(dirname "$0")/.."
 root=$PWD
 cache=$(go env GOCACHE)/fuzz
-bins=$(mktemp -d)
-log=$(mktemp)
-trap 'rm -rf "$bins" "$log"' EXIT
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
 
 mapfile -t files < <(git ls-files '*_test.go' | xargs grep -l '^func Fuzz' || true)
 mapfile -t dirs < <(for f in "${files[@]}"; do dirname "$f"; done | sort -u)
-n=0
-for dir in "${dirs[@]}"; do
-  targets=()
+
+# fuzzpkg DIR ID runs DIR's targets that match $only, one after another,
+# and writes how many there are to $work/ID.n; on a failure it prints the
+# log and returns 1.
+fuzzpkg() {
+  local dir=$1 id=$2 file f own tf budget try pkg
+  local bin=$work/$id.test log=$work/$id.log targets=()
   for file in "${files[@]}"; do
     [ "$(dirname "$file")" = "$dir" ] || continue
     for f in $(sed -nE 's/^func (Fuzz[A-Za-z0-9_]+)\(.*/\1/p' "$file"); do
@@ -41,11 +48,11 @@ for dir in "${dirs[@]}"; do
       targets+=("$f:${own}")
     done
   done
-  [ ${#targets[@]} -gt 0 ] || continue
-  pkg=$(go list "./$dir")
-  bin=$bins/${dir//\//_}.test
+  echo "${#targets[@]}" >"$work/$id.n"
+  [ ${#targets[@]} -gt 0 ] || return 0
+  pkg=$(go list "./$dir") || return 1
   if ! go test -c -fuzz=. -o "$bin" "./$dir" >"$log" 2>&1; then
-    cat "$log"; exit 1
+    cat "$log"; return 1
   fi
   for tf in "${targets[@]}"; do
     f=${tf%%:*} own=${tf#*:}
@@ -66,11 +73,23 @@ for dir in "${dirs[@]}"; do
         echo "fuzz $dir $f: coordinator deadline race (go.dev/issue/75804), running it again"
         continue
       fi
-      cat "$log"; exit 1
+      echo "fuzz $dir $f: FAIL"; cat "$log"; return 1
     done
-    n=$((n+1))
   done
   rm -f "$bin"
+}
+
+# Up to $jobs packages at once; after a failure no new package starts.
+failed() { compgen -G "$work/*.fail" >/dev/null; }
+i=0
+for dir in "${dirs[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+  failed && break
+  i=$((i+1))
+  { fuzzpkg "$dir" "$i" || touch "$work/$i.fail"; } &
 done
+wait
+failed && exit 1
+n=$(cat "$work"/*.n | awk '{s+=$1} END {print s+0}')
 [ "$n" -gt 0 ] || { echo "fuzz: no target matches $only" >&2; exit 1; }
 echo "fuzz: $n targets ran (budget $t unless a target sets its own)"
