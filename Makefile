@@ -8,8 +8,19 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 FUZZTIME ?= 20000x
+# make fuzz: the long run, this long per target; FUZZ (a regexp) picks targets.
+LONGFUZZTIME ?= 5m
+FUZZ ?= .
+# Test binaries run at once by test-unit. Most packages' tests wait on child
+# processes, sockets and timers rather than the CPU, so more than the
+# default (one per CPU) keeps two cores busy.
+TESTP ?= 4
+# The packages whose tests take longest, named first so that they start
+# first instead of last (go test starts packages in the order given); ./...
+# after them still runs every package, each once.
+SLOWPKGS := ./test/e2e ./pkg/hook ./pkg/h2proxy ./test/steer ./pkg/proxy ./test/fault ./pkg/evloop
 
-.PHONY: all build generate generate-check test test-unit test-alloc test-fuzz lint deps demo bench soak clean
+.PHONY: all build generate generate-check test test-unit test-alloc test-fuzz fuzz lint deps demo bench soak clean
 
 all: build
 
@@ -37,7 +48,7 @@ lint:
 	$(GO) tool staticcheck ./...
 
 test-unit:
-	$(GO) test -race -count=1 -timeout 40m ./...
+	$(GO) test -race -count=1 -p $(TESTP) -timeout 40m $(SLOWPKGS) ./...
 
 # The allocation tests (files tagged //go:build !race) without -race.
 test-alloc:
@@ -46,6 +57,11 @@ test-alloc:
 # Short runs of every fuzz target beyond its committed seed corpus.
 test-fuzz:
 	@test/fuzz.sh $(FUZZTIME)
+
+# Long fuzzing, not part of make test: every target (or those FUZZ matches)
+# for LONGFUZZTIME each, e.g. make fuzz LONGFUZZTIME=30m FUZZ=FuzzRequest.
+fuzz:
+	@test/fuzz.sh $(LONGFUZZTIME) '$(FUZZ)'
 
 test: deps generate-check lint test-unit test-alloc test-fuzz
 
