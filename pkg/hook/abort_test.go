@@ -56,7 +56,9 @@ func TestAdmissionTimeoutIsInternalError(t *testing.T) {
 		close(cancelled)
 		out.Valid, out.Fail = false, ratelimitly.CauseCancelled
 	}, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "upstream") }),
-		func(c *proxy.Config) { c.AdmissionTimeout = 20 * time.Millisecond })
+		// The service's own bound wins over the Config's: the policy's
+		// timeouts.admission (70s by default) is on the service.
+		func(c *proxy.Config) { c.Services[0].AdmissionTimeout = 20 * time.Millisecond })
 	resp := r.get(t, "/api/x", "k")
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("status %d, want 503", resp.StatusCode)
