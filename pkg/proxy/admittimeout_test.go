@@ -138,8 +138,8 @@ func noLeakAbove(t *testing.T, base int) {
 
 // Shutdown's deadline is not held up for ever by a Hook that never
 // answers: the connection waiting for it is closed, and Shutdown returns
-// the deadline's error after at most forcedWait more (it used to wait
-// for the Decision without bound).
+// the deadline's error after at most forcedWait more, not after the
+// Decision.
 func TestShutdownForcedDoesNotWaitForeverForHook(t *testing.T) {
 	up := newRawUpstream(t, func(int, net.Conn) {})
 	h := &holdHook{testHook: newTestHook(nil), begun: make(chan struct{}, 1)}

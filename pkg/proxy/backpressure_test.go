@@ -95,8 +95,9 @@ func bigHeadRequest(n int) (head string, lim httpparse.Limits) {
 // A client paused because the upstream socket held more than
 // loopMaxPending is read again once that queue drained, also when its
 // body is complete: its FIN is seen while the response is awaited, which
-// aborts the request. It used to stay paused for the whole exchange when
-// its last body byte was what pushed the queue over the bound.
+// aborts the request. That holds too when its last body byte was what
+// pushed the queue over the bound (it must not stay paused for the whole
+// exchange).
 func TestClientReadAfterBodyUnderBackpressure(t *testing.T) {
 	eachLoopBackend(t, func(t *testing.T) {
 		up, read, got, release := stalledUpstream(t)
@@ -111,7 +112,7 @@ func TestClientReadAfterBodyUnderBackpressure(t *testing.T) {
 		waitConnState(t, p, lcExchange) // the head is queued for the upstream
 		c.send("hello")
 		// The head alone filled the upstream socket's queue: the client is
-		// paused before its body, or (as it used to be) after it.
+		// paused before its body, or after it.
 		testkit.WaitFor(t, "the client to be paused", func() bool {
 			paused := false
 			loopConn(p, func(c *clientConn) { paused = c.state == lcExchange && c.paused && c.r.up.s.Pending() > loopMaxPending })
@@ -132,7 +133,7 @@ func TestClientReadAfterBodyUnderBackpressure(t *testing.T) {
 // A client paused because its whole body filled the buffer while the
 // upstream was dialled reads again once upReady took the body out: its
 // FIN is seen while the response is awaited, which aborts the request
-// (it used to stay paused for the whole exchange).
+// (it must not stay paused for the whole exchange).
 func TestClientReadAfterBufferedBodySent(t *testing.T) {
 	eachLoopBackend(t, func(t *testing.T) {
 		up, _, gotBody, release, cancelled := holdUpstream(t)

@@ -378,8 +378,8 @@ func (o *manualOwner) Post(fn func()) { o.posted = append(o.posted, fn) }
 // TestOwnedFloodBoundedPerTurn: a socket with more queued than one read
 // bound, while every owner turn also brings a readiness edge (a flood):
 // each turn reads at most maxOwnedTurns batches and leaves at most one
-// continuation. The continuations used to pile up, one more per turn,
-// and the datagrams read per turn grew with them.
+// continuation: continuations must not pile up, one more per turn, nor
+// the datagrams read per turn grow with them.
 func TestOwnedFloodBoundedPerTurn(t *testing.T) {
 	r := newOwnedRing(t, Config{Bind: loopback4, Shards: 1, Owned: 1, DisableGRO: true}, func(*Socket, []byte, netipAddrPort) {})
 	const n = 6 * maxOwnedTurns * MaxBatch
