@@ -81,15 +81,17 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err == nil {
 			return res, nil
 		}
-		if attempt > 0 || !c.reused || c.readAny || !replayable(req) || ctx.Err() != nil {
+		if attempt > 0 || !c.reused || c.readAny || !Replayable(req) || ctx.Err() != nil {
 			return nil, err
 		}
 	}
 }
 
-// replayable reports whether req may be sent twice: no body, and a
-// method that changes nothing.
-func replayable(req *http.Request) bool {
+// Replayable reports whether req may be sent twice, on another
+// connection, after a reused connection failed before any response byte:
+// no body, and a method that changes nothing. The h2c upstream pool
+// retries by the same rule.
+func Replayable(req *http.Request) bool {
 	if req.Body != nil && req.Body != http.NoBody {
 		return false
 	}

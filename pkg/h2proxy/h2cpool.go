@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+
+	"github.com/rl-tproxy/rl-tproxy/pkg/h1client"
 )
 
 // h2cPool is the pool of HTTP/2 prior-knowledge connections to one
@@ -50,21 +52,10 @@ func (p *h2cPool) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		res, err := cc.RoundTrip(req)
-		if err == nil || attempt > 0 || req.Context().Err() != nil || cc.Err() == nil || !replayable(req) {
+		if err == nil || attempt > 0 || req.Context().Err() != nil || cc.Err() == nil || !h1client.Replayable(req) {
 			return res, err
 		}
 	}
-}
-
-func replayable(req *http.Request) bool {
-	if req.Body != nil && req.Body != http.NoBody {
-		return false
-	}
-	switch req.Method {
-	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
-		return true
-	}
-	return false
 }
 
 // reserve returns a connection with a concurrency slot reserved for one
