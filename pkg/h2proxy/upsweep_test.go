@@ -50,8 +50,11 @@ func TestUpstreamSweep(t *testing.T) {
 				}
 			}
 			get()
-			if a := h2proxy.UpstreamAddrs(srv); !slices.Equal(a, []string{upA}) {
-				t.Fatalf("transports for %v, want %s", a, upA)
+			// The 10ms sweep may already have dropped upA's transport on
+			// a busy machine (its connection's close is checked below);
+			// no other may be there.
+			if a := h2proxy.UpstreamAddrs(srv); len(a) > 1 || len(a) == 1 && a[0] != upA {
+				t.Fatalf("transports for %v, want %s (or none)", a, upA)
 			}
 			svc.Store(&exchange.Service{Name: "s", Upstream: upB, UpstreamProtocol: proto})
 			testkit.WaitFor(t, "the old upstream's transport to go", func() bool {
