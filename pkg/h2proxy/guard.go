@@ -77,7 +77,8 @@ func (g *frameGuard) init(out *frameWriter) {
 }
 
 // scan follows p, the next bytes the codec reads. It returns false once
-// the connection is over budget (the GOAWAY is then queued).
+// the connection is over budget (the caller then counts the flood and
+// queues the GOAWAY: goAway).
 func (g *frameGuard) scan(p []byte) bool {
 	for len(p) > 0 && !g.flooded {
 		if g.skip > 0 {
@@ -155,6 +156,12 @@ func (g *frameGuard) frame() {
 	}
 	g.flooded = true
 	g.tripped = typ
+}
+
+// goAway queues the GOAWAY ENHANCE_YOUR_CALM of a flooded connection.
+// The caller counts the flood first, so whoever sees the GOAWAY also
+// sees the count.
+func (g *frameGuard) goAway() {
 	if g.out != nil {
 		g.out.goAway(g.maxStream, errCodeEnhanceYourCalm)
 	}

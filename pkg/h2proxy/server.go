@@ -163,6 +163,7 @@ func (c *h2conn) Read(p []byte) (int, error) {
 		if c.count != nil {
 			c.count(floodKind(g.tripped))
 		}
+		g.goAway()
 		return 0, errFlood
 	}
 	if id := g.hb.reset; id != 0 {
@@ -178,12 +179,12 @@ func (c *h2conn) Read(p []byte) (int, error) {
 func (c *h2conn) malformed(id uint32) {
 	g := &c.guard
 	g.hb.reset = 0
+	if c.count != nil { // before the client can see the reset
+		c.count("stream_PROTOCOL_ERROR_connection_specific_field")
+	}
 	g.out.resetStream(id, errCodeProtocol)
 	if g.left == 0 && g.nh == 0 {
 		c.inj = appendRSTStream(c.injBuf[:0], id, errCodeCancel)
-	}
-	if c.count != nil {
-		c.count("stream_PROTOCOL_ERROR_connection_specific_field")
 	}
 }
 
