@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/rl-tproxy/rl-tproxy/internal/fuzzcorpus"
 )
@@ -56,11 +57,28 @@ func FuzzParseJSON(f *testing.F) {
 			if !ok {
 				continue
 			}
-			if string(bytes.ToValidUTF8(got, []byte("\ufffd"))) != strings.ToValidUTF8(want, "\ufffd") {
+			if jsonUTF8(got) != want {
 				t.Fatalf("%s: %q, encoding/json %q", key, got, want)
 			}
 		}
 	})
+}
+
+// jsonUTF8 is b as encoding/json decodes a string's raw bytes: each byte
+// that does not start a valid UTF-8 sequence becomes U+FFFD on its own
+// (bytes.ToValidUTF8 would fold a run of them into one).
+func jsonUTF8(b []byte) string {
+	var sb strings.Builder
+	for len(b) > 0 {
+		r, n := utf8.DecodeRune(b)
+		if r == utf8.RuneError && n == 1 {
+			sb.WriteRune(utf8.RuneError)
+		} else {
+			sb.Write(b[:n])
+		}
+		b = b[n:]
+	}
+	return sb.String()
 }
 
 // FuzzParseCombined: any line parses or fails without panicking, and a
