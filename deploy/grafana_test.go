@@ -199,12 +199,7 @@ services:
 
 func freeLoopback(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return testkit.FreeAddr(t)
 }
 
 // scrapeSeries returns the series of a text exposition (one per sample

@@ -63,14 +63,7 @@ func TestStartErrorsSayItOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer busyUDP.Close()
-	free := func() string {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		return ln.Addr().String()
-	}
+	free := func() string { return testkit.FreeAddr(t) }
 	dir := t.TempDir()
 	policy := func(listen string) string {
 		p := filepath.Join(dir, fmt.Sprintf("p%d.yaml", len(listen)+len(dir)))

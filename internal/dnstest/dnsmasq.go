@@ -98,27 +98,9 @@ func (d *Dnsmasq) waitReady(name string, exited <-chan struct{}) error {
 	return fmt.Errorf("no SRV answer from %s", d.Addr)
 }
 
-// freePort finds a loopback port free for both UDP and TCP (bounded
-// retries: the UDP port's TCP twin may be taken).
-func freePort() (int, error) {
-	var lastErr error
-	for i := 0; i < 50; i++ {
-		pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
-		if err != nil {
-			return 0, err
-		}
-		port := pc.LocalAddr().(*net.UDPAddr).Port
-		ln, err := net.Listen("tcp4", pc.LocalAddr().String())
-		pc.Close()
-		if err != nil {
-			lastErr = err
-			continue
-		}
-		ln.Close()
-		return port, nil
-	}
-	return 0, lastErr
-}
+// freePort finds a loopback port free for both UDP and TCP, below the
+// ephemeral range (testkit.FreePort).
+func freePort() (int, error) { return testkit.FreePort(true, true) }
 
 func trimDot(s string) string {
 	if len(s) > 0 && s[len(s)-1] == '.' {

@@ -18,12 +18,7 @@ import (
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return testkit.FreeAddr(t)
 }
 
 func writeRunPolicy(t *testing.T, path, listen, upstream, unit, rate string) {

@@ -103,12 +103,7 @@ func writeCredentials(t *testing.T, dir string, c credentials.Credential) string
 // ago (the policy needs a concrete port).
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return testkit.FreeAddr(t)
 }
 
 // ---- upstream ----

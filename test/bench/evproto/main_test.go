@@ -37,13 +37,7 @@ func backend(t *testing.T) netip.AddrPort {
 
 func freeAddr(t *testing.T) netip.AddrPort {
 	t.Helper()
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := netip.MustParseAddrPort(ln.Addr().String())
-	ln.Close()
-	return a
+	return netip.MustParseAddrPort(testkit.FreeAddr(t))
 }
 
 // start runs one loop of mode in front of a fresh backend; the loop's
