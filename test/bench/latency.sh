@@ -30,7 +30,8 @@
 #      SERVER_CPU=1 CLIENT_CPU=0 BIN=bin/rl-tproxy RLFLAGS="" (extra run flags)
 #      RLFLAGS_ALT="--loop-backend epoll" (a second rl-tproxy with these
 #      flags, in the same run: rows unprotected_alt, admission_alt; add them
-#      to ROWS)
+#      to ROWS) BIN_ALT=path (the second rl-tproxy runs this build instead:
+#      before/after in one run; RLFLAGS_ALT may then be empty)
 #      OUT=docs/bench/latency.md (the table; TSV beside it as .tsv)
 # Needs nginx, wrk, perf, taskset, curl, python3, go (make deps).
 set -euo pipefail
@@ -48,6 +49,11 @@ CLIENT_CPU=${CLIENT_CPU:-0}
 BIN=${BIN:-bin/rl-tproxy}
 RLFLAGS=${RLFLAGS:-}
 RLFLAGS_ALT=${RLFLAGS_ALT:-}
+BIN_ALT=${BIN_ALT:-$BIN}
+ALT=0
+if [ -n "$RLFLAGS_ALT" ] || [ "$BIN_ALT" != "$BIN" ]; then ALT=1; fi
+ALT_DESC=$RLFLAGS_ALT # what the report says the *_alt rows run
+[ "$BIN_ALT" = "$BIN" ] || ALT_DESC="the build $BIN_ALT${RLFLAGS_ALT:+ $RLFLAGS_ALT}"
 OUT=${OUT:-docs/bench/latency.md}
 if [ "$(nproc)" -lt 2 ]; then SERVER_CPU=0 CLIENT_CPU=0; fi
 for tool in nginx wrk perf taskset curl python3 go; do
@@ -134,9 +140,9 @@ start_servers() { # placement
   PID[unprotected]=$!; PID[admission]=$!
   servers=("${PID[direct]}" "${PID[proxy_pass]}" "${PID[unprotected]}")
   local ports=("$BKA" "$BCL" "$NKA" "$NCL" "$RKA" "$RCL" "$AKA" "$ACL")
-  if [ -n "$RLFLAGS_ALT" ]; then
+  if [ "$ALT" = 1 ]; then
     # shellcheck disable=SC2086 # a list of flags
-    "${pre[@]}" env "${env[@]}" "$BIN" run --policy "$work/policy-alt.yaml" --admin "127.0.0.1:$XADMIN" --log-level warn --watch=false $RLFLAGS_ALT >"$work/rl-alt.log" 2>&1 &
+    "${pre[@]}" env "${env[@]}" "$BIN_ALT" run --policy "$work/policy-alt.yaml" --admin "127.0.0.1:$XADMIN" --log-level warn --watch=false $RLFLAGS_ALT >"$work/rl-alt.log" 2>&1 &
     PID[unprotected_alt]=$!; PID[admission_alt]=$!
     servers+=("${PID[unprotected_alt]}")
     ports+=("$XKA" "$XCL" "$YKA" "$YCL")
@@ -144,7 +150,7 @@ start_servers() { # placement
   pids+=("${servers[@]}")
   for u in "${ports[@]}"; do wait_http "http://127.0.0.1:$u/"; done
   wait_http "http://127.0.0.1:$RADMIN/readyz"
-  [ -z "$RLFLAGS_ALT" ] || wait_http "http://127.0.0.1:$XADMIN/readyz"
+  [ "$ALT" = 0 ] || wait_http "http://127.0.0.1:$XADMIN/readyz"
 }
 stop_servers() {
   local p
@@ -217,7 +223,7 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 mkdir -p "$(dirname "$OUT")"
 cp "$work/tsv" "$tsv"
-python3 - "$work/tsv" "$OUT" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" "$load_before" "$load_after" "$DURATION" "$RLFLAGS" "$RLFLAGS_ALT" <<'PY'
+python3 - "$work/tsv" "$OUT" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" "$load_before" "$load_after" "$DURATION" "$RLFLAGS" "$ALT_DESC" <<'PY'
 import csv, sys, datetime
 src, out, rev, lb, la, dur, flags, alt = sys.argv[1:9]
 rows = list(csv.DictReader(open(src), delimiter='\t'))
