@@ -171,7 +171,7 @@ type Stats struct {
 	Shards         int
 	Sockets        int    // open sockets (current + awaiting retirement)
 	Sent           uint64 // datagrams accepted by the kernel
-	Received       uint64 // datagrams handed to the handler
+	Received       uint64 // datagrams handed to the handler (counted once a received batch is handled)
 	SendBatches    uint64 // sendmmsg calls that sent at least one datagram
 	RecvBatches    uint64 // recvmmsg calls that returned at least one datagram
 	Rebinds        uint64 // completed source-port switches
